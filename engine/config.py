@@ -1,0 +1,63 @@
+"""Engine settings: one frozen dataclass, validated at construction so a bad config fails fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Ordering = Literal["prefix", "fifo"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs. Every field has a default that works on a CPU-only machine.
+
+    ``kv_cache_memory_bytes`` sizes the KV pool directly (CPU default 512 MiB); on CUDA, when it is
+    None, the pool takes ``gpu_memory_utilization`` of the device memory left after weights and a
+    warm-up step.
+    """
+
+    model: str = "tiny"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+    ordering: Ordering = "prefix"
+    attention_backend: AttentionBackendName = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> ValueError:
+            return ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid; expected {allowed}")
+
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise bad("dtype", "one of auto, float32, bfloat16, float16")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise bad("device", "one of auto, cpu, cuda")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise bad("block_size", "a power of two")
+        if self.max_num_seqs < 1:
+            raise bad("max_num_seqs", "a positive integer")
+        if self.max_num_batched_tokens < 1:
+            raise bad("max_num_batched_tokens", "a positive integer")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise bad("max_model_len", "a positive integer or None")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise bad("num_kv_blocks", "at least 2")
+        if self.ordering not in ("prefix", "fifo"):
+            raise bad("ordering", "'prefix' or 'fifo'")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise bad("attention_backend", "one of auto, torch, triton")
+        if self.tensor_parallel_size != 1:
+            raise bad("tensor_parallel_size", "1 (tensor parallelism is not built yet)")
