@@ -1,0 +1,23 @@
+"""Prefect orchestration for prefixflow: the `batch_inference` flow, engine lanes, serving.
+
+Names are imported lazily so that `flows.dealing` and friends load without the pipeline.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "batch_inference": "flows.flow",
+    "ShardsFailed": "flows.flow",
+    "deal_shards": "flows.dealing",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'flows' has no attribute {name!r}")
