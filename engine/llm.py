@@ -1,0 +1,160 @@
+"""The public facade: ``LLM(model=...)`` then ``generate`` / ``generate_stream`` / ``score_choices``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_source import ModelSource
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """Loads a model once and runs batches of prompts through the continuous-batching engine.
+
+    ``model`` is a preset name (``tiny``), the embedded default (``smollm2-135m-instruct``), an HF
+    directory, a ``.gguf`` file or an in-memory ``ModelSource``; other keywords are ``EngineConfig``
+    fields.
+    """
+
+    def __init__(self, model: str | ModelSource = "tiny", **options) -> None:
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; valid options: {sorted(known - {'model'})}")
+        name = model.name if isinstance(model, ModelSource) else str(model)
+        self.config = EngineConfig(model=name, **options)
+        self.engine = LLMEngine(self.config, model)
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt] | Prompt,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        request_ids: Sequence[str] | None = None,
+    ) -> list[RequestOutput]:
+        """All outputs, in input order."""
+        outputs = list(self.generate_stream(prompts, params, request_ids))
+        return sorted(outputs, key=lambda o: o.index)
+
+    def generate_stream(
+        self,
+        prompts: Sequence[Prompt] | Prompt,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        request_ids: Sequence[str] | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Yield each output as soon as its request finishes (errors first)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        n = len(prompts)
+        param_list = self._broadcast_params(params, n)
+        ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} request_ids for {n} prompts")
+        jobs = []
+        for i, (prompt, p) in enumerate(zip(prompts, param_list)):
+            token_ids, problem = self._tokenize(prompt)
+            problem = problem or self.engine.validate(token_ids, p)
+            if problem:
+                yield self.engine.error_output(i, ids[i], token_ids, problem)
+            else:
+                jobs.append((i, ids[i], token_ids, p, None))
+        yield from self._run(jobs)
+
+    def score_choices(
+        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]]
+    ) -> list[list[float] | str]:
+        """Total log-probability of each choice as a continuation of its prompt.
+
+        Every choice of a prompt is one request ``prompt + choice``; with prefix ordering they run
+        next to each other and share the prompt's KV blocks through the prefix cache.
+        """
+        if len(prompts) != len(choices):
+            raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
+        results: list[list[float] | str] = [[0.0] * len(c) for c in choices]
+        jobs, owner = [], {}
+        greedy = SamplingParams(max_tokens=1)
+        for i, (prompt, opts) in enumerate(zip(prompts, choices)):
+            prompt_ids, problem = self._tokenize(prompt)
+            if not problem and not opts:
+                problem = "no choices given"
+            for j, choice in enumerate(opts):
+                if problem:
+                    break
+                choice_ids = self.tokenizer.encode(choice, add_special_tokens=False) if choice else []
+                if not choice_ids:
+                    problem = f"choice {choice!r} tokenizes to nothing"
+                    break
+                full = prompt_ids + choice_ids
+                problem = self.engine.validate(prompt_ids, greedy) or (
+                    f"prompt + choice has {len(full)} tokens; max_model_len is {self.max_model_len}"
+                    if len(full) >= self.max_model_len
+                    else None
+                )
+                owner[len(jobs)] = (i, j)
+                jobs.append((len(jobs), f"{i}:{j}", full, greedy, len(prompt_ids)))
+            if problem:
+                results[i] = problem
+        keep = [job for job in jobs if not isinstance(results[owner[job[0]][0]], str)]
+        for out in self._run(keep):
+            i, j = owner[out.index]
+            results[i][j] = out.metadata["score"]
+        return results
+
+    def _run(self, jobs: list) -> Iterator[RequestOutput]:
+        if self.config.ordering == "prefix":
+            jobs = sorted(jobs, key=lambda job: job[2])  # lexicographic = depth-first over the prefix trie
+        engine = self.engine
+        for index, request_id, token_ids, p, score_start in jobs:
+            engine.add_request(index, request_id, token_ids, p, score_start)
+        while engine.has_unfinished():
+            yield from engine.step()
+
+    def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt), (None if prompt else "empty prompt")
+        if prompt is None:
+            return [], "prompt is None"
+        try:
+            return [int(t) for t in prompt], None
+        except (TypeError, ValueError):
+            return [], f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+
+    @staticmethod
+    def _broadcast_params(params, n: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * n
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
+        return params
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        template = getattr(self.tokenizer, "chat_template", None) or self.engine.source.chat_template
+        if not template:
+            raise ValueError(f"model {self.config.model!r} has no chat template")
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+        )
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats
+
+    def fingerprint(self) -> dict:
+        """What decides this engine's outputs: used by the pipeline to refuse mixing runs."""
+        return {
+            "model": self.config.model,
+            "identity": self.engine.source.identity,
+            "dtype": str(self.engine.runner.dtype),
+            "max_model_len": self.max_model_len,
+            "seed": self.config.seed,
+        }

@@ -1,0 +1,147 @@
+"""The step loop: schedule, run the model, sample, finish requests. One object per loaded model."""
+
+from __future__ import annotations
+
+import time
+
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.loader import resolve_model
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.model_source import ModelSource
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.sampler import position_seed, sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerLimits
+from engine.stats import EngineStats
+from engine.stop_checker import StopChecker
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, model: str | ModelSource | None = None) -> None:
+        self.cfg = cfg
+        self.source = resolve_model(model if model is not None else cfg.model)
+        self.model_cfg = ModelConfig.from_hf(self.source.hf_config)
+        self.tokenizer = self.source.tokenizer
+        self.runner = ModelRunner(self.source, self.model_cfg, cfg)
+        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        limits = [self.model_cfg.max_position_embeddings, self.runner.num_blocks * cfg.block_size]
+        if cfg.max_model_len is not None:
+            limits.append(cfg.max_model_len)
+        if self.model_cfg.sliding_window:
+            limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
+        self.max_model_len = min(limits)
+        self.scheduler = Scheduler(SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv)
+        self.eos_ids = tuple(self.source.eos_token_ids)
+        self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.stats = EngineStats()
+        self._seed_counter = 0
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
+        """Why this request can never run, or None. Checked before it joins the queue."""
+        problem = params.validation_error()
+        if problem:
+            return f"invalid sampling parameters: {problem}"
+        if not prompt_ids:
+            return "empty prompt"
+        vocab = self.model_cfg.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            return f"prompt has token ids outside the vocabulary [0, {vocab})"
+        n = len(prompt_ids)
+        if n >= self.max_model_len:
+            return f"prompt has {n} tokens; the limit is {self.max_model_len - 1} (max_model_len {self.max_model_len})"
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            return (
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
+                f"{self.max_model_len} (bounded by the model and the KV pool)"
+            )
+        return None
+
+    def add_request(
+        self, index: int, request_id: str, prompt_ids: list[int], params: SamplingParams, score_start: int | None = None
+    ) -> Request:
+        seed = params.seed
+        if seed is None:
+            seed = position_seed(self.cfg.seed, self._seed_counter)
+            self._seed_counter += 1
+        max_tokens = params.max_tokens or (self.max_model_len - len(prompt_ids))
+        req = Request(index, request_id, list(prompt_ids), params, max_tokens, seed, score_start)
+        self.scheduler.add(req)
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt_ids)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+        result = self.runner.execute(scheduled)
+        finished: list[RequestOutput] = []
+        for req, n in scheduled:
+            prompt_part = min(req.num_computed_tokens + n, req.num_prompt_tokens) - req.num_computed_tokens
+            self.stats.computed_prompt_tokens += max(0, prompt_part)
+            req.num_computed_tokens += n
+            self.kv.commit_computed(req)
+            if req.score_start is not None:
+                req.score += result.scores.get(req.index, 0.0)
+                if req.num_computed_tokens == req.num_tokens:
+                    finished.append(self._finish(req, "stop", None))
+        if result.sample_requests:
+            tokens, logprobs = sample(result.logits, result.sample_requests, self.eos_ids)
+            now = time.perf_counter()
+            for req, token, lp in zip(result.sample_requests, tokens, logprobs):
+                req.token_ids.append(token)
+                if lp is not None:
+                    req.logprobs.append(lp)
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                verdict = self.stop_checker.check(req)
+                if verdict is not None:
+                    finished.append(self._finish(req, *verdict))
+        self.stats.steps += 1
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.elapsed_s += time.perf_counter() - start
+        return finished
+
+    def _finish(self, req: Request, reason: str, stop_reason) -> RequestOutput:
+        self.scheduler.finish(req)
+        self.stats.cached_prompt_tokens += req.num_cached_tokens
+        self.stats.output_tokens += req.num_output_tokens if req.score_start is None else 0
+        now = time.perf_counter()
+        out_ids = req.output_token_ids if req.score_start is None else []
+        text = self.stop_checker.final_text(req, stop_reason) if out_ids else ""
+        return RequestOutput(
+            request_id=req.request_id,
+            index=req.index,
+            text=text,
+            token_ids=tuple(out_ids),
+            finish_reason=reason,
+            prompt_token_ids=tuple(req.prompt_token_ids),
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens,
+            num_output_tokens=len(out_ids),
+            logprobs=tuple(req.logprobs) if req.params.logprobs is not None else None,
+            time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
+            latency=now - req.arrival_time,
+            stop_reason=stop_reason,
+            metadata={"score": req.score} if req.score_start is not None else {},
+        )
+
+    def error_output(self, index: int, request_id: str, prompt_ids: list[int], message: str) -> RequestOutput:
+        self.stats.error_requests += 1
+        return RequestOutput(
+            request_id=request_id,
+            index=index,
+            text="",
+            token_ids=(),
+            finish_reason="error",
+            error=message,
+            prompt_token_ids=tuple(prompt_ids),
+            num_prompt_tokens=len(prompt_ids),
+        )

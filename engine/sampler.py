@@ -1,0 +1,91 @@
+"""Token selection: greedy, temperature, top-k, top-p, min-p, with noise that depends only on
+(request seed, token position), so a seeded request draws the same tokens alone or in any batch."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.outputs import TokenLogprob
+from engine.request import Request
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """SplitMix64 of (seed, position): well-spread generator seeds without per-process state."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def sample(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[list[int], list]:
+    """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested)."""
+    logits = logits.float()
+    _ban_early_stops(logits, requests, eos_ids)
+    tokens = logits.argmax(dim=-1)
+    random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+    if random_rows:
+        rows = torch.tensor(random_rows, device=logits.device)
+        picked = _sample_random(logits[rows], [requests[i] for i in random_rows])
+        tokens[rows] = picked
+    token_list = tokens.tolist()
+    return token_list, _logprobs(logits, requests, token_list)
+
+
+def _ban_early_stops(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> None:
+    for i, req in enumerate(requests):
+        if req.num_output_tokens < req.params.min_tokens:
+            banned = list(req.params.stop_token_ids) + ([] if req.params.ignore_eos else list(eos_ids))
+            if banned:
+                logits[i, banned] = float("-inf")
+
+
+def _sample_random(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    dev = logits.device
+    temps = torch.tensor([r.params.temperature for r in requests], device=dev)[:, None]
+    scaled = logits / temps
+    top_k = [r.params.top_k for r in requests]
+    top_p = [r.params.top_p for r in requests]
+    min_p = [r.params.min_p for r in requests]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        scaled = _top_k_top_p(scaled, top_k, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    if any(p > 0 for p in min_p):
+        floor = torch.tensor(min_p, device=dev)[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
+    noise = torch.empty_like(probs)
+    for i, req in enumerate(requests):
+        gen = torch.Generator(device=dev).manual_seed(position_seed(req.seed, req.num_tokens))
+        noise[i].exponential_(generator=gen)
+    return (probs / noise).argmax(dim=-1)  # exponential race == categorical draw
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    vocab = scaled.shape[-1]
+    ranks = torch.arange(vocab, device=scaled.device)[None, :]
+    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=scaled.device)[:, None]
+    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+    p = torch.tensor(top_p, device=scaled.device)[:, None]
+    sorted_logits = sorted_logits.masked_fill((before >= p) & (ranks > 0), float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def _logprobs(logits: torch.Tensor, requests: list[Request], tokens: list[int]) -> list:
+    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    out: list = [None] * len(requests)
+    if not wanted:
+        return out
+    lp = torch.log_softmax(logits[wanted], dim=-1)
+    k_max = max(requests[i].params.logprobs for i in wanted)
+    top_vals, top_ids = lp.topk(k_max, dim=-1) if k_max else (None, None)
+    for row, i in enumerate(wanted):
+        k = requests[i].params.logprobs
+        top = ()
+        if k:
+            top = tuple(zip(top_ids[row, :k].tolist(), top_vals[row, :k].tolist()))
+        out[i] = TokenLogprob(tokens[i], float(lp[row, tokens[i]]), top)
+    return out

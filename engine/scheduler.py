@@ -1,0 +1,89 @@
+"""Iteration-level continuous batching under a per-step token budget, with preemption by recompute.
+
+Each step first serves running requests (a decode token, or the next chunk of a prefill), oldest
+first; when blocks run out the newest running request gives its blocks back and returns to the
+front of the queue. Only then are waiting requests admitted, in queue order, with their cached
+prefix mapped in. A request that could never fit is rejected before it reaches this queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, Status
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager) -> None:
+        self.limits = limits
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[tuple[Request, int]]:
+        budget = self.limits.max_num_batched_tokens
+        out: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.can_append(req, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                self.kv.append(req, n)
+                out.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        if not preempted:
+            budget = self._admit(out, budget)
+        return out
+
+    def _admit(self, out: list[tuple[Request, int]], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            hits, hashes = self.kv.cached_prefix(req)
+            n = min(req.num_tokens - len(hits) * self.kv.block_size, budget)
+            if not self.kv.admit(req, hits, hashes, n):
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            out.append((req, n))
+            budget -= n
+        return budget
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = Status.FINISHED

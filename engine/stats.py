@@ -1,0 +1,40 @@
+"""Counters an operator reads to see what the engine did and how well the prefix cache worked."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    requests: int = 0
+    error_requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    computed_prompt_tokens: int = 0  # includes recompute after preemption
+    output_tokens: int = 0
+    preemptions: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of engine time."""
+        return self.output_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        done = self.computed_prompt_tokens + self.output_tokens
+        return done / self.elapsed_s if self.elapsed_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "tokens_per_s": self.tokens_per_s,
+            "total_tokens_per_s": self.total_tokens_per_s,
+        }
