@@ -1,0 +1,43 @@
+"""prefixflow's data pipeline: Parquet in (local or any fsspec URL), prompts to the engine, exactly-once
+Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
+
+from pipeline.config import JobConfig
+from pipeline.engine_lane import open_engine
+from pipeline.errors import (
+    FingerprintMismatch,
+    InputError,
+    JobConfigError,
+    OutputNotPrepared,
+    PipelineError,
+    ShardError,
+)
+from pipeline.output_root import prepare_output
+from pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
+from pipeline.runner import ProgressSink, ShardResult, is_committed, run_shard
+from pipeline.spec import JobSpec, load_job
+from pipeline.summary import RunSummary, finalize, status
+
+__all__ = [
+    "FingerprintMismatch",
+    "InputError",
+    "JobConfig",
+    "JobConfigError",
+    "JobSpec",
+    "OutputNotPrepared",
+    "PipelineError",
+    "ProgressSink",
+    "RunSummary",
+    "Shard",
+    "ShardError",
+    "ShardInfo",
+    "ShardResult",
+    "describe_shards",
+    "finalize",
+    "is_committed",
+    "load_job",
+    "open_engine",
+    "plan_shards",
+    "prepare_output",
+    "run_shard",
+    "status",
+]

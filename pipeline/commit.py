@@ -1,0 +1,145 @@
+"""Staging, commit and publication of one shard's part files (the exactly-once core).
+
+Order of events for a shard: parts are written (atomically) under _staging/<shard>/<attempt>/;
+when every row of the shard is in some staged part, the marker _commits/<shard>.json is created
+exclusively (the commit point) listing the chosen parts; then each listed part is copied to its
+data/ name; then staging is removed. A crash at any point is repaired by re-running: before the
+marker nothing is visible; after it, ``publish`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from pipeline.hooks import hook
+from pipeline.layout import Layout
+
+COUNT_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens")
+
+
+@dataclass
+class PartInfo:
+    """One staged part: where it is, where it will be published, and what it holds."""
+
+    staged: str
+    data: str
+    rows: int
+    error_rows: int
+    errors_by_class: dict[str, int]
+    tokens: dict[str, int]
+    row_keys: list[int] = field(default_factory=list, repr=False)
+
+    def as_marker_entry(self, layout: Layout) -> dict[str, Any]:
+        return {"staged": layout.rel(self.staged), "data": layout.rel(self.data), "rows": self.rows,
+                "error_rows": self.error_rows}  # fmt: skip
+
+
+def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[str, int]]:
+    table = pq.read_table(io.BytesIO(data), columns=["row_index", "error_class", *COUNT_COLUMNS])
+    keys = table.column("row_index").to_pylist()
+    classes: dict[str, int] = {}
+    for c in table.column("error_class").to_pylist():
+        if c is not None:
+            classes[c] = classes.get(c, 0) + 1
+    tokens = {c: int(sum(v or 0 for v in table.column(c).to_pylist())) for c in COUNT_COLUMNS}
+    return keys, sum(classes.values()), classes, tokens
+
+
+def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartInfo:
+    attempt, name = staged.rsplit("/", 2)[-2:]
+    n = int(name.removeprefix("part-").removesuffix(".parquet"))
+    keys, errors, classes, tokens = _summarize_part(data)
+    return PartInfo(staged, layout.data_part(shard_id, attempt, n), len(keys), errors, classes, tokens, keys)
+
+
+def scan_staged(layout: Layout, shard_id: str) -> list[PartInfo]:
+    """Staged parts of earlier attempts that can be kept: in attempt/part order, skipping any part that
+    overlaps rows already covered (possible only if two attempts of one shard ran at once).
+    Unreadable leftovers are ignored; their rows are simply generated again."""
+    store = layout.store
+    chosen: list[PartInfo] = []
+    covered: set[int] = set()
+    for path in store.list_files(layout.staging(shard_id)):
+        if not path.endswith(".parquet"):
+            continue
+        try:
+            info = part_info(layout, shard_id, path, store.read_bytes(path))
+        except Exception:
+            continue
+        if covered.isdisjoint(info.row_keys):
+            covered.update(info.row_keys)
+            chosen.append(info)
+    return chosen
+
+
+def write_part(layout: Layout, shard_id: str, attempt: str, n: int, data: bytes) -> PartInfo:
+    path = layout.staged_part(shard_id, attempt, n)
+    hook("flush_mid")
+    layout.store.write_atomic(path, data)
+    hook("flush_end")
+    return part_info(layout, shard_id, path, data)
+
+
+def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
+                 elapsed_s: float, num_rows: int) -> dict[str, Any]:  # fmt: skip
+    classes: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.errors_by_class.items():
+            classes[k] = classes.get(k, 0) + v
+    return {
+        "shard_id": shard_id,
+        "fingerprint": fingerprint,
+        "attempt": attempt,
+        "committed_at": time.time(),
+        "num_rows": num_rows,
+        "rows": sum(p.rows for p in parts),
+        "error_rows": sum(p.error_rows for p in parts),
+        "errors_by_class": dict(sorted(classes.items())),
+        **{c: sum(p.tokens[c] for p in parts) for c in COUNT_COLUMNS},
+        "elapsed_s": elapsed_s,
+        "parts": [p.as_marker_entry(layout) for p in parts],
+    }
+
+
+def commit(layout: Layout, shard_id: str, marker: dict[str, Any]) -> dict[str, Any]:
+    """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish."""
+    hook("commit_begin")
+    blob = json.dumps(marker, indent=1, sort_keys=True).encode()
+    if not layout.store.create_exclusive(layout.marker(shard_id), blob):
+        marker = read_marker(layout, shard_id)
+    hook("commit_marker")
+    publish(layout, marker)
+    hook("commit_end")
+    layout.store.remove_tree(layout.staging(shard_id))
+    return marker
+
+
+def publish(layout: Layout, marker: dict[str, Any]) -> None:
+    """Copy every listed part to its data/ name. Idempotent; safe to repeat after a crash."""
+    store = layout.store
+    for i, part in enumerate(marker["parts"]):
+        src, dst = layout.path(part["staged"]), layout.path(part["data"])
+        if i == 1:
+            hook("publish_mid")
+        if store.exists(dst):
+            continue
+        if not store.exists(src):
+            raise RuntimeError(
+                f"committed part {part['staged']} is missing and was never published to {part['data']}"
+            )
+        store.copy(src, dst)
+
+
+def read_marker(layout: Layout, shard_id: str) -> dict[str, Any]:
+    return json.loads(layout.store.read_bytes(layout.marker(shard_id)))
+
+
+def list_markers(layout: Layout) -> list[dict[str, Any]]:
+    paths = [p for p in layout.store.list_files(layout.commits) if p.endswith(".json")]
+    return [json.loads(layout.store.read_bytes(p)) for p in paths]

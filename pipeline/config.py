@@ -1,0 +1,256 @@
+"""Job configuration: frozen dataclasses built from YAML/dicts, validated so a typo fails before any work.
+
+Every message names the offending key (dotted path) and what is allowed, because a batch job that
+dies an hour in over a misspelt key is the most expensive kind of typo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pipeline.errors import JobConfigError
+
+TASKS = ("generate", "summarize", "label")
+CHAT_MODES = ("auto", "on", "off")
+LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
+TRUNCATE_SIDES = ("head", "tail", "both")
+LABEL_MODES = ("score", "generate")
+SAMPLING_KEYS = (
+    "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
+    "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
+)  # fmt: skip
+# Engine settings that can change outputs and therefore belong in the job fingerprint.
+ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "attention_backend")
+
+DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
+DEFAULT_REDUCE_TEMPLATE = (
+    "Combine these partial summaries of one document into one short summary.\n\n{{ summaries }}"
+)
+
+
+@dataclass(frozen=True)
+class SummarizeConfig:
+    """How summarization treats documents that do not fit the context (after the prompt and output)."""
+
+    document_column: str = "text"
+    long_document: str = "truncate"
+    truncate_side: str = "head"
+    chunk_tokens: int | None = None  # map_reduce chunk size; None: as large as the context allows
+    reduce_template: str = DEFAULT_REDUCE_TEMPLATE
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """Labeling: score each label as a continuation (``score``) or parse free-form output (``generate``)."""
+
+    labels: tuple[str, ...] = ()
+    mode: str = "score"
+    choice_prefix: str = " "
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Sharding and flushing. ``shard_rows`` changes shard ids, so it is part of the fingerprint."""
+
+    shard_rows: int = 10_000
+    flush_rows: int = 256
+    flush_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores."""
+
+    endpoint_url: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job: which rows become which prompts, how they are decoded, and how results are written."""
+
+    task: str = "generate"
+    id_column: str | None = None
+    prompt_column: str | None = None
+    template: str | None = None
+    chat: str = "auto"
+    system_prompt: str | None = None
+    sampling: dict = field(default_factory=dict)
+    sampling_columns: dict = field(default_factory=dict)
+    keep_columns: tuple[str, ...] = ()
+    summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
+    label: LabelConfig = field(default_factory=LabelConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    engine: dict = field(default_factory=dict)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def effective_template(self) -> str | None:
+        if self.template is None and self.prompt_column is None and self.task == "summarize":
+            return DEFAULT_SUMMARY_TEMPLATE
+        return self.template
+
+
+def _fail(path: str, message: str) -> JobConfigError:
+    return JobConfigError(f"job config: {path}: {message}")
+
+
+def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(data, dict):
+        raise _fail(where or "<root>", f"expected a mapping, got {type(data).__name__}")
+    for key in data:
+        if key not in allowed:
+            raise _fail(
+                f"{where}.{key}" if where else str(key), f"unknown key; allowed keys: {', '.join(allowed)}"
+            )
+
+
+def _choice(value: Any, allowed: tuple[str, ...], path: str) -> str:
+    if value not in allowed:
+        raise _fail(path, f"{value!r} is not allowed; allowed values: {', '.join(allowed)}")
+    return value
+
+
+def _opt_str(value: Any, path: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _fail(path, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _pos_int(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(path, f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _str_list(value: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(path, f"expected a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def _sub(cls: type, data: Any, where: str) -> dict:
+    data = {} if data is None else data
+    _check_keys(data, tuple(f.name for f in fields(cls)), where)
+    return dict(data)
+
+
+def _summarize(data: Any) -> SummarizeConfig:
+    d = _sub(SummarizeConfig, data, "summarize")
+    cfg = SummarizeConfig(**d)
+    _opt_str(cfg.document_column, "summarize.document_column")
+    _choice(cfg.long_document, LONG_DOC_POLICIES, "summarize.long_document")
+    _choice(cfg.truncate_side, TRUNCATE_SIDES, "summarize.truncate_side")
+    if cfg.chunk_tokens is not None:
+        _pos_int(cfg.chunk_tokens, "summarize.chunk_tokens")
+    _opt_str(cfg.reduce_template, "summarize.reduce_template")
+    return cfg
+
+
+def _label(data: Any, task: str) -> LabelConfig:
+    d = _sub(LabelConfig, data, "label")
+    if "labels" in d:
+        d["labels"] = _str_list(d["labels"], "label.labels")
+    cfg = LabelConfig(**d)
+    _choice(cfg.mode, LABEL_MODES, "label.mode")
+    if not isinstance(cfg.choice_prefix, str):
+        raise _fail("label.choice_prefix", f"expected a string, got {cfg.choice_prefix!r}")
+    if task == "label":
+        if len(cfg.labels) < 2:
+            raise _fail("label.labels", "a label job needs at least two labels, e.g. [positive, negative]")
+        if len(set(cfg.labels)) != len(cfg.labels):
+            raise _fail("label.labels", f"labels must be unique, got {list(cfg.labels)}")
+    return cfg
+
+
+def _output(data: Any) -> OutputConfig:
+    cfg = OutputConfig(**_sub(OutputConfig, data, "output"))
+    _pos_int(cfg.shard_rows, "output.shard_rows")
+    _pos_int(cfg.flush_rows, "output.flush_rows")
+    if (
+        isinstance(cfg.flush_seconds, bool)
+        or not isinstance(cfg.flush_seconds, (int, float))
+        or cfg.flush_seconds <= 0
+    ):
+        raise _fail(
+            "output.flush_seconds", f"expected a positive number of seconds, got {cfg.flush_seconds!r}"
+        )
+    return cfg
+
+
+def _storage(data: Any) -> StorageConfig:
+    cfg = StorageConfig(**_sub(StorageConfig, data, "storage"))
+    _opt_str(cfg.endpoint_url, "storage.endpoint_url")
+    if not isinstance(cfg.options, dict):
+        raise _fail("storage.options", f"expected a mapping of fsspec options, got {cfg.options!r}")
+    return cfg
+
+
+def _chat(value: Any) -> str:
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return _choice(value, CHAT_MODES, "chat")
+
+
+def _engine(data: Any) -> dict:
+    from pipeline.facade import EngineConfig  # validated by the engine's own dataclass
+
+    d = {} if data is None else data
+    _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
+    try:
+        EngineConfig(**d)
+    except (TypeError, ValueError) as exc:
+        raise _fail("engine", str(exc)) from exc
+    return dict(d)
+
+
+def parse_job_config(data: dict | None) -> JobConfig:
+    """Validate a job config mapping (as loaded from YAML) and build the frozen JobConfig."""
+    data = {} if data is None else data
+    _check_keys(data, tuple(f.name for f in fields(JobConfig)), "")
+    task = _choice(data.get("task", "generate"), TASKS, "task")
+    sampling = data.get("sampling") or {}
+    _check_keys(sampling, SAMPLING_KEYS, "sampling")
+    columns = data.get("sampling_columns") or {}
+    _check_keys(columns, SAMPLING_KEYS, "sampling_columns")
+    for key, col in columns.items():
+        _opt_str(col, f"sampling_columns.{key}")
+    cfg = JobConfig(
+        task=task,
+        id_column=_opt_str(data.get("id_column"), "id_column"),
+        prompt_column=_opt_str(data.get("prompt_column"), "prompt_column"),
+        template=_opt_str(data.get("template"), "template"),
+        chat=_chat(data.get("chat", "auto")),
+        system_prompt=_opt_str(data.get("system_prompt"), "system_prompt"),
+        sampling=dict(sampling),
+        sampling_columns=dict(columns),
+        keep_columns=_str_list(data.get("keep_columns") or [], "keep_columns"),
+        summarize=_summarize(data.get("summarize")),
+        label=_label(data.get("label"), task),
+        output=_output(data.get("output")),
+        engine=_engine(data.get("engine")),
+        storage=_storage(data.get("storage")),
+    )
+    if cfg.prompt_column and cfg.template:
+        raise _fail("template", "set either prompt_column or template, not both")
+    if task != "summarize" and not (cfg.prompt_column or cfg.template):
+        raise _fail("prompt_column", f"a {task} job needs prompt_column (a column) or template (Jinja2)")
+    if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
+        raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
+    _check_template(cfg.template, "template")
+    if task == "summarize":
+        _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
+    return cfg
+
+
+def _check_template(source: str | None, path: str) -> None:
+    if source is None:
+        return
+    from pipeline.prompts import compile_template
+
+    try:
+        compile_template(source)
+    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
+        raise _fail(path, f"invalid Jinja2 template: {exc}") from exc

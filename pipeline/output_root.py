@@ -1,0 +1,125 @@
+"""The output root: job fingerprint (refuse to mix runs), duplicate-id index, new-run reset."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import FingerprintMismatch, JobConfigError, OutputNotPrepared
+from pipeline.layout import OWNED, Layout
+from pipeline.sources import list_inputs
+from pipeline.spec import JobSpec
+from pipeline.storage import Store
+
+
+def output_layout(spec: JobSpec) -> Layout:
+    if not spec.output:
+        raise JobConfigError("output: pass a local folder or an s3:// URL for the results")
+    return Layout(Store.open(spec.output, spec.config.storage))
+
+
+def _record(spec: JobSpec) -> dict[str, Any]:
+    job = asdict(spec.config)
+    job["storage"] = {"endpoint_url": spec.config.storage.endpoint_url, "options": {}}  # no secrets on disk
+    return {
+        "fingerprint_hash": spec.fingerprint_hash(),
+        "fingerprint": spec.fingerprint(),
+        "spec": {"input": spec.input, "output": spec.output, "model": spec.model, "job": job},
+        "created_at": time.time(),
+    }
+
+
+def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif json.dumps(a, default=str) != json.dumps(b, default=str):
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def read_run_record(layout: Layout) -> dict[str, Any] | None:
+    if not layout.store.exists(layout.fingerprint):
+        return None
+    return json.loads(layout.store.read_bytes(layout.fingerprint))
+
+
+def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | None) -> None:
+    if record is None:
+        raise OutputNotPrepared(f"{spec.output} has no job fingerprint; call prepare_output(spec) first")
+    if record["fingerprint_hash"] != spec.fingerprint_hash():
+        changes = _diff(record["fingerprint"], json.loads(json.dumps(spec.fingerprint(), default=str)))
+        raise FingerprintMismatch(
+            f"{spec.output} already holds a run of a different job (fingerprint {record['fingerprint_hash']}, "
+            f"this job {spec.fingerprint_hash()}). Changed: {'; '.join(changes[:8]) or 'unknown'}. "
+            "Resume with the original settings, write to another --output, or pass --new-run "
+            "(prepare_output(new_run=True)) to discard the old results."
+        )
+
+
+def prepare_output(spec: JobSpec, new_run: bool = False) -> None:
+    """Write the job fingerprint (exclusively) or check it against the existing run; index duplicate ids.
+
+    ``new_run=True`` deletes what an earlier run left under the output root (only prefixflow's own
+    files and folders) and starts over.
+    """
+    layout = output_layout(spec)
+    if new_run:
+        for name in OWNED:
+            target = layout.path(name)
+            if layout.store.exists(target):
+                layout.store.remove_tree(target)
+    blob = json.dumps(_record(spec), indent=1, sort_keys=True, default=str).encode()
+    if not layout.store.create_exclusive(layout.fingerprint, blob):
+        check_fingerprint(spec, layout, read_run_record(layout))
+    if spec.config.id_column and not layout.store.exists(layout.duplicates):
+        layout.store.write_atomic(layout.duplicates, _duplicate_index(spec))
+
+
+def _duplicate_index(spec: JobSpec) -> bytes:
+    """Every (file, row) whose id repeats an id seen earlier in (file, row) order. Reads only the id column."""
+    col = spec.config.id_column
+    store, files = list_inputs(spec.input, spec.config.storage)
+    seen: set[str] = set()
+    dup_files: list[str] = []
+    dup_rows: list[int] = []
+    for f in files:
+        try:
+            pf = pq.ParquetFile(store.fs.open(f.path, "rb"))
+            if col not in pf.schema_arrow.names:
+                continue
+            values = pf.read(columns=[col]).column(col).to_pylist()
+        except Exception:
+            continue  # an unreadable file fails its own shard later
+        for i, v in enumerate(values):
+            if v is None:
+                continue
+            key = str(v)
+            if key in seen:
+                dup_files.append(f.relpath)
+                dup_rows.append(i)
+            else:
+                seen.add(key)
+    table = pa.table(
+        {"source_file": pa.array(dup_files, pa.string()), "row_index": pa.array(dup_rows, pa.int64())}
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def load_duplicates(layout: Layout, relpath: str) -> set[tuple[str, int]]:
+    if not layout.store.exists(layout.duplicates):
+        return set()
+    table = pq.read_table(io.BytesIO(layout.store.read_bytes(layout.duplicates)))
+    return {(f, r) for f, r in zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist())
+            if f == relpath}  # fmt: skip

@@ -1,0 +1,129 @@
+"""Planning: split the input into shards (file + row-group-aligned row ranges) with stable ids.
+
+A shard id depends only on the file's path relative to the input root and its row range, so the
+same input and ``shard_rows`` always give the same ids: that is what lets a resumed run find its
+committed shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from pipeline.errors import InputError
+from pipeline.prompts import static_prefix
+from pipeline.sources import InputFile, list_inputs, parquet_file
+from pipeline.spec import JobSpec
+
+CHARS_PER_TOKEN = 4  # rough text-to-token ratio for size estimates only
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A unit of work and of commit. ``error`` is set when the file could not be read at plan time."""
+
+    shard_id: str
+    path: str
+    row_start: int
+    row_end: int
+    num_rows: int
+    relpath: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a scheduler needs to place a shard: which prefix it shares and roughly how big it is."""
+
+    shard: Shard
+    prefix_key: str
+    est_tokens: int
+
+
+def _shard_id(relpath: str, start: int, end: int) -> str:
+    stem = re.sub(r"[^A-Za-z0-9]+", "_", relpath.rsplit(".", 1)[0]).strip("_")[-40:] or "file"
+    digest = hashlib.sha1(relpath.encode()).hexdigest()[:8]
+    return f"{stem}-{digest}-{start:010d}-{end:010d}"
+
+
+def _ranges(group_rows: list[int], target: int) -> list[tuple[int, int]]:
+    """Pack consecutive row groups up to ``target`` rows; split a row group over twice the target."""
+    out: list[tuple[int, int]] = []
+    offset = 0
+    start = 0
+    for n in group_rows:
+        if n > 2 * target:
+            if offset > start:
+                out.append((start, offset))
+            pieces = -(-n // target)
+            step = -(-n // pieces)
+            out.extend((offset + i, min(offset + i + step, offset + n)) for i in range(0, n, step))
+            offset += n
+            start = offset
+            continue
+        if offset > start and offset - start + n > target:
+            out.append((start, offset))
+            start = offset
+        offset += n
+    if offset > start:
+        out.append((start, offset))
+    return out
+
+
+def plan_file(spec: JobSpec, store, f: InputFile) -> list[Shard]:
+    try:
+        meta = parquet_file(store, f.path).metadata
+        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    except Exception as exc:  # corrupt footer, permissions: the shard fails, the others run
+        message = f"cannot read Parquet file {f.path!r}: {type(exc).__name__}: {exc}"
+        return [Shard(_shard_id(f.relpath, 0, 0) + "-unreadable", f.path, 0, 0, 0, f.relpath, message)]
+    ranges = _ranges(group_rows, spec.config.output.shard_rows)
+    return [Shard(_shard_id(f.relpath, a, b), f.path, a, b, b - a, f.relpath) for a, b in ranges]
+
+
+def plan_shards(spec: JobSpec) -> list[Shard]:
+    """All shards of the job's input, in file then row order. Reads only Parquet footers."""
+    store, files = list_inputs(spec.input, spec.config.storage)
+    shards = [s for f in files for s in plan_file(spec, store, f)]
+    if len({s.shard_id for s in shards}) != len(shards):
+        raise InputError("two input files map to the same shard id; rename them so their paths differ")
+    return shards
+
+
+def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
+    """Per shard: a prefix key (shards with equal keys share prompt prefixes, so one lane should take
+    them together) and an estimate of prompt + output tokens from the Parquet column sizes."""
+    cfg = spec.config
+    shared = (cfg.system_prompt or "") + "\x00" + static_prefix(cfg.effective_template())
+    prefix_key = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
+    max_out = int(cfg.sampling.get("max_tokens") or 64)
+    store, _ = list_inputs(spec.input, cfg.storage) if shards else (None, [])
+    infos = []
+    for shard in shards:
+        text_bytes = 0
+        if shard.error is None:
+            try:
+                text_bytes = _text_bytes(store, shard, spec.prompt_columns())
+            except Exception:
+                text_bytes = 0
+        prompt_tokens = text_bytes // CHARS_PER_TOKEN + len(shared) // CHARS_PER_TOKEN * shard.num_rows
+        infos.append(ShardInfo(shard, prefix_key, int(prompt_tokens + max_out * shard.num_rows)))
+    return infos
+
+
+def _text_bytes(store, shard: Shard, columns: set[str]) -> int:
+    meta = parquet_file(store, shard.path).metadata
+    total, offset = 0, 0
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        lo, hi = max(offset, shard.row_start), min(offset + rg.num_rows, shard.row_end)
+        if hi > lo:
+            size = sum(
+                rg.column(j).total_uncompressed_size
+                for j in range(rg.num_columns)
+                if rg.column(j).path_in_schema in columns
+            )
+            total += size * (hi - lo) // max(rg.num_rows, 1)
+        offset += rg.num_rows
+    return total

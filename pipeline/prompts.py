@@ -1,0 +1,113 @@
+"""Prompt rendering: a sandboxed Jinja2 template (or a column) over one row, optionally chat-wrapped.
+
+The sandbox matters because templates come from job configs that may be shared; StrictUndefined
+makes a missing column a clear per-row error instead of a silently empty prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2 import meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pipeline.errors import (
+    BAD_TYPE,
+    EMPTY_PROMPT,
+    NULL_PROMPT,
+    TEMPLATE_ERROR,
+    UNDECODABLE_TEXT,
+    RowError,
+)
+
+_ENV = ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
+)
+
+
+@lru_cache(maxsize=64)
+def compile_template(source: str) -> jinja2.Template:
+    """Compile once per process; raises jinja2.TemplateSyntaxError on bad syntax."""
+    return _ENV.from_string(source)
+
+
+def template_columns(source: str) -> set[str]:
+    """Names the template reads from the row (so only those columns are loaded)."""
+    return set(meta.find_undeclared_variables(_ENV.parse(source)))
+
+
+def static_prefix(source: str | None) -> str:
+    """The literal text before the template's first expression: what all rows' prompts share."""
+    if not source:
+        return ""
+    cut = min((i for i in (source.find("{{"), source.find("{%")) if i >= 0), default=len(source))
+    return source[:cut]
+
+
+def as_text(value: Any, what: str) -> str:
+    """Turn a cell into prompt text, classifying nulls, wrong types and undecodable bytes."""
+    if value is None:
+        raise RowError(NULL_PROMPT, f"{what} is null")
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowError(UNDECODABLE_TEXT, f"{what} is not valid UTF-8: {exc}") from exc
+    if not isinstance(value, str):
+        raise RowError(BAD_TYPE, f"{what} must be text, got {type(value).__name__}")
+    return value
+
+
+def render_template(source: str, row: dict[str, Any]) -> str:
+    """Render one row; every failure (missing column, sandbox violation, runtime error) is a RowError."""
+    context = {k: _decoded(v) for k, v in row.items()}
+    try:
+        return compile_template(source).render(**context)
+    except jinja2.UndefinedError as exc:
+        raise RowError(TEMPLATE_ERROR, f"template references a missing value: {exc}") from exc
+    except Exception as exc:  # SecurityError, TypeError in filters, ...
+        raise RowError(TEMPLATE_ERROR, f"template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowError(UNDECODABLE_TEXT, f"a template column is not valid UTF-8: {exc}") from exc
+    return value
+
+
+def check_nonempty(text: str) -> str:
+    if not text.strip():
+        raise RowError(EMPTY_PROMPT, "prompt is empty")
+    return text
+
+
+def chat_wrapper(llm: Any, mode: str, system_prompt: str | None) -> Callable[[str], str] | None:
+    """Return a function that wraps user text in the model's chat template, or None for plain prompts.
+
+    ``auto`` uses the chat template when the model has one; ``on`` requires it (fails fast otherwise).
+    """
+    if mode == "off":
+        return None
+    tokenizer = getattr(llm, "tokenizer", None)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if not has_template and mode == "auto":
+        return None
+
+    def wrap(text: str) -> str:
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": text})
+        return llm.apply_chat_template(messages, add_generation_prompt=True)
+
+    try:
+        wrap("probe")
+    except Exception as exc:
+        if mode == "on":
+            raise ValueError(f"chat: on, but the model cannot apply a chat template: {exc}") from exc
+        return None
+    return wrap

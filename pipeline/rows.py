@@ -1,0 +1,191 @@
+"""Turn one input row into an engine request (token ids + sampling params) or an error row.
+
+Prompts go to the engine as token ids we counted ourselves, so the context-limit check here is
+exact and the long-document policies (truncate / map_reduce) act on the same tokens the engine sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import JobConfig
+from pipeline.errors import (
+    BAD_SAMPLING,
+    BAD_TYPE,
+    DUPLICATE_ID,
+    NULL_ID,
+    PROMPT_TOO_LONG,
+    TEMPLATE_ERROR,
+    RowError,
+)
+from pipeline.facade import SamplingParams
+from pipeline.prompts import as_text, chat_wrapper, check_nonempty, render_template
+
+INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
+FLOAT_PARAMS = {"temperature", "top_p", "min_p"}
+
+
+@dataclass
+class Prepared:
+    """A row ready for the engine. ``chunks`` is set instead of ``prompt`` for map_reduce rows."""
+
+    base: dict[str, Any]
+    row: dict[str, Any]
+    params: Any
+    prompt: list[int] | None = None
+    chunks: list[list[int]] = field(default_factory=list)
+
+
+def derived_id(relpath: str, row_index: int) -> str:
+    return f"{relpath}#{row_index}"
+
+
+class RowPreparer:
+    """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
+
+    def __init__(self, cfg: JobConfig, llm: Any, duplicates: set[tuple[str, int]]) -> None:
+        self.cfg = cfg
+        self.tok = llm.tokenizer
+        self.duplicates = duplicates
+        self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
+        self.max_len = int(llm.max_model_len)
+        self.template = cfg.effective_template()
+        self.reserve = 1
+        if cfg.task == "label" and cfg.label.mode == "score":
+            self.reserve = max(
+                len(self.tok.encode(cfg.label.choice_prefix + lb, add_special_tokens=False))
+                for lb in cfg.label.labels
+            )
+
+    # -- ids and sampling -------------------------------------------------------------------
+    def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
+        col = self.cfg.id_column
+        if not col:
+            return derived_id(relpath, key)
+        value = row.get(col)
+        if value is None:
+            raise RowError(NULL_ID, f"id column {col!r} is null (row {derived_id(relpath, key)})")
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        return str(value)
+
+    def check_duplicate(self, relpath: str, key: int, row_id: str) -> None:
+        if (relpath, key) in self.duplicates:
+            raise RowError(DUPLICATE_ID, f"id {row_id!r} already used by an earlier row; ids must be unique")
+
+    def params(self, row: dict[str, Any]) -> Any:
+        values = dict(self.cfg.sampling)
+        for name, col in self.cfg.sampling_columns.items():
+            value = row.get(col)
+            if value is None:
+                continue
+            try:
+                if name in INT_PARAMS:
+                    if isinstance(value, float) and not value.is_integer():
+                        raise ValueError(f"{value!r} is not a whole number")
+                    value = int(value)
+                elif name in FLOAT_PARAMS:
+                    value = float(value)
+            except (TypeError, ValueError) as exc:
+                raise RowError(
+                    BAD_SAMPLING, f"column {col!r} ({name}) has a bad value {value!r}: {exc}"
+                ) from exc
+            values[name] = value
+        if isinstance(values.get("stop"), list):
+            values["stop"] = tuple(values["stop"])
+        params = SamplingParams(**values)
+        problem = params.validation_error()
+        if problem:
+            raise RowError(BAD_SAMPLING, problem)
+        return params
+
+    # -- prompts --------------------------------------------------------------------------------
+    def _column_text(self, row: dict[str, Any], col: str) -> str:
+        if col not in row:
+            raise RowError(TEMPLATE_ERROR, f"column {col!r} is not in the input file")
+        return as_text(row[col], f"column {col!r}")
+
+    def _render(self, row: dict[str, Any], document: str | None) -> str:
+        if self.template is None:
+            return document if document is not None else self._column_text(row, self.cfg.prompt_column)
+        ctx = dict(row)
+        if document is not None:
+            ctx["document"] = document
+        text = render_template(self.template, ctx)
+        if not self.wrap and self.cfg.system_prompt:
+            text = f"{self.cfg.system_prompt}\n\n{text}"
+        return text
+
+    def encode(self, user_text: str) -> list[int]:
+        check_nonempty(user_text)
+        if self.wrap:
+            return self.tok.encode(self.wrap(user_text), add_special_tokens=False)
+        return self.tok.encode(user_text, add_special_tokens=True)
+
+    def budget(self, params: Any) -> int:
+        return self.max_len - max(int(params.max_tokens or 0), self.reserve)
+
+    def prepare(self, row: dict[str, Any], base: dict[str, Any], relpath: str, key: int) -> Prepared:
+        """Raises RowError for a bad row; otherwise returns a request (or map_reduce chunks)."""
+        self.check_duplicate(relpath, key, base["id"])
+        params = self.params(row)
+        budget = self.budget(params)
+        document = None
+        if self.cfg.task == "summarize":
+            col = self.cfg.prompt_column or self.cfg.summarize.document_column
+            document = self._column_text(row, col)
+            check_nonempty(document)
+        ids = self.encode(self._render(row, document))
+        if len(ids) <= budget:
+            return Prepared(base, row, params, prompt=ids)
+        policy = self.cfg.summarize.long_document if self.cfg.task == "summarize" else "error"
+        too_long = (
+            f"prompt has {len(ids)} tokens; the limit is {budget} (context {self.max_len} minus output)"
+        )
+        if policy == "error" or document is None:
+            raise RowError(PROMPT_TOO_LONG, too_long)
+        doc_ids = self.tok.encode(document, add_special_tokens=False)
+        overhead = len(ids) - len(doc_ids)
+        room = budget - overhead - 2
+        if room < 8:
+            raise RowError(PROMPT_TOO_LONG, too_long + "; the template alone leaves no room for the document")
+        if policy == "truncate":
+            return Prepared(base, row, params, prompt=self.fit(row, doc_ids, room, budget))
+        size = min(room, self.cfg.summarize.chunk_tokens or room)
+        pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
+        return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])
+
+    def fit(self, row: dict[str, Any], doc_ids: list[int], room: int, budget: int) -> list[int]:
+        """Render with the document cut to ``room`` tokens (head, tail or both), shrinking until it fits:
+        decode/encode round trips can change token counts slightly."""
+        side = self.cfg.summarize.truncate_side
+        for _ in range(6):
+            if len(doc_ids) <= room:
+                kept = doc_ids
+            elif side == "head":
+                kept = doc_ids[:room]
+            elif side == "tail":
+                kept = doc_ids[-room:]
+            else:
+                kept = (
+                    doc_ids[: room // 2]
+                    + self.tok.encode(" ... ", add_special_tokens=False)
+                    + doc_ids[-(room // 2) :]
+                )
+            ids = self.encode(self._render(row, self.tok.decode(kept)))
+            if len(ids) <= budget:
+                return ids
+            room -= max(4, len(ids) - budget)
+        raise RowError(PROMPT_TOO_LONG, f"could not fit the document into {budget} tokens")
+
+    def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
+        """The reduce step's prompt, or None when the joined summaries are still too long."""
+        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)})
+        ids = self.encode(text)
+        return ids if len(ids) <= self.budget(params) else None
+
+
+def wrong_type(col: str, typ: Any) -> RowError:
+    return RowError(BAD_TYPE, f"column {col!r} has type {typ}; expected a string column")

@@ -1,0 +1,147 @@
+"""run_shard: read a shard's rows, skip what is already flushed, generate the rest, flush, commit."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline import commit as commits
+from pipeline.errors import RowError, ShardError
+from pipeline.hooks import hook
+from pipeline.output_root import check_fingerprint, load_duplicates, output_layout, read_run_record
+from pipeline.outputs import base_record, encode_part, error_record, output_schema
+from pipeline.planning import Shard
+from pipeline.rows import Prepared, RowPreparer, derived_id
+from pipeline.sources import read_rows
+from pipeline.spec import JobSpec
+from pipeline.storage import Store
+from pipeline.tasks import execute
+
+
+class ProgressSink(Protocol):
+    """Anything with ``advance``; called once per finished row (rows already flushed count at start)."""
+
+    def advance(
+        self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """Counts for one committed shard (from its marker, so a skipped shard reports the same totals)."""
+
+    shard_id: str
+    rows: int
+    error_rows: int
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    elapsed_s: float = 0.0
+    skipped: bool = False
+    resumed_rows: int = 0  # rows found already flushed by an earlier attempt
+
+    @classmethod
+    def from_marker(cls, marker: dict[str, Any], skipped: bool, resumed_rows: int = 0) -> ShardResult:
+        return cls(marker["shard_id"], marker["rows"], marker["error_rows"], dict(marker["errors_by_class"]),
+                   marker["prompt_tokens"], marker["cached_tokens"], marker["output_tokens"],
+                   marker["elapsed_s"], skipped, resumed_rows)  # fmt: skip
+
+
+def is_committed(spec: JobSpec, shard: Shard) -> bool:
+    layout = output_layout(spec)
+    return layout.store.exists(layout.marker(shard.shard_id))
+
+
+class _Flusher:
+    """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``."""
+
+    def __init__(self, layout, shard_id: str, schema, cfg) -> None:
+        self.layout, self.shard_id, self.schema = layout, shard_id, schema
+        self.rows, self.seconds = cfg.flush_rows, cfg.flush_seconds
+        self.attempt = f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
+        self.buffer: list[dict[str, Any]] = []
+        self.parts: list[commits.PartInfo] = []
+        self.last = time.monotonic()
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.buffer.append(record)
+        if len(self.buffer) >= self.rows or time.monotonic() - self.last >= self.seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last = time.monotonic()
+        if not self.buffer:
+            return
+        hook("flush_begin")
+        data = encode_part(self.buffer, self.schema)
+        self.parts.append(commits.write_part(self.layout, self.shard_id, self.attempt, len(self.parts), data))
+        self.buffer = []
+
+
+def run_shard(spec: JobSpec, shard: Shard, llm: Any, progress: ProgressSink | None = None) -> ShardResult:
+    """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
+    that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
+    Raises ShardError when the input file cannot be read."""
+    start = time.perf_counter()
+    layout = output_layout(spec)
+    record = read_run_record(layout)
+    check_fingerprint(spec, layout, record)
+    if layout.store.exists(layout.marker(shard.shard_id)):
+        marker = commits.read_marker(layout, shard.shard_id)
+        commits.publish(layout, marker)
+        if progress is not None:
+            progress.advance(marker["rows"])
+        return ShardResult.from_marker(marker, skipped=True)
+    if shard.error:
+        raise ShardError(shard.shard_id, shard.error)
+    kept_parts = commits.scan_staged(layout, shard.shard_id)
+    done = {k for p in kept_parts for k in p.row_keys}
+    if progress is not None and done:
+        progress.advance(len(done))
+    try:
+        in_store = Store.open(spec.input, spec.config.storage)
+        table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns())
+        rows = table.to_pylist()
+    except Exception as exc:
+        raise ShardError(
+            shard.shard_id, f"cannot read input {shard.path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if len(rows) != shard.num_rows:
+        raise ShardError(shard.shard_id, f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
+                         "the file changed since planning")  # fmt: skip
+    cfg = spec.config
+    flusher = _Flusher(layout, shard.shard_id, output_schema(cfg, table.schema), cfg.output)
+    flusher.parts = []
+    prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
+    pending: list[Prepared] = []
+
+    def emit(rec: dict[str, Any]) -> None:
+        flusher.add(rec)
+        if progress is not None:
+            progress.advance(1, rec["prompt_tokens"], rec["cached_tokens"], rec["output_tokens"])
+
+    for offset, row in enumerate(rows):
+        key = shard.row_start + offset
+        if key in done:
+            continue
+        kept = {c: row.get(c) for c in cfg.keep_columns}
+        base = base_record(key, derived_id(shard.relpath, key), shard.relpath, kept)
+        try:
+            base["id"] = prep.row_id(row, shard.relpath, key)
+            pending.append(prep.prepare(row, base, shard.relpath, key))
+        except RowError as err:
+            emit(error_record(base, err.error_class, err.message))
+    for rec in execute(llm, prep, pending, cfg.output.flush_rows):
+        emit(rec)
+    flusher.flush()
+    parts = kept_parts + flusher.parts
+    covered = sum(p.rows for p in parts)
+    if covered != shard.num_rows:
+        raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
+    marker = commits.build_marker(layout, shard.shard_id, record["fingerprint_hash"], flusher.attempt, parts,
+                                  time.perf_counter() - start, shard.num_rows)  # fmt: skip
+    marker = commits.commit(layout, shard.shard_id, marker)
+    return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))

@@ -1,0 +1,82 @@
+"""Input discovery and reading: Parquet files, folders and globs on any fsspec filesystem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import StorageConfig
+from pipeline.errors import InputError
+from pipeline.storage import Store
+
+_GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One Parquet file: its fsspec path and its id-stable name relative to the input root."""
+
+    path: str
+    relpath: str
+
+
+def list_inputs(url: str, cfg: StorageConfig) -> tuple[Store, list[InputFile]]:
+    """Expand a file, folder or glob into sorted Parquet files; fail with a message that says what to fix."""
+    try:
+        store = Store.open(url, cfg)
+    except Exception as exc:
+        raise InputError(f"cannot open input {url!r}: {type(exc).__name__}: {exc}") from exc
+    fs, root = store.fs, store.root
+    try:
+        if any(c in root for c in _GLOB_CHARS):
+            base = root[: min(root.find(c) for c in _GLOB_CHARS if c in root)].rsplit("/", 1)[0]
+            paths = [p for p in fs.glob(root) if not fs.isdir(p)]
+        elif fs.isdir(root):
+            base = root
+            paths = [p for p in fs.find(root) if p.endswith((".parquet", ".pq", ".parq"))]
+        elif fs.exists(root):
+            base = root.rsplit("/", 1)[0]
+            paths = [root]
+        else:
+            raise InputError(
+                f"input {url!r} does not exist; pass a Parquet file, a folder of them, or a glob"
+            )
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot list input {url!r}: {type(exc).__name__}: {exc}") from exc
+    paths = sorted(p for p in paths if not p.rsplit("/", 1)[-1].startswith(("_", ".")))
+    if not paths:
+        raise InputError(f"no Parquet files found at {url!r} (looked for *.parquet, *.pq, *.parq)")
+    files = [InputFile(p, p[len(base) :].lstrip("/") if p.startswith(base) else p) for p in paths]
+    return store, files
+
+
+def parquet_file(store: Store, path: str) -> pq.ParquetFile:
+    return pq.ParquetFile(store.fs.open(path, "rb"))
+
+
+def read_rows(store: Store, path: str, row_start: int, row_end: int, columns: list[str]) -> pa.Table:
+    """Rows [row_start, row_end) of one file, only the needed columns that exist in it.
+
+    Reads only the row groups that overlap the range. Raises on a corrupt/unreadable file.
+    """
+    pf = parquet_file(store, path)
+    present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
+    groups, offset, first_offset = [], 0, None
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if offset < row_end and offset + n > row_start:
+            groups.append(i)
+            first_offset = offset if first_offset is None else first_offset
+        offset += n
+    if not groups:
+        return pf.schema_arrow.empty_table().select(present)
+    table = pf.read_row_groups(groups, columns=present)
+    return table.slice(row_start - first_offset, row_end - row_start)
+
+
+def schema_of(store: Store, path: str) -> pa.Schema:
+    return parquet_file(store, path).schema_arrow

@@ -1,0 +1,137 @@
+"""JobSpec: input + output + model + validated job config, and the job fingerprint derived from it."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+from pipeline.config import ENGINE_OUTPUT_KEYS, JobConfig, parse_job_config
+from pipeline.errors import JobConfigError
+from pipeline.prompts import template_columns
+
+# load_job(**overrides) shortcuts: flag name -> (section, key); section None means top level.
+SHORTCUTS: dict[str, tuple[str | None, str]] = {
+    "max_tokens": ("sampling", "max_tokens"),
+    "temperature": ("sampling", "temperature"),
+    "shard_rows": ("output", "shard_rows"),
+    "flush_rows": ("output", "flush_rows"),
+    "flush_seconds": ("output", "flush_seconds"),
+    "endpoint_url": ("storage", "endpoint_url"),
+    "storage_options": ("storage", "options"),
+    "document_column": ("summarize", "document_column"),
+    "long_document": ("summarize", "long_document"),
+    "truncate_side": ("summarize", "truncate_side"),
+    "labels": ("label", "labels"),
+    "label_mode": ("label", "mode"),
+}
+FINGERPRINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything needed to run (or resume) a job; plain data, so it pickles across processes."""
+
+    input: str
+    output: str
+    model: str
+    config: JobConfig
+
+    def prompt_columns(self) -> set[str]:
+        cfg = self.config
+        cols: set[str] = set()
+        if cfg.prompt_column:
+            cols.add(cfg.prompt_column)
+        template = cfg.effective_template()
+        if template:
+            cols |= template_columns(template)
+        if cfg.task == "summarize":
+            cols.add(cfg.summarize.document_column)
+            cols |= template_columns(cfg.summarize.reduce_template)
+        return cols - {"document", "summaries"}
+
+    def input_columns(self) -> list[str]:
+        cfg = self.config
+        cols = [cfg.id_column] if cfg.id_column else []
+        cols += sorted(self.prompt_columns()) + list(cfg.sampling_columns.values()) + list(cfg.keep_columns)
+        return list(dict.fromkeys(cols))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes two runs produce the same rows; flush timing and lane settings are left out."""
+        cfg = asdict(self.config)
+        cfg.pop("storage")
+        out = cfg.pop("output")
+        cfg["shard_rows"] = out["shard_rows"]
+        cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in ENGINE_OUTPUT_KEYS}
+        return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model, "job": cfg}
+
+    def fingerprint_hash(self) -> str:
+        blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _read_job(job: str | dict | None) -> dict:
+    if job is None:
+        return {}
+    if isinstance(job, dict):
+        return copy.deepcopy(job)
+    if not isinstance(job, (str, os.PathLike)):
+        raise JobConfigError(f"job must be a YAML path, a dict or None, got {type(job).__name__}")
+    path = os.fspath(job)
+    if not os.path.isfile(path):
+        raise JobConfigError(f"job config file {path!r} not found (see configs/jobs/ for examples)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise JobConfigError(f"job config {path!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise JobConfigError(f"job config {path!r} must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    top = set(JobConfig.__dataclass_fields__)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in SHORTCUTS:
+            section, sub = SHORTCUTS[key]
+            node = data.setdefault(section, {}) or {}
+            if not isinstance(node, dict):
+                raise JobConfigError(f"job config: {section}: expected a mapping, got {node!r}")
+            data[section] = node
+            node[sub] = value
+        elif key in top:
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        else:
+            allowed = ", ".join(sorted(top | set(SHORTCUTS)))
+            raise JobConfigError(f"load_job: unknown override {key!r}; allowed: {allowed}")
+    return data
+
+
+def load_job(input: str, output: str, model: str, job: str | dict | None = None, **overrides: Any) -> JobSpec:
+    """Build and validate a JobSpec; raises JobConfigError naming the bad key before any work starts.
+
+    ``output`` may be "" for planning only (prepare_output refuses it).
+    """
+    if not isinstance(input, str) or not input:
+        raise JobConfigError("input: pass a Parquet file, folder, glob or s3:// URL")
+    if not isinstance(model, str) or not model:
+        raise JobConfigError(
+            "model: pass a preset name (tiny, smollm2-135m-instruct), an HF folder or a .gguf"
+        )
+    if not isinstance(output, str):
+        raise JobConfigError("output: pass a local folder or an s3:// URL")
+    data = _apply_overrides(_read_job(job), overrides)
+    return JobSpec(input=input, output=output.rstrip("/"), model=model, config=parse_job_config(data))

@@ -1,0 +1,114 @@
+"""finalize and status: totals from the commit markers (the only source of truth for what is done)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipeline import commit as commits
+from pipeline.config import parse_job_config
+from pipeline.layout import Layout
+from pipeline.output_root import output_layout, read_run_record
+from pipeline.planning import plan_shards
+from pipeline.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's totals. ``shards_total`` is None when the input could not be re-planned."""
+
+    output: str
+    data_glob: str
+    shards_total: int | None
+    shards_committed: int
+    rows: int
+    error_rows: int
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    elapsed_s: float = 0.0
+    complete: bool = False
+    shards_pending: list[str] = field(default_factory=list)
+    shards_in_progress: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(tokens_per_s=self.tokens_per_s, output_tokens_per_s=self.output_tokens_per_s,
+                 prefix_hit_rate=self.prefix_hit_rate)  # fmt: skip
+        return d
+
+
+def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> RunSummary:
+    markers = commits.list_markers(layout)
+    done = {m["shard_id"] for m in markers}
+    classes: dict[str, int] = {}
+    for m in markers:
+        for k, v in m["errors_by_class"].items():
+            classes[k] = classes.get(k, 0) + v
+    staged = {p[len(layout.path("_staging")) :].strip("/").split("/")[0] for p in layout.store.list_files(layout.path("_staging"))}  # fmt: skip
+    pending = [s for s in planned if s not in done] if planned is not None else []
+    return RunSummary(
+        output=output,
+        data_glob=layout.data_glob(),
+        shards_total=len(planned) if planned is not None else None,
+        shards_committed=len(markers),
+        rows=sum(m["rows"] for m in markers),
+        error_rows=sum(m["error_rows"] for m in markers),
+        errors_by_class=dict(sorted(classes.items())),
+        prompt_tokens=sum(m["prompt_tokens"] for m in markers),
+        cached_tokens=sum(m["cached_tokens"] for m in markers),
+        output_tokens=sum(m["output_tokens"] for m in markers),
+        elapsed_s=sum(m["elapsed_s"] for m in markers),
+        complete=planned is not None and not pending,
+        shards_pending=pending,
+        shards_in_progress=sorted(staged - done),
+    )
+
+
+def finalize(spec: JobSpec) -> RunSummary:
+    """Re-publish any committed part a crash left unpublished, then write _manifest.json with totals."""
+    layout = output_layout(spec)
+    for marker in commits.list_markers(layout):
+        commits.publish(layout, marker)
+    planned = [s.shard_id for s in plan_shards(spec)]
+    summary = summarize_layout(layout, spec.output, planned)
+    manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
+    layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return summary
+
+
+def status(output: str, storage=None) -> tuple[RunSummary, dict[str, Any] | None]:
+    """Where a run stands, from its output root alone (re-plans the input when it is reachable)."""
+    from pipeline.config import StorageConfig
+    from pipeline.errors import JobConfigError
+    from pipeline.storage import Store
+
+    storage = storage or StorageConfig()
+    layout = Layout(Store.open(output, storage))
+    record = read_run_record(layout)
+    if record is None:
+        raise JobConfigError(f"{output} holds no prefixflow run (no _prefixflow.json); check the path")
+    planned = None
+    try:
+        s = record["spec"]
+        job = dict(s["job"], storage={"endpoint_url": storage.endpoint_url, "options": storage.options})
+        spec = JobSpec(s["input"], s["output"], s["model"], parse_job_config(job))
+        planned = [sh.shard_id for sh in plan_shards(spec)]
+    except Exception:
+        planned = None
+    return summarize_layout(layout, output, planned), record

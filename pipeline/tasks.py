@@ -1,0 +1,151 @@
+"""Run prepared rows through the engine and yield finished output records as they complete.
+
+generate/summarize stream from ``llm.generate_stream``; label/score calls ``llm.score_choices`` in
+batches; map_reduce rows summarize their chunks, then the joined chunk summaries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.config import JobConfig
+from pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG
+from pipeline.outputs import error_record
+from pipeline.rows import Prepared, RowPreparer
+
+MAX_REDUCE_ROUNDS = 3
+
+
+def _finished(p: Prepared, out: Any, cfg: JobConfig) -> dict[str, Any]:
+    counts = {
+        "prompt_tokens": out.num_prompt_tokens,
+        "cached_tokens": out.num_cached_tokens,
+        "output_tokens": out.num_output_tokens,
+        "latency_s": float(out.latency or 0.0),
+    }
+    if out.finish_reason == "error":
+        return error_record(p.base, ENGINE_ERROR, out.error or "engine error", **counts)
+    rec = {**p.base, **counts, "output": out.text, "finish_reason": out.finish_reason}
+    if cfg.task == "label":
+        label = parse_label(out.text, cfg.label.labels)
+        if label is None:
+            allowed = ", ".join(cfg.label.labels)
+            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,
+                    "error": f"no label found in the output; expected one of: {allowed}"}  # fmt: skip
+        rec["label"] = label
+    return rec
+
+
+def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
+    """The label named earliest in the text (whole word, case-insensitive; longer labels win ties)."""
+    best: tuple[int, int, str] | None = None
+    for label in labels:
+        m = re.search(rf"(?<!\w){re.escape(label)}(?!\w)", text, flags=re.IGNORECASE)
+        if m and (best is None or (m.start(), -len(label)) < best[:2]):
+            best = (m.start(), -len(label), label)
+    return best[2] if best else None
+
+
+def stream_generate(llm: Any, cfg: JobConfig, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
+    if not rows:
+        return
+    outs = llm.generate_stream([p.prompt for p in rows], [p.params for p in rows],
+                               request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
+    for out in outs:
+        yield _finished(rows[int(out.request_id)], out, cfg)
+
+
+def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
+    labels = cfg.label.labels
+    choices = [cfg.label.choice_prefix + lb for lb in labels]
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        start = time.perf_counter()
+        scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk))
+        latency = (time.perf_counter() - start) / max(len(chunk), 1)
+        for p, score in zip(chunk, scores):
+            counts = {"prompt_tokens": len(p.prompt), "latency_s": latency}
+            if isinstance(score, str):
+                yield error_record(p.base, ENGINE_ERROR, score, **counts)
+                continue
+            top = max(score)
+            weights = [math.exp(s - top) for s in score]
+            total = sum(weights)
+            probs = {lb: w / total for lb, w in zip(labels, weights)}
+            best = max(labels, key=lambda lb: probs[lb])
+            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
+
+
+def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
+    """Summarize each row's chunks, then summarize the joined summaries (re-chunking if still long)."""
+    totals = {
+        id(p): {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "latency_s": 0.0} for p in rows
+    }
+    pending = list(rows)
+    for _ in range(MAX_REDUCE_ROUNDS):
+        prompts, owners = [], []
+        for p in pending:
+            prompts += p.chunks
+            owners += [p] * len(p.chunks)
+        outs = llm.generate(prompts, [o.params for o in owners]) if prompts else []
+        summaries: dict[int, list[str]] = {id(p): [] for p in pending}
+        failed: dict[int, str] = {}
+        for o, out in zip(owners, outs):
+            t = totals[id(o)]
+            t["prompt_tokens"] += out.num_prompt_tokens
+            t["cached_tokens"] += out.num_cached_tokens
+            t["output_tokens"] += out.num_output_tokens
+            t["latency_s"] += float(out.latency or 0.0)
+            if out.finish_reason == "error":
+                failed[id(o)] = out.error or "engine error"
+            summaries[id(o)].append(out.text.strip())
+        next_round = []
+        finals: list[tuple[Prepared, list[int]]] = []
+        for p in pending:
+            if id(p) in failed:
+                yield error_record(p.base, ENGINE_ERROR, f"map step: {failed[id(p)]}", **totals[id(p)])
+                continue
+            ids = prep.reduce_prompt(p.row, summaries[id(p)], p.params)
+            if ids is not None:
+                finals.append((p, ids))
+                continue
+            joined = prep.tok.encode("\n".join(summaries[id(p)]), add_special_tokens=False)
+            room = prep.budget(p.params) // 2
+            p.chunks = [prep.fit(p.row, joined[i : i + room], room, prep.budget(p.params))
+                        for i in range(0, len(joined), room)]  # fmt: skip
+            next_round.append(p)
+        yield from _reduce(llm, prep.cfg, finals, totals)
+        pending = next_round
+        if not pending:
+            return
+    for p in pending:
+        yield error_record(p.base, PROMPT_TOO_LONG, "map_reduce did not converge", **totals[id(p)])
+
+
+def _reduce(
+    llm: Any, cfg: JobConfig, finals: list[tuple[Prepared, list[int]]], totals: dict
+) -> Iterator[dict]:
+    if not finals:
+        return
+    outs = llm.generate([ids for _, ids in finals], [p.params for p, _ in finals])
+    for (p, _), out in zip(finals, outs):
+        rec = _finished(p, out, cfg)
+        t = totals[id(p)]
+        for k in ("prompt_tokens", "cached_tokens", "output_tokens", "latency_s"):
+            rec[k] = rec[k] + t[k]
+        yield rec
+
+
+def execute(llm: Any, prep: RowPreparer, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
+    """All prepared rows of a shard, finished records in completion order."""
+    cfg = prep.cfg
+    single = [p for p in rows if p.prompt is not None]
+    if cfg.task == "label" and cfg.label.mode == "score":
+        yield from score_labels(llm, cfg, single, batch)
+    else:
+        yield from stream_generate(llm, cfg, single)
+    yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])
