@@ -1,7 +1,7 @@
 """Rotary-embedding cos/sin cache, including llama3 and linear frequency scaling.
 
-Built once per model in float32 (rounding the angles in bf16 would shift long positions by whole
-radians); the engine casts the cache to its working dtype if it wants to.
+Built once per model and stored in float32 (bf16 angles would be off by whole radians at long
+positions); the kernels read it in float32 whatever the activations' dtype.
 """
 
 from __future__ import annotations
@@ -60,8 +60,12 @@ def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict[str, Any] | No
 def build_rope_cache(
     head_dim: int, max_pos: int, theta: float, rope_scaling: dict[str, Any] | None = None
 ) -> torch.Tensor:
-    """cos_sin_cache [max_pos, head_dim] = concat(cos, sin) of the half-dim angles, float32."""
-    inv_freq = rope_inv_freq(head_dim, theta, rope_scaling)
-    positions = torch.arange(max_pos, dtype=torch.float32)
+    """cos_sin_cache [max_pos, head_dim] = concat(cos, sin) of the half-dim angles, float32.
+
+    The angles pos * inv_freq are formed in float64: in float32 they would carry up to ~1e-4 rad of
+    rounding at position 4k and ~1e-2 rad at 128k, which no later precision can recover.
+    """
+    inv_freq = rope_inv_freq(head_dim, theta, rope_scaling).double()
+    positions = torch.arange(max_pos, dtype=torch.float64)
     angles = torch.outer(positions, inv_freq)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).contiguous()
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().contiguous()
