@@ -6,7 +6,8 @@ dies an hour in over a misspelt key is the most expensive kind of typo.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import difflib
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pipeline.errors import JobConfigError
@@ -100,9 +101,10 @@ def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
         raise _fail(where or "<root>", f"expected a mapping, got {type(data).__name__}")
     for key in data:
         if key not in allowed:
-            raise _fail(
-                f"{where}.{key}" if where else str(key), f"unknown key; allowed keys: {', '.join(allowed)}"
-            )
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            path = f"{where}.{key}" if where else str(key)
+            raise _fail(path, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")
 
 
 def _choice(value: Any, allowed: tuple[str, ...], path: str) -> str:
@@ -235,10 +237,13 @@ def parse_job_config(data: dict | None) -> JobConfig:
     )
     if cfg.prompt_column and cfg.template:
         raise _fail("template", "set either prompt_column or template, not both")
-    if task != "summarize" and not (cfg.prompt_column or cfg.template):
-        raise _fail("prompt_column", f"a {task} job needs prompt_column (a column) or template (Jinja2)")
+    if task == "generate" and not (cfg.prompt_column or cfg.template):
+        cfg = replace(cfg, prompt_column="prompt")
+    if task == "label" and not (cfg.prompt_column or cfg.template):
+        raise _fail("prompt_column", "a label job needs prompt_column (a column) or template (Jinja2)")
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
+    _check_sampling(cfg.sampling)
     _check_template(cfg.template, "template")
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
@@ -254,3 +259,12 @@ def _check_template(source: str | None, path: str) -> None:
         compile_template(source)
     except Exception as exc:  # jinja2.TemplateSyntaxError and friends
         raise _fail(path, f"invalid Jinja2 template: {exc}") from exc
+
+
+def _check_sampling(values: dict) -> None:
+    from pipeline.facade import SamplingParams
+
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    problem = SamplingParams(**values).validation_error()
+    if problem:
+        raise _fail("sampling", problem)

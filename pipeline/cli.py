@@ -1,0 +1,192 @@
+"""`prefixflow`: run, plan, status and demo from a shell (serve is provided by flows/ when installed)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from pipeline.config import StorageConfig
+from pipeline.errors import PipelineError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+EPILOG = """examples:
+  prefixflow demo
+  prefixflow plan --input data/docs/ --job configs/jobs/summarize.yaml
+  prefixflow run --input s3://bucket/docs/ --output s3://bucket/out/ --job configs/jobs/summarize.yaml
+  prefixflow status s3://bucket/out/
+Results land in OUTPUT/data/**/*.parquet (one row per input row, exactly once)."""
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, yaml.safe_load(value)
+
+
+def _add_storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)")
+    p.add_argument("--storage-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec storage option (repeatable), e.g. anon=true, key=..., secret=...")  # fmt: skip
+
+
+def _add_job(p: argparse.ArgumentParser, need_output: bool) -> None:
+    p.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
+    if need_output:
+        p.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"preset (tiny, {DEFAULT_MODEL}), HF folder or .gguf file (default: {DEFAULT_MODEL})")  # fmt: skip
+    p.add_argument("--job", help="job config YAML (see configs/jobs/summarize.yaml, label.yaml)")
+    p.add_argument("--id-column", help="column with unique row ids (default: file path + row index)")
+    p.add_argument("--prompt-column", help="column used verbatim as the prompt")
+    p.add_argument("--max-tokens", type=int, help="output length limit per row")
+    p.add_argument("--shard-rows", type=int, help="rows per shard (part of the job fingerprint)")
+    p.add_argument("--flush-rows", type=int, help="write a part file every N finished rows")
+    p.add_argument("--flush-seconds", type=float, help="... or every T seconds")
+    p.add_argument("--engine", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="engine setting (repeatable), e.g. max_num_seqs=64")  # fmt: skip
+    _add_storage(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixflow", description="Offline LLM batch inference: Parquet in, Parquet out, exactly once.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_job(run, need_output=True)
+    run.add_argument("--new-run", action="store_true",
+                     help="discard an earlier run with a different job fingerprint in OUTPUT and start over")  # fmt: skip
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
+    _add_job(plan, need_output=False)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    status = sub.add_parser("status", help="progress and totals of a run, finished or not")
+    status.add_argument("output", help="the run's output folder or s3:// URL")
+    _add_storage(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
+    demo = sub.add_parser("demo", help="summarize and label a small bundled dataset end to end")
+    demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
+    demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
+    demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
+    sub.add_parser("serve", help="Prefect deployment server (provided by flows/)", add_help=False)
+    return parser
+
+
+def _storage_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.endpoint_url:
+        out["endpoint_url"] = args.endpoint_url
+    if args.storage_option:
+        out["storage_options"] = dict(args.storage_option)
+    return out
+
+
+def _spec(args: argparse.Namespace, output: str):
+    from pipeline.spec import load_job
+
+    overrides = {"id_column": args.id_column, "prompt_column": args.prompt_column, "max_tokens": args.max_tokens,
+                 "shard_rows": args.shard_rows, "flush_rows": args.flush_rows, "flush_seconds": args.flush_seconds,
+                 "engine": dict(args.engine) or None, **_storage_overrides(args)}  # fmt: skip
+    return load_job(args.input, output, args.model, args.job, **overrides)
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.local_run import run_local, summary_table
+
+    spec = _spec(args, args.output)
+    summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
+                                  console=console)  # fmt: skip
+    console.print(summary_table(summary))
+    if args.json:
+        print(json.dumps({**summary.as_dict(), "failed_shards": [str(f) for f in failures]}))
+    if failures:
+        console.print(
+            f"[red]{len(failures)} shard(s) failed[/]; fix the input and run the same command to resume"
+        )
+        return 1
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.planning import describe_shards, plan_shards
+
+    spec = _spec(args, "")
+    infos = describe_shards(spec, plan_shards(spec))
+    rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
+             "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
+             "error": i.shard.error} for i in infos]  # fmt: skip
+    if args.json:
+        print(json.dumps({"shards": rows, "num_rows": sum(r["num_rows"] for r in rows)}))
+        return 0
+    for r in rows:
+        note = f"  [red]{r['error']}[/]" if r["error"] else ""
+        console.print(f"{r['shard_id']}  rows {r['rows'][0]}-{r['rows'][1]}  ~{r['est_tokens']} tokens{note}")
+    console.print(f"[bold]{len(rows)} shards, {sum(r['num_rows'] for r in rows)} rows, "
+                  f"~{sum(r['est_tokens'] for r in rows)} tokens[/]")  # fmt: skip
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.local_run import summary_table
+    from pipeline.summary import status
+
+    storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_option))
+    summary, record = status(args.output.rstrip("/"), storage)
+    if args.json:
+        print(
+            json.dumps(
+                {**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"]}
+            )
+        )
+        return 0
+    console.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
+                  f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
+    console.print(summary_table(summary))
+    console.print(
+        "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"
+    )
+    return 0
+
+
+def cmd_serve(argv: list[str]) -> int:
+    try:
+        flows_cli = importlib.import_module("flows.cli")  # by name: pipeline never imports flows statically
+    except ImportError as exc:
+        print(f"prefixflow serve needs the flows package (prefect): {exc}", file=sys.stderr)
+        return 2
+    return int(flows_cli.serve_main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        return cmd_serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        if args.command == "run":
+            return cmd_run(args, console)
+        if args.command == "plan":
+            return cmd_plan(args, console)
+        if args.command == "status":
+            return cmd_status(args, console)
+        from pipeline.demo import run_demo
+
+        return run_demo(args.workdir, args.model, args.rows, console)
+    except PipelineError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

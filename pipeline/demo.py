@@ -1,0 +1,67 @@
+"""`prefixflow demo`: the bundled sample reviews -> Parquet -> a summarization and a labeling job."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from pipeline.local_run import run_local, summary_table
+from pipeline.spec import load_job
+
+JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
+
+
+def sample_rows(limit: int = 24) -> list[dict]:
+    text = resources.files("pipeline").joinpath("data/demo_reviews.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
+
+
+def write_sample(folder: str, limit: int = 24) -> str:
+    """Write the sample as two Parquet files (so the demo has more than one shard source)."""
+    rows = sample_rows(limit)
+    os.makedirs(folder, exist_ok=True)
+    half = (len(rows) + 1) // 2
+    for i, chunk in enumerate((rows[:half], rows[half:])):
+        if chunk:
+            pq.write_table(
+                pa.Table.from_pylist(chunk), os.path.join(folder, f"reviews-{i}.parquet"), row_group_size=6
+            )
+    return folder
+
+
+def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
+    workdir = os.path.abspath(workdir)
+    data = write_sample(os.path.join(workdir, "input"), max(1, min(rows, 24)))
+    console.print(f"[bold]sample data[/] {data}  ({min(rows, 24)} product reviews)")
+    from pipeline.engine_lane import open_engine
+
+    llm = None
+    failed = 0
+    for name, job_file in JOBS:
+        job = str(resources.files("pipeline").joinpath(f"data/{job_file}"))
+        spec = load_job(data, os.path.join(workdir, f"{name}-out"), model, job)
+        llm = llm or open_engine(spec)
+        console.rule(f"{name} job")
+        summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
+        failed += len(failures)
+        console.print(summary_table(summary))
+        cols = ["id", "title", "label", "label_probs"] if name == "label" else ["id", "title", "output"]
+        df = pl.read_parquet(summary.data_glob).sort("id")
+        with pl.Config(fmt_str_lengths=80, tbl_width_chars=140):
+            console.print(str(df.select(cols).head(4)))
+    console.rule("read the results")
+    console.print(
+        "import polars as pl\n"
+        f"summaries = pl.read_parquet({os.path.join(workdir, 'summarize-out', 'data')!r} + '/**/*.parquet')\n"
+        f"labels = pl.read_parquet({os.path.join(workdir, 'label-out', 'data')!r} + '/**/*.parquet')\n"
+        "print(labels.select('id', 'label', 'label_probs'))",
+        markup=False,
+    )
+    console.print(f"status: prefixflow status {os.path.join(workdir, 'label-out')}", markup=False)
+    return 1 if failed else 0

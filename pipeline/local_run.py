@@ -1,0 +1,74 @@
+"""Run a whole job in this process (the CLI's `run` and `demo`): plan, prepare, shards, finalize.
+
+Scale-out belongs to flows/; this is the one-lane path, and it shares every step with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.engine_lane import open_engine
+from pipeline.errors import ShardError
+from pipeline.output_root import prepare_output
+from pipeline.planning import plan_shards
+from pipeline.progress import RichProgress
+from pipeline.runner import is_committed, run_shard
+from pipeline.spec import JobSpec
+from pipeline.summary import RunSummary, finalize
+
+
+def run_local(
+    spec: JobSpec, new_run: bool = False, llm: Any = None, progress: bool | None = None,
+    console: Console | None = None,
+) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
+    """Every shard of the job, one after another; a failing shard is reported, the others still run."""
+    console = console or Console(stderr=True)
+    shards = plan_shards(spec)
+    prepare_output(spec, new_run=new_run)
+    todo = [s for s in shards if not is_committed(spec, s)]
+    console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
+                  f"{len(shards) - len(todo)} already committed")  # fmt: skip
+    failures: list[ShardError] = []
+    if todo:
+        llm = llm or open_engine(spec)
+        with RichProgress(sum(s.num_rows for s in todo), console=console, enabled=progress) as bar:
+            for shard in todo:
+                try:
+                    run_shard(spec, shard, llm, progress=bar)
+                except ShardError as exc:
+                    failures.append(exc)
+                    console.print(f"[red]shard failed[/] {exc}")
+    return finalize(spec), failures
+
+
+def summary_table(summary: RunSummary) -> Table:
+    t = Table(title="prefixflow run summary", show_header=False)
+    total = "?" if summary.shards_total is None else str(summary.shards_total)
+    rows = [
+        ("output", summary.output),
+        (
+            "shards committed",
+            f"{summary.shards_committed} / {total}" + ("" if summary.complete else "  (incomplete)"),
+        ),
+        ("rows", f"{summary.rows}  ({summary.error_rows} error rows)"),
+        ("errors by class", ", ".join(f"{k}={v}" for k, v in summary.errors_by_class.items()) or "none"),
+        (
+            "tokens",
+            f"prompt {summary.prompt_tokens}, cached {summary.cached_tokens}, output {summary.output_tokens}",
+        ),
+        (
+            "throughput",
+            f"{summary.tokens_per_s:,.0f} tok/s total, {summary.output_tokens_per_s:,.1f} output tok/s",
+        ),
+        ("prefix-cache hit rate", f"{summary.prefix_hit_rate:.1%}"),
+        ("shard time", f"{summary.elapsed_s:.1f} s"),
+        ("read with", f"polars.scan_parquet({summary.data_glob!r})"),
+    ]
+    if summary.shards_in_progress:
+        rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
