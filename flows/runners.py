@@ -1,0 +1,53 @@
+"""Where lanes run: count local GPUs and build the task runner for a run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+
+def visible_gpus() -> int:
+    """Number of GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else `nvidia-smi -L`."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def ray_cluster_gpus() -> int:
+    """GPUs in the connected Ray cluster (0 if Ray is not initialized)."""
+    import ray
+
+    if not ray.is_initialized():
+        return 0
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def pin_thread_to_gpu(index: int) -> None:
+    """Make `cuda` mean GPU `index` for the calling thread (torch's current device is per thread)."""
+    import torch
+
+    torch.cuda.set_device(index)
+
+
+def make_task_runner(ray_address: str | None, lanes: int) -> TaskRunner:
+    """A thread pool with one worker per lane, or a `RayTaskRunner` when `ray_address` is given.
+
+    `ray_address` is a Ray cluster address (`ray://head:10001`, `head:6379`) or `"auto"`
+    (the cluster this machine belongs to, or the Ray instance already initialized in-process).
+    """
+    if not ray_address:
+        return ThreadPoolTaskRunner(max_workers=max(1, lanes))
+    from prefect_ray import RayTaskRunner
+
+    return RayTaskRunner(address=ray_address)
