@@ -7,4 +7,12 @@ from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
-__all__ = ["LLM", "EngineConfig", "EngineStats", "ModelSource", "RequestOutput", "SamplingParams", "TokenLogprob"]
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "EngineStats",
+    "ModelSource",
+    "RequestOutput",
+    "SamplingParams",
+    "TokenLogprob",
+]

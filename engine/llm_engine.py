@@ -60,7 +60,12 @@ class LLMEngine:
         return None
 
     def add_request(
-        self, index: int, request_id: str, prompt_ids: list[int], params: SamplingParams, score_start: int | None = None
+        self,
+        index: int,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        score_start: int | None = None,
     ) -> Request:
         seed = params.seed
         if seed is None:

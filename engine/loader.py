@@ -86,7 +86,11 @@ def _safetensors_files(path: Path) -> list[Path]:
     if files:
         return files
     pickles = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
-    hint = f" (found {', '.join(pickles)}: pickled checkpoints are never loaded; convert to safetensors)" if pickles else ""
+    hint = (
+        f" (found {', '.join(pickles)}: pickled checkpoints are never loaded; convert to safetensors)"
+        if pickles
+        else ""
+    )
     raise ModelNotFoundError(f"no *.safetensors weights in {path}{hint}")
 
 

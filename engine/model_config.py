@@ -62,7 +62,9 @@ class ModelConfig:
             scaling = dict(scaling)
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ("default", "llama3", "linear"):
-                raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}; supported: llama3, linear")
+                raise UnsupportedModelError(
+                    f"unsupported rope_scaling type {kind!r}; supported: llama3, linear"
+                )
             scaling = None if kind == "default" else {**scaling, "rope_type": kind}
         sliding = cfg.get("sliding_window") if family in ("mistral", "qwen2", "qwen3") else None
         if family in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):

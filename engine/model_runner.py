@@ -47,10 +47,20 @@ class ModelRunner:
         import kernels
 
         self.cos_sin_cache = kernels.build_rope_cache(
-            model_cfg.head_dim, model_cfg.max_position_embeddings, model_cfg.rope_theta, model_cfg.rope_scaling
+            model_cfg.head_dim,
+            model_cfg.max_position_embeddings,
+            model_cfg.rope_theta,
+            model_cfg.rope_scaling,
         ).to(self.device)
         self.num_blocks = self._num_kv_blocks()
-        shape = (model_cfg.num_layers, 2, self.num_blocks, cfg.block_size, model_cfg.num_kv_heads, model_cfg.head_dim)
+        shape = (
+            model_cfg.num_layers,
+            2,
+            self.num_blocks,
+            cfg.block_size,
+            model_cfg.num_kv_heads,
+            model_cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(model_cfg.num_layers)]
 

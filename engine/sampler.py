@@ -19,6 +19,7 @@ def position_seed(seed: int, position: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[list[int], list]:
     """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested)."""
     logits = logits.float()

@@ -21,7 +21,9 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], bias=cfg.attention_bias, dtype=dtype)
+        self.qkv_proj = Linear(
+            cfg.hidden_size, [q_size, kv_size, kv_size], bias=cfg.attention_bias, dtype=dtype
+        )
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=o_bias, dtype=dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
@@ -75,7 +77,9 @@ class DecoderLayer(nn.Module):
 class StepContext:
     """What every layer needs for one step, passed explicitly (never global)."""
 
-    def __init__(self, positions, meta: AttentionMetadata, attention: AttentionBackend, cos_sin_cache) -> None:
+    def __init__(
+        self, positions, meta: AttentionMetadata, attention: AttentionBackend, cos_sin_cache
+    ) -> None:
         self.positions = positions
         self.meta = meta
         self.attention = attention
@@ -90,7 +94,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        )
         self.embed_tokens.weight.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[tuple]) -> torch.Tensor:

@@ -78,7 +78,9 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     if param.shape != tensor.shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
+        raise ValueError(
+            f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
+        )
     param.data.copy_(tensor)
 
 

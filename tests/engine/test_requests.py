@@ -1,0 +1,163 @@
+"""Request-level behaviour of the facade on the tiny preset: errors, sampling, stops, streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", max_model_len=256)
+
+
+def test_bad_inputs_become_error_outputs_and_others_finish(llm):
+    prompts = ["a fine prompt", "", [1] * 300, "another fine prompt", "bad temperature", [10**6]]
+    params = [SamplingParams(max_tokens=4)] * 4 + [SamplingParams(temperature=-1.0)] + [SamplingParams()]
+    outs = llm.generate(prompts, params)
+    assert [o.index for o in outs] == list(range(6))
+    assert outs[0].finish_reason == "length" and outs[0].num_output_tokens == 4
+    assert outs[3].finish_reason == "length"
+    assert outs[1].finish_reason == "error" and "empty prompt" in outs[1].error
+    assert outs[2].finish_reason == "error" and "300 tokens" in outs[2].error
+    assert outs[4].finish_reason == "error" and "temperature" in outs[4].error
+    assert outs[5].finish_reason == "error" and "vocabulary" in outs[5].error
+
+
+def test_prompt_plus_max_tokens_over_limit_is_an_error(llm):
+    out = llm.generate([[5] * 200], SamplingParams(max_tokens=100))[0]
+    assert out.finish_reason == "error" and "max_tokens (100)" in out.error
+
+
+@pytest.mark.parametrize(
+    "params, word",
+    [
+        (SamplingParams(top_p=0.0), "top_p"),
+        (SamplingParams(top_k=-5), "top_k"),
+        (SamplingParams(min_p=2.0), "min_p"),
+        (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(max_tokens=2, min_tokens=3), "min_tokens"),
+        (SamplingParams(logprobs=99), "logprobs"),
+    ],
+)
+def test_each_invalid_sampling_value_is_named(llm, params, word):
+    out = llm.generate(["x y z"], params)[0]
+    assert out.finish_reason == "error" and word in out.error
+
+
+def test_default_params_have_no_small_cap(llm):
+    out = llm.generate(["count"], SamplingParams(ignore_eos=True))[0]
+    assert out.finish_reason == "length"
+    assert out.num_prompt_tokens + out.num_output_tokens == llm.max_model_len
+
+
+def test_seeded_request_same_alone_and_in_batch_of_32(llm):
+    seeded = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = llm.generate(["the seeded prompt"], seeded)[0].token_ids
+    others = [f"other prompt number {i} " * (1 + i % 5) for i in range(32)]
+    mixed = [SamplingParams(temperature=0.8, max_tokens=8 + i % 9, ignore_eos=True) for i in range(32)]
+    batch = llm.generate(
+        others[:16] + ["the seeded prompt"] + others[16:], mixed[:16] + [seeded] + mixed[16:]
+    )
+    assert batch[16].token_ids == alone
+    unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=99)
+    assert llm.generate(["the seeded prompt"], unseeded)[0].token_ids != alone
+
+
+def test_sampling_filters_restrict_tokens(llm):
+    greedy = llm.generate(["filters"], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
+    top1 = llm.generate(["filters"], SamplingParams(temperature=2.0, top_k=1, max_tokens=6, ignore_eos=True))[
+        0
+    ]
+    tiny_p = llm.generate(
+        ["filters"], SamplingParams(temperature=2.0, top_p=1e-6, max_tokens=6, ignore_eos=True)
+    )[0]
+    min_p = llm.generate(
+        ["filters"], SamplingParams(temperature=2.0, min_p=1.0, max_tokens=6, ignore_eos=True)
+    )[0]
+    assert top1.token_ids == greedy and tiny_p.token_ids == greedy and min_p.token_ids == greedy
+
+
+def test_stop_token_ids_and_strings(llm):
+    base = llm.generate(["stops"], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop_at = base.token_ids[4]
+    first = base.token_ids.index(stop_at)
+    by_id = llm.generate(["stops"], SamplingParams(max_tokens=12, stop_token_ids=[stop_at], ignore_eos=True))[
+        0
+    ]
+    assert by_id.finish_reason == "stop" and by_id.stop_reason == stop_at
+    assert by_id.token_ids == base.token_ids[: first + 1]
+    text = base.text
+    stop_str = text[len(text) // 2 : len(text) // 2 + 2]
+    by_str = llm.generate(["stops"], SamplingParams(max_tokens=12, stop=[stop_str], ignore_eos=True))[0]
+    assert by_str.finish_reason == "stop" and stop_str not in by_str.text
+    assert text.startswith(by_str.text)
+
+
+def test_min_tokens_blocks_eos(llm):
+    eos = llm.engine.eos_ids[0]
+    out = llm.generate(["eos test"], SamplingParams(max_tokens=8, min_tokens=8, stop_token_ids=[eos]))[0]
+    assert out.num_output_tokens == 8 and eos not in out.token_ids[:-1]
+
+
+def test_logprobs_of_sampled_and_top_alternatives(llm):
+    out = llm.generate(["logprobs"], SamplingParams(max_tokens=5, logprobs=3, ignore_eos=True))[0]
+    assert len(out.logprobs) == 5
+    for token, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == token and lp.logprob <= 0.0
+        assert len(lp.top) == 3 and lp.top[0][0] == token  # greedy: the sampled token is the best
+        assert lp.top[0][1] == pytest.approx(lp.logprob)
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+
+
+def test_stream_yields_every_request_once_with_stats(llm):
+    before = llm.stats().output_tokens
+    params = [SamplingParams(max_tokens=2 + 5 * (i % 2), ignore_eos=True) for i in range(10)]
+    seen = [o.index for o in llm.generate_stream([f"stream {i}" for i in range(10)], params)]
+    assert sorted(seen) == list(range(10))
+    assert seen != sorted(seen) or len(set(p.max_tokens for p in params)) == 1  # short ones finish first
+    assert llm.stats().output_tokens - before == sum(p.max_tokens for p in params)
+
+
+def test_request_ids_and_timings(llm):
+    outs = llm.generate(
+        ["a", "b"], SamplingParams(max_tokens=3, ignore_eos=True), request_ids=["row-1", "row-2"]
+    )
+    assert [o.request_id for o in outs] == ["row-1", "row-2"]
+    assert all(o.time_to_first_token is not None and o.latency >= o.time_to_first_token for o in outs)
+
+
+def test_score_choices_equal_the_model_logprobs(llm):
+    prompt_ids = llm.tokenizer.encode("score me please")
+    first = llm.generate([prompt_ids], SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True))[
+        0
+    ].logprobs[0]
+    tok = llm.tokenizer
+    clean = [(t, lp) for t, lp in first.top if tok.encode(tok.decode([t]), add_special_tokens=False) == [t]]
+    assert len(clean) >= 2
+    choices = [tok.decode([t]) for t, _ in clean]
+    scores = llm.score_choices([prompt_ids], [choices])[0]
+    assert scores == pytest.approx([lp for _, lp in clean], abs=1e-4)
+    two = choices[0] + choices[1]  # a multi-token choice sums per-token log-probs
+    second = llm.generate(
+        [prompt_ids + tok.encode(choices[0], add_special_tokens=False)],
+        SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True),
+    )[0].logprobs[0]
+    want = clean[0][1] + dict(second.top).get(clean[1][0], float("nan"))
+    got = llm.score_choices([prompt_ids], [[two]])[0][0]
+    if tok.encode(two, add_special_tokens=False) == [clean[0][0], clean[1][0]] and clean[1][0] in dict(
+        second.top
+    ):
+        assert got == pytest.approx(want, abs=1e-4)
+    bad = llm.score_choices([prompt_ids, ""], [["x"], ["x"]])
+    assert isinstance(bad[1], str) and "empty" in bad[1]
+
+
+def test_unknown_option_and_bad_model_fail_fast():
+    with pytest.raises(TypeError, match="unknown engine option"):
+        LLM("tiny", max_batch=3)
+    with pytest.raises(ValueError, match="not a directory, a .gguf file, a preset"):
+        LLM("no-such-model")
+    with pytest.raises(ValueError, match="ordering"):
+        LLM("tiny", ordering="random")
