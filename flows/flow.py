@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
+from prefect.task_runners import TaskRunner
 
 from flows.dealing import deal_shards
 from flows.lanes import LaneReport, run_lane
 from flows.reporting import ShardProgress, publish_summary, run_metrics
-from flows.runners import make_task_runner, ray_cluster_gpus, visible_gpus
+from flows.runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from flows.slots import DEFAULT_LIMIT
 from pipeline import JobSpec, ShardInfo, describe_shards, finalize, load_job, plan_shards, prepare_output
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # the same default as `prefixflow run`
 
 
 class ShardsFailed(RuntimeError):
@@ -36,23 +39,18 @@ def plan_job(
     spec = load_job(input, output, model, job, **overrides)
     prepare_output(spec, new_run=new_run)
     infos = describe_shards(spec, plan_shards(spec))
-    logger.info(
-        "planned %d shards, %d rows, ~%d tokens",
-        len(infos),
-        sum(i.shard.num_rows for i in infos),
-        sum(i.est_tokens for i in infos),
-    )
+    rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
+    logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)
     return spec, infos
 
 
 @task(name="summarize-run", persist_result=False, cache_policy=NO_CACHE)
-def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float, output: str) -> dict[str, Any]:
-    """Write the manifest (totals from the commit markers; `complete` says whether every shard is
-    committed) and publish the summary table artifact."""
-    logger = get_run_logger()
+def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float) -> dict[str, Any]:
+    """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
+    `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(spec).as_dict(), reports, wall_s)
-    publish_summary(metrics, output)
-    logger.info("run summary: %s", metrics)
+    publish_summary(metrics, spec.output)
+    get_run_logger().info("run summary: %s", metrics)
     return metrics
 
 
@@ -60,12 +58,18 @@ def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float, outpu
 def batch_inference(
     input: str,
     output: str,
-    model: str,
+    model: str = DEFAULT_MODEL,
     job: str | dict[str, Any] | None = None,
-    storage_options: dict[str, Any] | None = None,
+    id_column: str | None = None,
+    prompt_column: str | None = None,
+    max_tokens: int | None = None,
     shard_rows: int | None = None,
+    flush_rows: int | None = None,
+    flush_seconds: float | None = None,
+    engine: dict[str, Any] | None = None,
+    endpoint_url: str | None = None,
+    storage_options: dict[str, Any] | None = None,
     new_run: bool = False,
-    overrides: dict[str, Any] | None = None,
     lanes: int | None = None,
     gpus_per_lane: int | None = None,
     ray_address: str | None = None,
@@ -75,111 +79,88 @@ def batch_inference(
     concurrency_limit: str | None = DEFAULT_LIMIT,
     progress_poll_s: float = 2.0,
 ) -> dict[str, Any]:
-    """Run an offline batch-inference job (the same job `prefixflow run` runs) as a Prefect flow.
+    """Run an offline batch-inference job as a Prefect flow (the job parameters are those of
+    `prefixflow run`).
 
-    Shards are dealt to `lanes` engine lanes by prefix affinity; each lane loads its engine once
-    and commits its shards one after another. Lanes run on a local thread pool (default: one lane
-    per visible GPU, one on CPU) or, with `ray_address`, as Ray tasks with `gpus_per_lane` GPUs
-    each (default: one lane per GPU in the cluster). Lanes retry `lane_retries` times with
-    backoff; a retry skips committed shards. Each lane holds `gpus_per_lane` slots (1 on CPU) of
-    the global concurrency limit `concurrency_limit` while its engine is loaded. Shards that
-    still fail leave the flow Failed (after the summary), naming each uncommitted shard.
+    Shards are dealt to engine lanes by prefix affinity and token balance; each lane loads its
+    engine once and commits its shards one after another. Lanes run on a local thread pool
+    (default: one lane per visible GPU, one on CPU) or, with `ray_address` (`auto`,
+    `ray://head:10001`), as Ray tasks with `gpus_per_lane` GPUs each (default: one lane per GPU
+    in the cluster). A lane retries `lane_retries` times with exponential backoff from
+    `retry_delay_s`, skipping committed shards, and times out after `lane_timeout_s`. Each lane
+    holds max(1, gpus_per_lane) slots of the global concurrency limit `concurrency_limit` while its
+    engine is loaded (no limit if it does not exist). Shards that still fail leave the flow Failed,
+    after the summary, naming each uncommitted shard.
     """
     logger = get_run_logger()
     started = time.time()
-    extra = dict(overrides or {})
-    if storage_options is not None:
-        extra["storage_options"] = storage_options
-    if shard_rows is not None:
-        extra["shard_rows"] = shard_rows
-    spec, infos = plan_job(input, output, model, job, new_run, extra)
+    overrides = {
+        "id_column": id_column,
+        "prompt_column": prompt_column,
+        "max_tokens": max_tokens,
+        "shard_rows": shard_rows,
+        "flush_rows": flush_rows,
+        "flush_seconds": flush_seconds,
+        "engine": engine,
+        "endpoint_url": endpoint_url,
+        "storage_options": storage_options,
+    }
+    spec, infos = plan_job(
+        input, output, model, job, new_run, {k: v for k, v in overrides.items() if v is not None}
+    )
 
-    local_gpus = 0 if ray_address else visible_gpus()
-    with make_task_runner(ray_address, lanes or max(1, local_gpus)) as runner:
-        if ray_address:
-            cluster_gpus = ray_cluster_gpus()
-            gpus = (1 if cluster_gpus else 0) if gpus_per_lane is None else gpus_per_lane
-            n_lanes = lanes or max(1, cluster_gpus // max(1, gpus))
-        else:
-            gpus = (1 if local_gpus else 0) if gpus_per_lane is None else gpus_per_lane
-            n_lanes = lanes or max(1, local_gpus // max(1, gpus))
-        groups = [[info.shard for info in group] for group in deal_shards(infos, n_lanes)]
+    with make_task_runner(ray_address, lanes or max(1, visible_gpus())) as runner:
+        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address))
+        groups = [[info.shard for info in group] for group in deal_shards(infos, layout.lanes)]
         logger.info(
             "%d shards on %d lanes (%s, %d GPU(s) per lane)",
             len(infos),
             len(groups),
-            "ray" if ray_address else "threads",
-            gpus,
+            "ray" if layout.on_ray else "threads",
+            layout.gpus_per_lane,
         )
-        progress = ShardProgress(spec, groups, output)
+        progress = ShardProgress(spec, groups)
         lane_task = run_lane.with_options(
             retries=lane_retries,
             retry_delay_seconds=[retry_delay_s * 2**i for i in range(max(1, lane_retries))],
             timeout_seconds=lane_timeout_s,
         )
-        pin = not ray_address and local_gpus > 0 and gpus > 0
-        futures = _submit_lanes(
-            runner, lane_task, spec, groups, concurrency_limit, gpus, bool(ray_address), pin
-        )
+        futures = _submit_lanes(runner, lane_task, spec, groups, layout, concurrency_limit)
         _wait_with_progress(futures, progress, progress_poll_s)
         reports, lane_errors = _collect(futures)
     for message in lane_errors:
         logger.error(message)
 
     progress.finish()
+    metrics = summarize_run(spec, reports, time.time() - started)
     failed = progress.uncommitted()
-    metrics = summarize_run(spec, reports, time.time() - started, output)
     if failed:
         raise ShardsFailed(
             f"{len(failed)} of {progress.total} shards not committed after {lane_retries} "
             f"retries: {', '.join(failed)}. Lane errors: {' | '.join(lane_errors)}. "
-            "Re-run the flow with the same output to resume; committed shards are kept."
+            "Run the flow again with the same output to resume; committed shards are kept."
         )
     return {**metrics, "lanes": [_lane_row(report) for report in reports]}
 
 
-def _lane_row(report: LaneReport) -> dict[str, Any]:
-    """A compact, JSON-friendly account of one finished lane."""
-    return {
-        "lane": report.lane,
-        "generated": [r.shard_id for r in report.results if not r.skipped],
-        "already_committed": list(report.already_committed),
-        "slots_held": report.slots_held,
-        "held_from": report.held_from,
-        "held_until": report.held_until,
-    }
-
-
 def _submit_lanes(
-    runner: Any,
+    runner: TaskRunner,
     lane_task: Any,
     spec: JobSpec,
     groups: list[list[Any]],
+    layout: LaneLayout,
     limit: str | None,
-    gpus: int,
-    on_ray: bool,
-    pin: bool,
 ) -> list[PrefectFuture[LaneReport]]:
-    """Submit one lane task per shard group: with `num_gpus` per Ray task when on Ray, pinned to
-    GPU `i * gpus` when `pin` (local thread lanes on a multi-GPU host)."""
-    options = nullcontext()
-    if on_ray:
+    """Submit one lane task per shard group, with `num_gpus` per Ray task when on Ray."""
+    options: AbstractContextManager[Any] = nullcontext()
+    if layout.on_ray and layout.gpus_per_lane:
         from prefect_ray.context import remote_options
 
-        options = remote_options(num_gpus=gpus) if gpus else nullcontext()
+        options = remote_options(num_gpus=layout.gpus_per_lane)
+    params = {"spec": spec, "limit": limit, "occupy": max(1, layout.gpus_per_lane)}
     with options:
         return [
-            runner.submit(
-                lane_task,
-                {
-                    "spec": spec,
-                    "shards": group,
-                    "lane": i,
-                    "limit": limit,
-                    "occupy": max(1, gpus),
-                    "gpu_index": i * gpus if pin else None,
-                },
-            )
+            runner.submit(lane_task, {**params, "shards": group, "lane": i, "gpu_index": layout.gpu_index(i)})
             for i, group in enumerate(groups)
         ]
 
@@ -204,3 +185,15 @@ def _collect(futures: list[PrefectFuture[LaneReport]]) -> tuple[list[LaneReport]
             state = future.state
             errors.append(f"{state.name}: {state.message or outcome}")
     return reports, errors
+
+
+def _lane_row(report: LaneReport) -> dict[str, Any]:
+    """A compact, JSON-friendly account of one finished lane."""
+    return {
+        "lane": report.lane,
+        "generated": [r.shard_id for r in report.results if not r.skipped],
+        "already_committed": list(report.already_committed),
+        "slots_held": report.slots_held,
+        "held_from": report.held_from,
+        "held_until": report.held_until,
+    }

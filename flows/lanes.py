@@ -78,8 +78,7 @@ def run_lane(
             report.slots_held, report.held_from = held, time.time()
             if gpu_index is not None:
                 pin_thread_to_gpu(gpu_index)
-            with _ENGINE_LOAD_LOCK:
-                llm = open_engine(spec)
+            llm = _load_engine(spec)
             for shard in pending:
                 try:
                     result = run_shard(spec, shard, llm)
@@ -98,6 +97,13 @@ def run_lane(
         detail = "; ".join(f"{sid}: {msg}" for sid, msg in failures.items())
         raise LaneFailed(f"lane {lane}: {len(failures)} of {len(pending)} shards failed: {detail}")
     return report
+
+
+def _load_engine(spec: JobSpec) -> Any:
+    """`open_engine`, one lane at a time per process. A module-level function, so cloudpickle sends
+    Ray only a reference to it (the lock itself cannot be pickled)."""
+    with _ENGINE_LOAD_LOCK:
+        return open_engine(spec)
 
 
 def _log_shard(logger: Any, lane: int, result: ShardResult) -> None:

@@ -73,14 +73,14 @@ class ShardProgress:
     (a cursor per lane): the whole run costs about one `is_committed` call per shard.
     """
 
-    def __init__(self, spec: JobSpec, lanes: Sequence[Sequence[Shard]], output: str) -> None:
+    def __init__(self, spec: JobSpec, lanes: Sequence[Sequence[Shard]]) -> None:
         self._spec = spec
         self._lanes = [list(lane) for lane in lanes]
         self._cursor = [0] * len(self._lanes)
         self.total = sum(len(lane) for lane in self._lanes)
         self.done = 0
         self.artifact_id = create_progress_artifact(
-            0.0, key=PROGRESS_KEY, description=f"shards committed for {output}"
+            0.0, key=PROGRESS_KEY, description=f"shards committed for {spec.output}"
         )
         self.poll()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
@@ -51,3 +52,35 @@ def make_task_runner(ray_address: str | None, lanes: int) -> TaskRunner:
     from prefect_ray import RayTaskRunner
 
     return RayTaskRunner(address=ray_address)
+
+
+@dataclass(frozen=True)
+class LaneLayout:
+    """How many lanes a run gets and what each holds."""
+
+    lanes: int
+    gpus_per_lane: int
+    on_ray: bool
+
+    @property
+    def pin_threads(self) -> bool:
+        """Local thread lanes on GPUs are pinned one GPU group each; Ray assigns GPUs itself."""
+        return not self.on_ray and self.gpus_per_lane > 0
+
+    def gpu_index(self, lane: int) -> int | None:
+        return lane * self.gpus_per_lane if self.pin_threads else None
+
+
+def lane_layout(lanes: int | None, gpus_per_lane: int | None, on_ray: bool) -> LaneLayout:
+    """Defaults: one GPU per lane when GPUs exist (else 0) and as many lanes as GPU groups (else 1).
+
+    On Ray this counts the cluster's GPUs, so call it after the Ray task runner has connected.
+    """
+    gpus_here = ray_cluster_gpus() if on_ray else visible_gpus()
+    gpus = (1 if gpus_here else 0) if gpus_per_lane is None else gpus_per_lane
+    if gpus < 0:
+        raise ValueError(f"gpus_per_lane must be >= 0, got {gpus}")
+    n = lanes if lanes is not None else max(1, gpus_here // max(1, gpus))
+    if n < 1:
+        raise ValueError(f"lanes must be >= 1, got {n}")
+    return LaneLayout(lanes=n, gpus_per_lane=gpus, on_ray=on_ray)

@@ -10,11 +10,14 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
-from tests.flows.conftest import (
+from tests.flows.support import (
     EMPTY_PROMPT_IDS,
     JOB,
+    NUM_SHARDS,
     SHARD_ROWS,
     assert_exactly_once,
+    read_artifacts,
+    read_lane_runs,
     requires_pipeline,
 )
 
@@ -37,28 +40,6 @@ def _run(inp: Path, out: Path, **kw: Any) -> Any:
     )
 
 
-async def _artifacts(flow_run_id: Any) -> dict[str, Any]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    async with get_client() as client:
-        arts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
-    return {a.key: a for a in arts}
-
-
-async def _lane_runs(flow_run_id: Any) -> list[Any]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async with get_client() as client:
-        runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
-    return sorted((r for r in runs if r.name.startswith("lane-")), key=lambda r: r.name)
-
-
 def test_two_lanes_exactly_once_with_artifacts(
     prefect_server: str, dataset: tuple[Path, list[str]], tmp_path: Path
 ):
@@ -69,16 +50,16 @@ def test_two_lanes_exactly_once_with_artifacts(
     result = state.result()
     table = assert_exactly_once(out, ids)
 
-    lanes = asyncio.run(_lane_runs(state.state_details.flow_run_id))
+    lanes = asyncio.run(read_lane_runs(state.state_details.flow_run_id))
     assert [r.name for r in lanes] == ["lane-0", "lane-1"]
     assert all(r.state.is_completed() and r.run_count == 1 for r in lanes)
     generated = [s for lane in result["lanes"] for s in lane["generated"]]
-    assert len(generated) == len(set(generated)) == 5  # every shard generated once, by one lane
+    assert len(generated) == len(set(generated)) == NUM_SHARDS  # every shard generated once, by one lane
     assert all(lane["generated"] for lane in result["lanes"])
     # No limit named prefixflow-gpu exists on the test server: lanes run without it.
     assert not any(lane["slots_held"] for lane in result["lanes"])
 
-    arts = asyncio.run(_artifacts(state.state_details.flow_run_id))
+    arts = asyncio.run(read_artifacts(state.state_details.flow_run_id))
     summary = {row["metric"]: row["value"] for row in json.loads(arts["prefixflow-run-summary"].data)}
     assert summary["rows"] == len(ids)
     assert summary["error_rows"] == len(EMPTY_PROMPT_IDS)
@@ -87,8 +68,8 @@ def test_two_lanes_exactly_once_with_artifacts(
     assert summary["output_tokens"] == pc.sum(table.column("output_tokens")).as_py()
     assert summary["prompt_tokens"] == pc.sum(table.column("prompt_tokens")).as_py()
     assert summary["cached_tokens"] == pc.sum(table.column("cached_tokens")).as_py()
-    assert summary["complete"] is True and summary["shards_committed"] == 5
-    assert summary["run_shards_generated"] == 5
+    assert summary["complete"] is True and summary["shards_committed"] == NUM_SHARDS
+    assert summary["run_shards_generated"] == NUM_SHARDS
     assert summary["run_tokens_per_s"] > 0 and summary["tokens_per_s"] > 0
     hit_rate = summary["cached_tokens"] / summary["prompt_tokens"]
     assert summary["prefix_hit_rate"] == pytest.approx(hit_rate, abs=1e-4)
@@ -106,7 +87,7 @@ def test_lane_failing_once_is_retried_without_regenerating(
     assert marker.exists(), "the injected fault never fired"
     assert_exactly_once(out, ids)
 
-    lanes = asyncio.run(_lane_runs(state.state_details.flow_run_id))
+    lanes = asyncio.run(read_lane_runs(state.state_details.flow_run_id))
     assert sorted(r.run_count for r in lanes) == [1, 2]
     result = state.result()
     retried = [lane for lane in result["lanes"] if lane["already_committed"]]
@@ -114,7 +95,7 @@ def test_lane_failing_once_is_retried_without_regenerating(
     # The shard committed before the fault was skipped by the retry, not generated again.
     generated = [s for lane in result["lanes"] for s in lane["generated"]]
     assert not set(generated) & set(retried[0]["already_committed"])
-    assert len(generated) + 1 == 5 == result["run_shards_generated"] + 1
+    assert len(generated) + 1 == NUM_SHARDS == result["run_shards_generated"] + 1
 
 
 def test_unreadable_shard_fails_flow_while_other_lanes_finish(
@@ -127,7 +108,7 @@ def test_unreadable_shard_fails_flow_while_other_lanes_finish(
     assert state.is_failed()
     assert "c_corrupt" in state.message and "not committed" in state.message
     assert_exactly_once(out, ids)
-    lanes = asyncio.run(_lane_runs(state.state_details.flow_run_id))
+    lanes = asyncio.run(read_lane_runs(state.state_details.flow_run_id))
     assert sorted(r.state.type.value for r in lanes) == ["COMPLETED", "FAILED"]
     failed = next(r for r in lanes if r.state.is_failed())
     assert failed.run_count == 2  # first attempt + one retry
