@@ -5,7 +5,7 @@ Capacity checks happen here so the scheduler never asks the pool for a block it 
 
 from __future__ import annotations
 
-from engine.block_pool import Block, BlockPool
+from engine.block_pool import Block, BlockPool, chain_hash
 from engine.request import Request
 
 
@@ -41,6 +41,16 @@ class KVCacheManager:
             parent = block.block_hash
             hashes.append(parent)
         return hits, hashes
+
+    def prompt_block_hashes(self, req: Request) -> list[int]:
+        """Chained hashes of the prompt's full blocks, computed once per request."""
+        if req.prompt_hashes is None:
+            bs, parent, hashes = self.block_size, None, []
+            for i in range(req.num_prompt_tokens // bs):
+                parent = chain_hash(parent, req.prompt_token_ids[i * bs : (i + 1) * bs])
+                hashes.append(parent)
+            req.prompt_hashes = hashes
+        return req.prompt_hashes
 
     def admit(self, req: Request, hits: list[Block], hashes: list[int], num_new_tokens: int) -> bool:
         """Give a waiting request its cached prefix plus room for ``num_new_tokens``; False if it won't fit."""

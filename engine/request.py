@@ -36,6 +36,7 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)
+    prompt_hashes: list[int] | None = None
     status: Status = Status.WAITING
     logprobs: list = field(default_factory=list)
     score: float = 0.0

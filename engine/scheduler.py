@@ -61,18 +61,45 @@ class Scheduler:
         return out
 
     def _admit(self, out: list[tuple[Request, int]], budget: int) -> int:
+        """Admit waiting requests in queue order, but hold back one whose next uncached block is
+        being computed right now by another request: it will hit the cache a step later instead of
+        computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent)."""
+        in_flight = self._blocks_in_flight()
+        held: list[Request] = []
+        scanned = 0
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            req = self.waiting[0]
+            if scanned >= self.limits.max_num_seqs * 2:
+                break
+            scanned += 1
+            req = self.waiting.popleft()
             hits, hashes = self.kv.cached_prefix(req)
+            pending = self.kv.prompt_block_hashes(req)[len(hits) :]
+            if in_flight and pending and pending[0] in in_flight:
+                held.append(req)
+                continue
             n = min(req.num_tokens - len(hits) * self.kv.block_size, budget)
             if not self.kv.admit(req, hits, hashes, n):
+                held.append(req)
                 break
-            self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
             out.append((req, n))
             budget -= n
+            if self.kv.pool.enable_caching:
+                in_flight.update(pending)
+        self.waiting.extendleft(reversed(held))
         return budget
+
+    def _blocks_in_flight(self) -> set[int]:
+        """Hashes of full prompt blocks that running requests have not finished computing."""
+        if not self.kv.pool.enable_caching:
+            return set()
+        bs = self.kv.block_size
+        pending: set[int] = set()
+        for req in self.running:
+            if req.num_computed_tokens < req.num_prompt_tokens:
+                pending.update(self.kv.prompt_block_hashes(req)[req.num_computed_tokens // bs :])
+        return pending
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
