@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One-off GPU check (H200 or similar): real-shape kernel tests, kernel benchmarks, roofline bound
+# and the engine throughput benchmark, in under 8 minutes. Run from anywhere:
+#   bash benchmarks/gpu_check.sh
+# Logs go to $OUT/gpu_check/ when OUT is set, else to benchmarks/results/gpu_check-<time>/.
+# Each step has its own time limit; a failing step is recorded and the rest still run.
+# The last thing printed is a short summary table.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+export PYTHONPATH=.
+if [[ -n "${OUT:-}" ]]; then
+  LOG="$OUT/gpu_check"
+else
+  LOG="benchmarks/results/gpu_check-$(date +%Y%m%d-%H%M%S)"
+fi
+mkdir -p "$LOG"
+START=$(date +%s)
+declare -a NAMES=() STATUS=() SECS=()
+
+step() {  # step NAME LIMIT_S CMD...: run with a time limit, tee into $LOG/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  echo "=== $name (limit ${limit}s): $*" | tee "$LOG/$name.log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local status=ok
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then status="timeout"; elif [[ $rc -ne 0 ]]; then status="rc=$rc"; fi
+  NAMES+=("$name") STATUS+=("$status") SECS+=($(($(date +%s) - t0)))
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
+'transformers', transformers.__version__, 'cuda', torch.version.cuda)"
+} 2>&1 | tee "$LOG/env.log"
+
+step gpu_tests 180 python -m pytest -m gpu tests/kernels -q -rs -p no:cacheprovider --junitxml="$LOG/gpu_tests.xml"
+step kernel_bench 150 python benchmarks/kernel_bench.py --json "$LOG/kernel_bench.json"
+step roofline 60 python benchmarks/roofline.py --model llama-3.1-8b --workload varied --json "$LOG/roofline.json"
+# Engine throughput benchmark (the lead fills this in; keep the limit so the whole run stays < 8 min):
+THROUGHPUT_CMD=${THROUGHPUT_CMD:-}
+if [[ -n "$THROUGHPUT_CMD" ]]; then
+  step throughput 240 bash -c "$THROUGHPUT_CMD"
+else
+  NAMES+=(throughput) STATUS+=("not wired (set THROUGHPUT_CMD)") SECS+=(0)
+fi
+
+python - "$LOG" <<'EOF' | tee "$LOG/summary.txt"
+import json, sys
+from pathlib import Path
+
+log = Path(sys.argv[1])
+print("\n=== key figures")
+kb = log / "kernel_bench.json"
+if kb.exists():
+    data = json.loads(kb.read_text())
+    c = data["ceilings"]
+    print(f"ceilings: copy {c['bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {c['flops_per_s'] / 1e12:.0f} TFLOP/s")
+    for r in data["rows"]:
+        goal = f" (goal {r['goal']:.0%})" if r.get("goal") else ""
+        print(f"  {r['kernel']:30} {r['triton_ms']:8.3f} ms  {r['fraction']:6.1%} of {r['unit']} ceiling{goal}"
+              f"  {r['speedup']:.1f}x vs torch")
+rf = log / "roofline.json"
+if rf.exists():
+    r = json.loads(rf.read_text())
+    print(f"roofline varied/llama-3.1-8b: lower bound {r['lower_bound_s']:.2f} s "
+          f"({r['bound_output_tokens_per_s']:.0f} output tok/s)")
+EOF
+
+echo
+echo "=== gpu_check summary ($(($(date +%s) - START)) s total, logs in $LOG)"
+printf '%-14s %-32s %6s\n' step status secs
+for i in "${!NAMES[@]}"; do
+  printf '%-14s %-32s %6s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}"
+done
