@@ -1,0 +1,186 @@
+"""`prefixflow serve`: serve the batch_inference flow as a scheduled Prefect deployment.
+
+`prefixflow serve` is dispatched here by the pipeline's CLI. With `--work-pool` the deployment is
+registered on a work pool instead (a `prefect worker start -p POOL` runs it) and the command exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.slots import DEFAULT_LIMIT
+
+EPILOG = """examples:
+  prefixflow serve --name nightly --cron "0 2 * * *" --input s3://bucket/docs/ --output s3://bucket/out/ \\
+      --job configs/jobs/summarize.yaml
+  prefixflow serve --interval 3600 --input data/ --output out/ --model tiny --lanes 2
+  prefixflow serve --work-pool gpu-pool --cron "0 * * * *" --input data/ --output out/
+A scheduled run resumes into the same OUTPUT: committed shards are skipped, new input rows run."""
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, yaml.safe_load(value)
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Job flags as in `prefixflow run`, then lane, schedule and deployment flags."""
+    p = argparse.ArgumentParser(
+        prog="prefixflow serve",
+        description="Serve the batch-inference flow as a Prefect deployment, on a schedule.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    job = p.add_argument_group("job (as in `prefixflow run`)")
+    job.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
+    job.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
+    job.add_argument("--model", default="smollm2-135m-instruct", help="preset, HF folder or .gguf file")
+    job.add_argument("--job", help="job config YAML (see configs/jobs/)")
+    job.add_argument("--id-column", help="column with unique row ids")
+    job.add_argument("--prompt-column", help="column used verbatim as the prompt")
+    job.add_argument("--max-tokens", type=int, help="output length limit per row")
+    job.add_argument("--shard-rows", type=int, help="rows per shard (part of the job fingerprint)")
+    job.add_argument("--flush-rows", type=int, help="write a part file every N finished rows")
+    job.add_argument("--flush-seconds", type=float, help="... or every T seconds")
+    job.add_argument(
+        "--engine", type=_kv, action="append", default=[], metavar="KEY=VALUE", help="engine setting"
+    )
+    job.add_argument("--endpoint-url", help="S3-compatible endpoint URL")
+    job.add_argument("--storage-option", type=_kv, action="append", default=[], metavar="KEY=VALUE")
+    job.add_argument(
+        "--new-run", action="store_true", help="every run discards a run with another fingerprint"
+    )
+
+    lanes = p.add_argument_group("engine lanes")
+    lanes.add_argument("--lanes", type=int, help="number of engine lanes (default: one per GPU, 1 on CPU)")
+    lanes.add_argument("--gpus-per-lane", type=int, help="GPUs per lane (default: 1 if GPUs exist, else 0)")
+    lanes.add_argument("--ray-address", help="run lanes on a Ray cluster: auto, ray://head:10001, head:6379")
+    lanes.add_argument("--lane-retries", type=int, default=2, help="retries per lane (default: 2)")
+    lanes.add_argument("--retry-delay", type=float, default=10.0, help="first retry delay, doubled each time")
+    lanes.add_argument("--lane-timeout", type=float, help="seconds before a lane attempt is failed")
+    lanes.add_argument(
+        "--concurrency-limit",
+        default=DEFAULT_LIMIT,
+        help=f"global concurrency limit whose slots lanes hold (default: {DEFAULT_LIMIT}; 'none' for no limit)",
+    )
+
+    dep = p.add_argument_group("deployment")
+    dep.add_argument("--name", default="prefixflow", help="deployment name (default: prefixflow)")
+    dep.add_argument(
+        "--cron", action="append", default=[], help='cron schedule, e.g. "0 2 * * *" (repeatable)'
+    )
+    dep.add_argument("--interval", type=_positive_seconds, action="append", default=[], metavar="SECONDS")
+    dep.add_argument("--timezone", help="time zone of the cron schedules (default: UTC)")
+    dep.add_argument("--tag", action="append", default=[], help="deployment tag (repeatable)")
+    dep.add_argument("--work-pool", help="register on this work pool and exit instead of serving")
+    dep.add_argument(
+        "--source", help="with --work-pool: where workers fetch the code (default: this checkout)"
+    )
+    return p
+
+
+def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The batch_inference parameters a scheduled run gets (unset flags are left to defaults)."""
+    params: dict[str, Any] = {
+        "input": args.input,
+        "output": args.output,
+        "model": args.model,
+        "job": args.job,
+        "id_column": args.id_column,
+        "prompt_column": args.prompt_column,
+        "max_tokens": args.max_tokens,
+        "shard_rows": args.shard_rows,
+        "flush_rows": args.flush_rows,
+        "flush_seconds": args.flush_seconds,
+        "engine": dict(args.engine) or None,
+        "endpoint_url": args.endpoint_url,
+        "storage_options": dict(args.storage_option) or None,
+        "new_run": args.new_run or None,
+        "lanes": args.lanes,
+        "gpus_per_lane": args.gpus_per_lane,
+        "ray_address": args.ray_address,
+        "lane_retries": args.lane_retries,
+        "retry_delay_s": args.retry_delay,
+        "lane_timeout_s": args.lane_timeout,
+        "concurrency_limit": None
+        if str(args.concurrency_limit).lower() == "none"
+        else args.concurrency_limit,
+    }
+    return {k: v for k, v in params.items() if v is not None or k == "concurrency_limit"}
+
+
+def schedules(args: argparse.Namespace) -> list[Any]:
+    """Prefect schedules from the --cron and --interval flags."""
+    from prefect.schedules import Cron, Interval
+
+    return [Cron(c, timezone=args.timezone) for c in args.cron] + [Interval(s) for s in args.interval]
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """Entry point of `prefixflow serve`. Blocks while serving; SIGINT or SIGTERM stops it."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.cron and not args.interval:
+        print("prefixflow serve: no schedule given; runs start only when triggered "
+              "(add --cron or --interval for a schedule)", file=sys.stderr)  # fmt: skip
+    from flows.flow import batch_inference
+
+    common: dict[str, Any] = {
+        "schedules": schedules(args),
+        "parameters": flow_parameters(args),
+        "tags": args.tag or None,
+        "description": f"prefixflow batch inference {args.input} -> {args.output}",
+    }
+    if args.work_pool:
+        return _register_on_pool(args, common)
+    from prefect.deployments.runner import EntrypointType
+
+    if threading.current_thread() is threading.main_thread():
+        # Until Prefect's runner installs its own SIGTERM handler, SIGTERM stops serving cleanly too.
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        # One run at a time per deployment: two runs writing one OUTPUT would only race for shards.
+        batch_inference.serve(
+            name=args.name, global_limit=1, entrypoint_type=EntrypointType.MODULE_PATH, **common
+        )
+    except KeyboardInterrupt:
+        pass
+    print(f"prefixflow serve: stopped serving batch-inference/{args.name}", file=sys.stderr)
+    return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _register_on_pool(args: argparse.Namespace, common: dict[str, Any]) -> int:
+    """Create or update the deployment on a work pool; a worker polling that pool runs it."""
+    from prefect import Flow
+
+    source = args.source or str(Path(__file__).resolve().parents[1])
+    flow = Flow.from_source(source=source, entrypoint="flows/flow.py:batch_inference")
+    deployment_id = flow.deploy(
+        name=args.name, work_pool_name=args.work_pool, build=False, push=False, concurrency_limit=1, **common
+    )
+    print(f"registered deployment batch-inference/{args.name} ({deployment_id}) on work pool {args.work_pool}; "
+          f"start a worker with: prefect worker start -p {args.work_pool}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_main())
