@@ -40,6 +40,16 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, b, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot, or an fp32 dot under the interpreter, whose dot multiplies bf16 bit patterns as ints."""
+    if UPCAST:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=DOT_PREC)
+    return c
+
+
+@triton.jit
 def _varlen_kernel(
     out_ptr,
     q_ptr,
@@ -68,6 +78,7 @@ def _varlen_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -101,7 +112,7 @@ def _varlen_kernel(
         off = n % BLOCK_SIZE
         k_offs = blk[None, :] * stride_kb + off[None, :] * stride_ks + kv_head * stride_kh + d[:, None]
         k = tl.load(k_cache_ptr + k_offs, mask=n_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
+        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
         s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -109,7 +120,7 @@ def _varlen_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_offs = blk[:, None] * stride_vb + off[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
         v = tl.load(v_cache_ptr + v_offs, mask=n_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
         m_i = m_new
     acc = acc / l_i[:, None]
     o_offs = (q_begin + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
@@ -144,6 +155,7 @@ def _split_decode_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """One decode request x kv head x context slice; writes normalised partials and their lse."""
     b = tl.program_id(0)
@@ -173,7 +185,7 @@ def _split_decode_kernel(
         off = n % BLOCK_SIZE
         k_offs = blk[None, :] * stride_kb + off[None, :] * stride_ks + kv_head * stride_kh + d[:, None]
         k = tl.load(k_cache_ptr + k_offs, mask=n_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
+        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -181,7 +193,7 @@ def _split_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_offs = blk[:, None] * stride_vb + off[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
         v = tl.load(v_cache_ptr + v_offs, mask=n_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
         m_i = m_new
 
     empty = l_i == 0.0  # this slice lies past the end of the context
@@ -267,6 +279,7 @@ def paged_attention(
     group_p = triton.next_power_of_2(group)
     scale_log2 = float(scale) * _LOG2E
     prec = _dot_precision(q.dtype)
+    upcast = INTERPRETED and q.dtype != torch.float32
     block_n = 32 if INTERPRETED or head_dim > 128 else 64
     cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
 
@@ -287,7 +300,7 @@ def paged_attention(
             part_out, part_lse, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2,
             q.stride(0), q.stride(1), *cache_strides, block_tables.stride(0),
             NUM_Q_HEADS=num_q_heads, NUM_SPLITS=splits, GROUP=group, BLOCK_M=max(16, group_p),
-            BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PREC=prec, num_warps=4,
+            BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, num_warps=4,
         )  # fmt: skip
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             out, part_out, part_lse, out.stride(0), out.stride(1),
@@ -308,6 +321,6 @@ def paged_attention(
         out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides, block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, DOT_PREC=prec, num_warps=warps, num_stages=2,
+        BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, num_warps=warps, num_stages=2,
     )  # fmt: skip
     return out

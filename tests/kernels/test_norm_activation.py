@@ -45,6 +45,21 @@ def test_triton_rms_norm(hidden: int, with_residual: bool) -> None:
     assert relative_error(out, ref_out) < F32_BOUND
 
 
+def test_triton_bf16_rms_norm_and_silu() -> None:
+    """bf16 in and out; the interpreter truncates float32 -> bf16 (GPUs round), hence a bf16 bound."""
+    triton_norm = pytest.importorskip("kernels.triton_norm")
+    triton_act = pytest.importorskip("kernels.triton_activation")
+    x, res, w = (rand(7, 64, seed=s).bfloat16() for s in (7, 8, 9))
+    out, res_out = poisoned_like(x), poisoned_like(x)
+    triton_norm.rms_norm(x, w[0], 1e-5, res, out=out, residual_out=res_out)
+    ref_out, ref_res = reference.rms_norm(x, w[0], 1e-5, res)
+    assert out.dtype == res_out.dtype == torch.bfloat16
+    assert relative_error(res_out, ref_res) < 1e-2 and relative_error(out, ref_out) < 2e-2
+    act = poisoned_like(x[:, :32])
+    triton_act.silu_and_mul(x, out=act)
+    assert relative_error(act, reference.silu_and_mul(x)) < 2e-2
+
+
 def test_reference_silu_and_mul_formula() -> None:
     x = rand(6, 2 * 48, seed=6)
     expected = F.silu(x[:, :48]) * x[:, 48:]
