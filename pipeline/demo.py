@@ -56,12 +56,10 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
         with pl.Config(fmt_str_lengths=80, tbl_width_chars=140):
             console.print(str(df.select(cols).head(4)))
     console.rule("read the results")
-    console.print(
-        "import polars as pl\n"
-        f"summaries = pl.read_parquet({os.path.join(workdir, 'summarize-out', 'data')!r} + '/**/*.parquet')\n"
-        f"labels = pl.read_parquet({os.path.join(workdir, 'label-out', 'data')!r} + '/**/*.parquet')\n"
-        "print(labels.select('id', 'label', 'label_probs'))",
-        markup=False,
-    )
+    summaries = os.path.join(workdir, "summarize-out", "data", "**", "*.parquet")
+    labels = os.path.join(workdir, "label-out", "data", "**", "*.parquet")
+    snippet = (f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
+               f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))")  # fmt: skip
+    console.print(snippet, markup=False, soft_wrap=True)
     console.print(f"status: prefixflow status {os.path.join(workdir, 'label-out')}", markup=False)
     return 1 if failed else 0

@@ -64,11 +64,18 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
     choices = [cfg.label.choice_prefix + lb for lb in labels]
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
-        start = time.perf_counter()
+        start, cached0 = time.perf_counter(), _cached(llm)
         scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk))
         latency = (time.perf_counter() - start) / max(len(chunk), 1)
-        for p, score in zip(chunk, scores):
-            counts = {"prompt_tokens": len(p.prompt), "latency_s": latency}
+        # score_choices reports no per-prompt counts: spread the batch's prefix-cache hits over its rows
+        hits = max(_cached(llm) - cached0, 0)
+        for j, (p, score) in enumerate(zip(chunk, scores)):
+            share = hits // len(chunk) + (1 if j < hits % len(chunk) else 0)
+            counts = {
+                "prompt_tokens": len(p.prompt),
+                "cached_tokens": min(share, len(p.prompt)),
+                "latency_s": latency,
+            }
             if isinstance(score, str):
                 yield error_record(p.base, ENGINE_ERROR, score, **counts)
                 continue
@@ -78,6 +85,13 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
             probs = {lb: w / total for lb, w in zip(labels, weights)}
             best = max(labels, key=lambda lb: probs[lb])
             yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
+
+
+def _cached(llm: Any) -> int:
+    try:
+        return int(llm.stats().cached_prompt_tokens)
+    except Exception:
+        return 0
 
 
 def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,109 @@
+"""Output root bookkeeping without a model: exclusive create, fingerprints, staging, commit, publish."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipeline import (
+    FingerprintMismatch,
+    OutputNotPrepared,
+    finalize,
+    load_job,
+    plan_shards,
+    prepare_output,
+    run_shard,
+)
+from pipeline import commit as commits
+from pipeline.config import StorageConfig
+from pipeline.layout import Layout
+from pipeline.output_root import output_layout
+from pipeline.outputs import base_record, encode_part, output_schema
+from pipeline.storage import Store
+from tests.pipeline.support import job, write_dataset
+
+
+def test_local_exclusive_create_has_one_winner(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path), StorageConfig())
+    target = store.join("m.json")
+    wins: list[bool] = []
+    threads = [threading.Thread(target=lambda i=i: wins.append(store.create_exclusive(target, str(i).encode())))
+               for i in range(8)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wins) == [False] * 7 + [True]
+    assert store.read_bytes(target) in {str(i).encode() for i in range(8)}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def _spec(tmp_path: Path, **kw):
+    write_dataset(tmp_path / "in")
+    return load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("summarize", **kw))
+
+
+def test_fingerprint_mismatch_is_refused_and_new_run_resets(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    prepare_output(spec)
+    prepare_output(spec)  # same job: fine (resume)
+    changed = load_job(spec.input, spec.output, "tiny", job("summarize", sampling={"max_tokens": 9}))
+    with pytest.raises(FingerprintMismatch) as info:
+        prepare_output(changed)
+    assert "max_tokens" in str(info.value) and "--new-run" in str(info.value)
+    with pytest.raises(FingerprintMismatch):
+        run_shard(changed, plan_shards(changed)[0], llm=None)
+    (tmp_path / "out" / "data" / "x").mkdir(parents=True)
+    prepare_output(changed, new_run=True)
+    assert not (tmp_path / "out" / "data").exists()
+    record = json.loads((tmp_path / "out" / "_prefixflow.json").read_text())
+    assert record["fingerprint_hash"] == changed.fingerprint_hash()
+
+
+def test_run_shard_requires_prepared_output(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    with pytest.raises(OutputNotPrepared, match="prepare_output"):
+        run_shard(spec, plan_shards(spec)[0], llm=None)
+
+
+def _part(spec, keys: list[int]) -> bytes:
+    schema = output_schema(spec.config, None)
+    return encode_part([base_record(k, f"id{k}", "f.parquet", {}) | {"output": "x"} for k in keys], schema)
+
+
+def test_overlapping_staged_attempts_keep_each_row_once(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    prepare_output(spec)
+    layout = output_layout(spec)
+    commits.write_part(layout, "s1", "a1", 0, _part(spec, [0, 1, 2]))
+    commits.write_part(layout, "s1", "a1", 1, _part(spec, [3]))
+    commits.write_part(layout, "s1", "a2", 0, _part(spec, [2, 4]))  # a concurrent attempt overlapping row 2
+    commits.write_part(layout, "s1", "a2", 1, _part(spec, [5]))
+    (tmp_path / "out" / "_staging" / "s1" / "a2" / "part-00002.parquet").write_bytes(b"torn")
+    parts = commits.scan_staged(layout, "s1")
+    assert sorted(k for p in parts for k in p.row_keys) == [0, 1, 2, 3, 5]
+
+
+def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    prepare_output(spec)
+    layout: Layout = output_layout(spec)
+    parts = [commits.write_part(layout, "s1", "a1", 0, _part(spec, [0, 1])),
+             commits.write_part(layout, "s1", "a1", 1, _part(spec, [2]))]  # fmt: skip
+    marker = commits.build_marker(layout, "s1", "fp", "a1", parts, 0.5, 3)
+    # Simulate a crash after the marker but before publication: create it, publish one part only.
+    layout.store.create_exclusive(layout.marker("s1"), json.dumps(marker).encode())
+    layout.store.copy(parts[0].staged, parts[0].data)
+    assert len(list((tmp_path / "out" / "data").rglob("*.parquet"))) == 1
+    # A second committer loses the race and adopts the winner's marker.
+    loser = commits.build_marker(layout, "s1", "fp", "zz", parts[:1], 0.1, 3)
+    assert commits.commit(layout, "s1", loser)["attempt"] == "a1"
+    published = sorted(p.name for p in (tmp_path / "out" / "data").rglob("*.parquet"))
+    assert published == ["part-a1-00000.parquet", "part-a1-00001.parquet"]
+    assert not (tmp_path / "out" / "_staging" / "s1").exists()
+    commits.publish(layout, marker)  # again: nothing to do, no error
+    summary = finalize(spec)
+    assert summary.shards_committed == 1 and summary.rows == 3 and not summary.complete

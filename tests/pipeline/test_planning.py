@@ -1,0 +1,70 @@
+"""Planning: files, folders and globs become row-group-aligned shards with stable ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import InputError, describe_shards, load_job, plan_shards
+from tests.pipeline.support import docs, write_dataset, write_parquet
+
+
+def _spec(inp: str, **kw):
+    return load_job(inp, "", "tiny", {"task": "summarize", "id_column": "id"}, **kw)
+
+
+def test_folder_is_split_by_row_groups(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=2, rows_per_file=12, row_group_size=5)
+    shards = plan_shards(_spec(str(tmp_path / "in"), shard_rows=10))
+    assert [(s.relpath, s.row_start, s.row_end) for s in shards] == [
+        ("part-0.parquet", 0, 10), ("part-0.parquet", 10, 12), ("part-1.parquet", 0, 10), ("part-1.parquet", 10, 12),
+    ]  # fmt: skip
+    assert sum(s.num_rows for s in shards) == 24
+    again = plan_shards(_spec(str(tmp_path / "in"), shard_rows=10))
+    assert [s.shard_id for s in again] == [s.shard_id for s in shards]
+    other = plan_shards(_spec(str(tmp_path / "in"), shard_rows=5))
+    assert len(other) == 6 and other[0].shard_id != shards[0].shard_id
+
+
+def test_file_glob_and_nested_folders(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "in" / "a" / "x.parquet", docs(3))
+    write_parquet(tmp_path / "in" / "b" / "y.parquet", docs(4))
+    (tmp_path / "in" / "notes.txt").write_text("not parquet")
+    assert [s.relpath for s in plan_shards(_spec(str(tmp_path / "in")))] == ["a/x.parquet", "b/y.parquet"]
+    assert [s.num_rows for s in plan_shards(_spec(str(tmp_path / "in" / "b" / "y.parquet")))] == [4]
+    assert [s.relpath for s in plan_shards(_spec(str(tmp_path / "in" / "*" / "x.parquet")))] == [
+        "a/x.parquet"
+    ]
+
+
+def test_big_row_group_is_split(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "big.parquet", docs(50), row_group_size=50)
+    shards = plan_shards(_spec(str(tmp_path / "big.parquet"), shard_rows=10))
+    assert [(s.row_start, s.row_end) for s in shards] == [(i, i + 10) for i in range(0, 50, 10)]
+
+
+def test_missing_and_empty_inputs_fail_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        plan_shards(_spec(str(tmp_path / "nope")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no Parquet files"):
+        plan_shards(_spec(str(tmp_path / "empty")))
+
+
+def test_corrupt_file_gets_a_failing_shard_others_plan(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "in" / "good.parquet", docs(4))
+    (tmp_path / "in" / "bad.parquet").write_bytes(b"PAR1 this is not a parquet file")
+    shards = plan_shards(_spec(str(tmp_path / "in")))
+    bad = [s for s in shards if s.error]
+    assert len(bad) == 1 and "bad.parquet" in bad[0].error and bad[0].num_rows == 0
+    assert [s.num_rows for s in shards if not s.error] == [4]
+
+
+def test_describe_shards(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in")
+    spec = _spec(str(tmp_path / "in"), shard_rows=10)
+    infos = describe_shards(spec, plan_shards(spec))
+    assert len({i.prefix_key for i in infos}) == 1 and infos[0].prefix_key.startswith("summarize:")
+    assert all(i.est_tokens > 0 for i in infos)
+    assert infos[0].est_tokens > infos[1].est_tokens  # 10 rows vs 2 rows
