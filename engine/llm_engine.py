@@ -25,14 +25,14 @@ class LLMEngine:
         self.source = resolve_model(model if model is not None else cfg.model)
         self.model_cfg = ModelConfig.from_hf(self.source.hf_config)
         self.tokenizer = self.source.tokenizer
-        self.runner = ModelRunner(self.source, self.model_cfg, cfg)
-        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        limits = [self.model_cfg.max_position_embeddings, self.runner.num_blocks * cfg.block_size]
+        limits = [self.model_cfg.max_position_embeddings]
         if cfg.max_model_len is not None:
             limits.append(cfg.max_model_len)
         if self.model_cfg.sliding_window:
             limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
-        self.max_model_len = min(limits)
+        self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
+        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
         self.scheduler = Scheduler(SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)

@@ -8,12 +8,14 @@ import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import EngineConfig
+from engine.decode_graphs import DecodeGraphs
 from engine.model_config import ModelConfig
 from engine.model_source import ModelSource
 from engine.models.llama import LlamaForCausalLM, StepContext
 from engine.models.norm import RMSNorm
 from engine.models.weights import load_weights
 from engine.request import Request
+from engine.step_inputs import StepInputs, block_table_array, build_step_inputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 
@@ -28,15 +30,14 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, source: ModelSource, model_cfg: ModelConfig, cfg: EngineConfig) -> None:
+    def __init__(
+        self, source: ModelSource, model_cfg: ModelConfig, cfg: EngineConfig, max_model_len: int
+    ) -> None:
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.device = _pick_device(cfg.device)
         self.dtype = _pick_dtype(cfg.dtype, self.device)
-        backend = cfg.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        self.attention = AttentionBackend(backend, self.device)
+        self.attention = AttentionBackend(cfg.attention_backend, self.device)
         with torch.device(self.device):
             self.model = LlamaForCausalLM(model_cfg, self.dtype)
         load_weights(self.model, source.weights())
@@ -63,84 +64,101 @@ class ModelRunner:
         )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(model_cfg.num_layers)]
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            max_len = min(max_model_len, self.num_blocks * cfg.block_size)
+            self.graphs = DecodeGraphs(self, cfg.max_num_seqs, -(-max_len // cfg.block_size), capture=True)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.model_cfg.kv_bytes_per_token * self.cfg.block_size * _dtype_size(self.dtype)
 
     def _num_kv_blocks(self) -> int:
         if self.cfg.num_kv_blocks is not None:
             return self.cfg.num_kv_blocks
-        per_block = self.model_cfg.kv_bytes_per_token * self.cfg.block_size * _dtype_size(self.dtype)
         budget = self.cfg.kv_cache_memory_bytes
         if budget is None and self.device.type == "cuda":
-            torch.cuda.synchronize()
-            free, total = torch.cuda.mem_get_info(self.device)
-            reserve = total * (1.0 - self.cfg.gpu_memory_utilization) + 2 * 1024**3  # activations
-            budget = int(max(free - reserve, per_block * 2))
+            budget = self._profile_free_memory()
         elif budget is None:
             budget = CPU_DEFAULT_KV_BYTES
-        blocks = budget // per_block
+        blocks = budget // self.block_bytes
         if blocks < 2:
-            raise ValueError(f"KV cache budget {budget} bytes holds fewer than 2 blocks of {per_block} bytes")
+            raise ValueError(
+                f"KV cache budget of {budget} bytes holds fewer than 2 blocks of {self.block_bytes} bytes; "
+                "raise gpu_memory_utilization / kv_cache_memory_bytes or lower max_num_batched_tokens"
+            )
         return int(blocks)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Request, int]]) -> StepResult:
-        ids, positions, slots, starts, seq_lens, tables = [], [], [], [0], [], []
-        bs = self.cfg.block_size
-        sample_rows: list[int] = []
-        sample_requests: list[Request] = []
-        score_rows: list[int] = []
-        score_targets: list[int] = []
-        score_owner: list[int] = []
-        for req, n in scheduled:
-            begin, end = req.num_computed_tokens, req.num_computed_tokens + n
-            base = starts[-1]
-            ids.extend(req.token_ids[begin:end])
-            positions.extend(range(begin, end))
-            table = req.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
-            starts.append(base + n)
-            seq_lens.append(end)
-            tables.append(table)
-            if req.score_start is not None:
-                lo = max(begin, req.score_start - 1)
-                for p in range(lo, min(end, req.num_tokens - 1)):
-                    score_rows.append(base + p - begin)
-                    score_targets.append(req.token_ids[p + 1])
-                    score_owner.append(req.index)
-            elif end == req.num_tokens:
-                sample_rows.append(base + n - 1)
-                sample_requests.append(req)
-        meta = self._metadata(slots, starts, seq_lens, tables)
-        dev = self.device
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        ctx = StepContext(pos, meta, self.attention, self.cos_sin_cache)
-        hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev), ctx, self.kv_caches)
-        logits = None
-        if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        scores: dict[int, float] = {}
-        if score_rows:
-            score_logits = self.model.compute_logits(hidden[torch.tensor(score_rows, device=dev)])
-            lp = torch.log_softmax(score_logits, dim=-1)
-            picked = lp.gather(1, torch.tensor(score_targets, device=dev)[:, None])[:, 0].tolist()
-            for owner, value in zip(score_owner, picked):
-                scores[owner] = scores.get(owner, 0.0) + value
-        return StepResult(sample_requests, logits, scores)
-
-    def _metadata(self, slots, starts, seq_lens, tables) -> AttentionMetadata:
-        dev = self.device
-        width = max(len(t) for t in tables)
-        table_tensor = torch.zeros((len(tables), width), dtype=torch.int32)
-        for i, t in enumerate(tables):
-            table_tensor[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        query_lens = [b - a for a, b in zip(starts, starts[1:])]
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_tables=table_tensor.to(dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
+    def _profile_free_memory(self) -> int:
+        """Run the largest step once on a scratch cache, then give the KV pool what the
+        ``gpu_memory_utilization`` share leaves after weights and that step's peak activations."""
+        cfg, mc = self.cfg, self.model_cfg
+        tokens = cfg.max_num_batched_tokens
+        scratch_blocks = -(-tokens // cfg.block_size)
+        scratch = torch.zeros(
+            (mc.num_layers, 2, scratch_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim),
+            dtype=self.dtype,
+            device=self.device,
         )
+        caches = [(scratch[i, 0], scratch[i, 1]) for i in range(mc.num_layers)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(tokens, device=self.device) % mc.max_position_embeddings
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(tokens, device=self.device),
+            block_tables=torch.arange(scratch_blocks, dtype=torch.int32, device=self.device)[None],
+            query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor([tokens], dtype=torch.int32, device=self.device),
+            max_query_len=tokens,
+            max_seq_len=tokens,
+        )
+        hidden = self.model(ids, StepContext(pos, meta, self.attention, self.cos_sin_cache), caches)
+        rows = min(cfg.max_num_seqs, tokens)
+        self.model.compute_logits(hidden[:rows]).softmax(-1)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del scratch, caches, hidden
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        in_use_by_others = total - free - torch.cuda.memory_allocated(self.device)
+        budget = int(total * cfg.gpu_memory_utilization - in_use_by_others - peak)
+        return max(budget, 0)
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Request, int]]) -> StepResult:
+        step = build_step_inputs(scheduled, self.cfg.block_size)
+        hidden = self._forward(step)
+        dev = self.device
+        logits = None
+        if step.sample_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(step.sample_rows, device=dev)])
+        scores: dict[int, float] = {}
+        if step.score_rows:
+            score_logits = self.model.compute_logits(hidden[torch.tensor(step.score_rows, device=dev)])
+            lp = torch.log_softmax(score_logits, dim=-1)
+            picked = lp.gather(1, torch.tensor(step.score_targets, device=dev)[:, None])[:, 0].tolist()
+            for owner, value in zip(step.score_owner, picked):
+                scores[owner] = scores.get(owner, 0.0) + value
+        return StepResult(step.sample_requests, logits, scores)
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        tables = block_table_array(step.block_tables)
+        graphs = self.graphs
+        if graphs is not None and step.decode_only and graphs.bucket_for(len(step.seq_lens)) is not None:
+            return graphs.run(step.token_ids, step.positions, step.slot_mapping, tables, step.seq_lens)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(step.slot_mapping).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            query_start_loc=torch.from_numpy(step.query_start_loc).to(dev),
+            seq_lens=torch.from_numpy(step.seq_lens).to(dev),
+            max_query_len=int((step.query_start_loc[1:] - step.query_start_loc[:-1]).max()),
+            max_seq_len=int(step.seq_lens.max()),
+        )
+        ctx = StepContext(torch.from_numpy(step.positions).to(dev), meta, self.attention, self.cos_sin_cache)
+        return self.model(torch.from_numpy(step.token_ids).to(dev), ctx, self.kv_caches)
 
 
 def _pick_device(name: str) -> torch.device:
