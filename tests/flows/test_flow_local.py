@@ -135,3 +135,18 @@ def test_global_concurrency_limit_serializes_lanes(
     first, second = sorted(state.result()["lanes"], key=lambda lane: lane["held_from"])
     assert first["slots_held"] and second["slots_held"]
     assert first["held_until"] <= second["held_from"], "two lanes held the single slot at once"
+
+
+def test_lane_timeout_fails_cleanly_and_a_rerun_resumes(
+    prefect_server: str, dataset: tuple[Path, list[str]], tmp_path: Path
+):
+    inp, ids = dataset
+    out = tmp_path / "out"
+    state = _run(inp, out, lanes=1, lane_retries=0, lane_timeout_s=0.05)
+    assert state.is_failed()
+    assert "not committed" in state.message
+    (lane,) = asyncio.run(read_lane_runs(state.state_details.flow_run_id))
+    assert lane.state.name == "TimedOut" and "timeout" in state.message
+    state = _run(inp, out, lanes=1)
+    assert state.is_completed(), state.message
+    assert_exactly_once(out, ids)
