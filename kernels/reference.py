@@ -40,6 +40,58 @@ def _gather_context(cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int) 
     return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
 
 
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """All single-token requests at once, contexts padded to max_len and the padding masked out.
+
+    q [Bd, Hq, D] sit at the last positions of their contexts, so there is no causal mask. Whole
+    blocks are gathered (contiguous copies); padded table entries are replaced by block 0, and
+    padded V rows are zeroed so stale or NaN cache contents cannot leak through a zero weight.
+    """
+    num_reqs, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_blocks = -(-max_len // block_size)
+    lens = seq_lens.to(k_cache.device)
+    used = torch.arange(max_blocks, device=k_cache.device)[None, :] * block_size < lens[:, None]
+    ids = torch.where(used, tables[:, :max_blocks], 0).flatten()
+    shape = (num_reqs, max_blocks * block_size, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, ids).view(shape)[:, :max_len]
+    v = v_cache.index_select(0, ids).view(shape)[:, :max_len]
+    valid = torch.arange(max_len, device=k.device)[None, :] < lens[:, None]  # [Bd, L]
+    v = v.masked_fill(~valid[:, :, None, None], 0.0)
+    qg = q.float().view(num_reqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    out = torch.empty_like(qg)
+    for h in range(num_kv_heads):  # strided bmm per KV head: no permuted copies of K/V
+        scores = torch.bmm(qg[:, h], k[:, :, h].float().transpose(1, 2)) * scale  # [Bd, G, L]
+        scores.masked_fill_(~valid[:, None, :], float("-inf"))
+        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h].float())
+    return out.reshape(num_reqs, num_q_heads, head_dim).to(q.dtype)
+
+
+# Decodes whose float32 K context is at most _SHORT_BYTES are batched (their per-request op overhead
+# would dominate), in chunks whose padded K gather stays cache-resident; longer ones go one by one.
+_SHORT_BYTES = 64 << 10
+_DECODE_CHUNK_BYTES = 2 << 20
+
+
+def _decode_chunks(decodes: list[int], lens: list[int], bytes_per_token: int) -> list[list[int]]:
+    """Split length-sorted decode requests into runs whose padded K gather fits the chunk budget."""
+    chunks: list[list[int]] = []
+    for b in decodes:
+        if chunks and (len(chunks[-1]) + 1) * lens[b] * bytes_per_token <= _DECODE_CHUNK_BYTES:
+            chunks[-1].append(b)
+        else:
+            chunks.append([b])
+    return chunks
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -49,11 +101,12 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Varlen causal attention over a paged KV cache, one batched matmul per request.
+    """Varlen causal attention over a paged KV cache.
 
     Request b's queries are the last query_len positions of its seq_lens[b]-token context, so the
     query at context position p sees keys 0..p. Query heads are grouped per KV head (GQA/MQA), so
-    K/V are never repeated in memory.
+    K/V are never repeated in memory. Short single-token (decode) requests are batched into padded
+    chunks; every other request is one batched matmul over its gathered blocks.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -66,10 +119,25 @@ def paged_attention(
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     tables = block_tables.to(device=k_cache.device, dtype=torch.long)
+    token_bytes = num_kv_heads * head_dim * 4
+    short = [
+        b
+        for b in range(len(lens))
+        if starts[b + 1] - starts[b] == 1 and lens[b] * token_bytes <= _SHORT_BYTES
+    ]
+    short.sort(key=lens.__getitem__)
+    for chunk in _decode_chunks(short, lens, token_bytes):
+        rows = torch.tensor([starts[b] for b in chunk], device=q.device)
+        idx = torch.tensor(chunk, device=k_cache.device)
+        chunk_lens = seq_lens.to(k_cache.device)[idx]
+        out[rows] = _decode_attention(
+            q[rows], k_cache, v_cache, tables[idx], chunk_lens, lens[chunk[-1]], scale
+        )
+    batched = set(short)
     for b, seq_len in enumerate(lens):
         q_begin, q_end = starts[b], starts[b + 1]
         query_len = q_end - q_begin
-        if query_len == 0:
+        if query_len == 0 or b in batched:
             continue
         if query_len > seq_len:
             raise ValueError(f"request {b}: {query_len} queries but only {seq_len} context tokens")

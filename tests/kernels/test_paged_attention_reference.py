@@ -72,6 +72,19 @@ def test_reference_matches_dense_sdpa_random_shapes(
     assert relative_error(run_reference(batch, scale), dense_attention(batch, scale)) < 1e-5
 
 
+@pytest.mark.parametrize("pad_with_minus_one", [False, True])
+def test_reference_decode_batch_of_mixed_lengths(pad_with_minus_one: bool) -> None:
+    """Short decodes take the padded batched path, the 700-token one the per-request path; table
+    padding (NaN block or -1) must not matter."""
+    shapes = [(1, n) for n in (17, 1, 700, 5, 16, 200, 33)] + [(4, 9)]
+    batch = build_paged_batch(shapes, 4, 2, head_dim=32, block_size=16, device=torch.device("cpu"), seed=4)
+    if pad_with_minus_one:
+        lens = batch.seq_lens.tolist()
+        for b, n in enumerate(lens):
+            batch.block_tables[b, -(-n // 16) :] = -1
+    assert relative_error(run_reference(batch, 0.17), dense_attention(batch, 0.17)) < 1e-5
+
+
 def test_reference_ignores_cache_beyond_the_context() -> None:
     """NaN-filled spare slots and table padding never reach the output."""
     batch = build_paged_batch([(3, 5), (1, 17)], 2, 1, 16, block_size=16, device=torch.device("cpu"))

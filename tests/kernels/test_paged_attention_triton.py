@@ -49,6 +49,14 @@ def test_decode_only_batch_default_path(heads: tuple[int, int]) -> None:
     check(batch, 32**-0.5)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_block_tables_padded_with_minus_one(splits: int) -> None:
+    batch = build_paged_batch([(1, 40), (1, 3), (1, 17)], 4, 2, head_dim=32, block_size=16, seed=21)
+    for b, n in enumerate(batch.seq_lens.tolist()):
+        batch.block_tables[b, -(-n // 16) :] = -1
+    check(batch, 0.2, num_kv_splits=splits)
+
+
 @pytest.mark.parametrize("splits", [2, 3, 4])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_split_kv_decode(splits: int, block_size: int) -> None:
