@@ -14,6 +14,7 @@ Precondition (the engine's invariant): every request in the batch has at least o
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -237,11 +238,16 @@ def _dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _auto_splits(q: torch.Tensor, num_reqs: int, num_kv_heads: int) -> int:
     """Enough context slices that (requests x kv heads x slices) covers ~2 waves of SMs, at most 16."""
     if q.device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
     programs = num_reqs * num_kv_heads
     if programs >= sms:
         return 1
