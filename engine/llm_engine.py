@@ -86,7 +86,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+        host = time.perf_counter() - start
         result = self.runner.execute(scheduled)
+        host += self.runner.last_prepare_s
         finished: list[RequestOutput] = []
         for req, n in scheduled:
             prompt_part = min(req.num_computed_tokens + n, req.num_prompt_tokens) - req.num_computed_tokens
@@ -97,6 +99,7 @@ class LLMEngine:
                 req.score += result.scores.get(req.index, 0.0)
                 if req.num_computed_tokens == req.num_tokens:
                     finished.append(self._finish(req, "stop", None))
+        now = time.perf_counter()
         if result.sample_requests:
             tokens, logprobs = sample(result.logits, result.sample_requests, self.eos_ids)
             now = time.perf_counter()
@@ -111,7 +114,9 @@ class LLMEngine:
                     finished.append(self._finish(req, *verdict))
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
-        self.stats.elapsed_s += time.perf_counter() - start
+        end = time.perf_counter()
+        self.stats.host_s += host + (end - now)  # the device idles while the host does this
+        self.stats.elapsed_s += end - start
         return finished
 
     def _finish(self, req: Request, reason: str, stop_reason) -> RequestOutput:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +66,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(model_cfg.num_layers)]
         self.graphs: DecodeGraphs | None = None
+        self.last_prepare_s = 0.0
         if self.device.type == "cuda" and not cfg.enforce_eager:
             max_len = min(max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = DecodeGraphs(self, cfg.max_num_seqs, -(-max_len // cfg.block_size), capture=True)
@@ -128,7 +130,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Request, int]]) -> StepResult:
+        begin = time.perf_counter()
         step = build_step_inputs(scheduled, self.cfg.block_size)
+        self.last_prepare_s = time.perf_counter() - begin
         hidden = self._forward(step)
         dev = self.device
         logits = None

@@ -16,6 +16,11 @@ class EngineStats:
     output_tokens: int = 0
     preemptions: int = 0
     elapsed_s: float = 0.0
+    host_s: float = 0.0  # scheduling, step preparation and bookkeeping: time the device waits
+
+    @property
+    def host_ms_per_step(self) -> float:
+        return 1000 * self.host_s / self.steps if self.steps else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -37,4 +42,5 @@ class EngineStats:
             "prefix_hit_rate": self.prefix_hit_rate,
             "tokens_per_s": self.tokens_per_s,
             "total_tokens_per_s": self.total_tokens_per_s,
+            "host_ms_per_step": self.host_ms_per_step,
         }
