@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,27 +77,43 @@ def run_lane(
     if pending:
         with device_slots(limit, occupy, logger) as held:
             report.slots_held, report.held_from = held, time.time()
-            if gpu_index is not None:
-                pin_thread_to_gpu(gpu_index)
-            llm = _load_engine(spec)
-            for shard in pending:
-                try:
-                    result = run_shard(spec, shard, llm)
-                except Exception as exc:  # noqa: BLE001 - one bad shard must not stop the lane
-                    failures[shard.shard_id] = f"{type(exc).__name__}: {exc}"
-                    logger.error(
-                        "lane %d: shard %s failed: %s", lane, shard.shard_id, failures[shard.shard_id]
-                    )
-                    continue
-                report.results.append(result)
-                _log_shard(logger, lane, result)
-                fail_once_after_commit(lane, shard.shard_id)
-            del llm
-            report.held_until = time.time()
+            try:
+                failures = _run_shards(spec, pending, lane, gpu_index, report, logger)
+            finally:
+                report.held_until = time.time()
     if failures:
         detail = "; ".join(f"{sid}: {msg}" for sid, msg in failures.items())
         raise LaneFailed(f"lane {lane}: {len(failures)} of {len(pending)} shards failed: {detail}")
     return report
+
+
+def _run_shards(
+    spec: JobSpec, pending: list[Shard], lane: int, gpu_index: int | None, report: LaneReport, logger: Any
+) -> dict[str, str]:
+    """Load the engine, run `pending` in order, return {shard_id: error} of the shards that raised.
+
+    The engine is dropped (and collected) on the way out, also when an exception escapes, so a
+    retry of the lane does not load a second engine while the traceback still holds the first.
+    """
+    failures: dict[str, str] = {}
+    if gpu_index is not None:
+        pin_thread_to_gpu(gpu_index)
+    llm = _load_engine(spec)
+    try:
+        for shard in pending:
+            try:
+                result = run_shard(spec, shard, llm)
+            except Exception as exc:  # noqa: BLE001 - one bad shard must not stop the lane
+                failures[shard.shard_id] = f"{type(exc).__name__}: {exc}"
+                logger.error("lane %d: shard %s failed: %s", lane, shard.shard_id, failures[shard.shard_id])
+                continue
+            report.results.append(result)
+            _log_shard(logger, lane, result)
+            fail_once_after_commit(lane, shard.shard_id)
+    finally:
+        llm = None
+        gc.collect()
+    return failures
 
 
 def _load_engine(spec: JobSpec) -> Any:
