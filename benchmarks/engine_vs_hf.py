@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16, help="transformers static batch size")
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="engine KV pool (default: its own sizing)"
+    )
     args = ap.parse_args(argv)
     setup_threads(args.threads, args.device)
 
@@ -49,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     outs = [args.max_new_tokens] * len(prompts)
     warm = prompts[:2], [2, 2]
 
-    llm = make_llm(bm, max_num_seqs=args.max_num_seqs, enable_prefix_caching=False)
+    llm = make_llm(
+        bm, max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, num_kv_blocks=args.num_kv_blocks
+    )
     run_prefixflow(llm, *warm)
     engine = run_prefixflow(llm, prompts, outs)
     del llm

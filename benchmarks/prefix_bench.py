@@ -69,7 +69,7 @@ def run_workload(bm: BenchModel, work: pw.Workload, engine_kw: dict, small_pool_
         if only and cfg["config"] not in only:
             continue
         opts = {k: v for k, v in cfg.items() if k != "config"}
-        llm = make_llm(bm, **engine_kw, **opts)
+        llm = make_llm(bm, **(engine_kw | opts))
         run_prefixflow(llm, warm, [2, 2])
         res = run_prefixflow(llm, work.prompts, work.max_tokens)
         row = res.summary()
@@ -116,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool of the ample-pool runs")
     ap.add_argument("--small-pool-blocks", type=int, default=None, help="KV blocks of the eviction runs")
     ap.add_argument(
         "--small-pool-frac", type=float, default=0.1, help="else this fraction of the trie's blocks"
@@ -127,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     bm = build_model(args.preset, args.device, args.dtype, args.seed)
     engine_kw = {"block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
                  "max_num_batched_tokens": args.max_num_batched_tokens}  # fmt: skip
+    if args.num_kv_blocks:
+        engine_kw["num_kv_blocks"] = args.num_kv_blocks
     results = []
     for work in build_workloads(args, bm.vocab_size):
         only = args.configs.split(",") if args.configs else None

@@ -164,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--hf-batch-size", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="engine KV pool (default: its own sizing)"
+    )
     ap.add_argument("--no-roofline", action="store_true", help="skip measuring ceilings")
     args = ap.parse_args(argv)
     setup_threads(args.threads, args.device)
@@ -179,7 +182,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     def engine_run(prompts, outs) -> RunResult:
         """A fresh engine each time, so no run finds another's prompts in the prefix cache."""
-        llm = make_llm(bm, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+        llm = make_llm(
+            bm,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_kv_blocks=args.num_kv_blocks,
+        )
         run_prefixflow(llm, warm, [2, 2])
         res = run_prefixflow(llm, prompts, outs)
         del llm
@@ -218,7 +226,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "device": bm.device.type,
         "dtype": str(bm.dtype).removeprefix("torch."),
         "workload": work.describe() | {"peer_prompts": n_peer},
-        "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens},
+        "engine": {
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "num_kv_blocks": args.num_kv_blocks,
+        },
         "rows": rows,
         "ratio_to_peer": ratios,
         "greedy_agreement": agreement,
