@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args.workdir, args.model, args.rows, console)
     except PipelineError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 2
 
 

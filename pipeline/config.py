@@ -197,9 +197,11 @@ def _chat(value: Any) -> str:
 
 
 def _engine(data: Any) -> dict:
+    d = {} if data is None else data
+    if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
+        return {}
     from pipeline.facade import EngineConfig  # validated by the engine's own dataclass
 
-    d = {} if data is None else data
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
         EngineConfig(**d)
@@ -262,6 +264,8 @@ def _check_template(source: str | None, path: str) -> None:
 
 
 def _check_sampling(values: dict) -> None:
+    if not values:
+        return
     from pipeline.facade import SamplingParams
 
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}

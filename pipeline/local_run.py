@@ -40,7 +40,7 @@ def run_local(
                     run_shard(spec, shard, llm, progress=bar)
                 except ShardError as exc:
                     failures.append(exc)
-                    console.print(f"[red]shard failed[/] {exc}")
+                    console.print(f"[red]shard failed[/] {exc}", soft_wrap=True)
     return finalize(spec), failures
 
 

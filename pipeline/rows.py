@@ -10,17 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import facade
 from pipeline.config import JobConfig
 from pipeline.errors import (
     BAD_SAMPLING,
-    BAD_TYPE,
     DUPLICATE_ID,
     NULL_ID,
     PROMPT_TOO_LONG,
     TEMPLATE_ERROR,
     RowError,
 )
-from pipeline.facade import SamplingParams
 from pipeline.prompts import as_text, chat_wrapper, check_nonempty, render_template
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
@@ -95,7 +94,7 @@ class RowPreparer:
             values[name] = value
         if isinstance(values.get("stop"), list):
             values["stop"] = tuple(values["stop"])
-        params = SamplingParams(**values)
+        params = facade.SamplingParams(**values)
         problem = params.validation_error()
         if problem:
             raise RowError(BAD_SAMPLING, problem)
@@ -186,6 +185,3 @@ class RowPreparer:
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None
 
-
-def wrong_type(col: str, typ: Any) -> RowError:
-    return RowError(BAD_TYPE, f"column {col!r} has type {typ}; expected a string column")

@@ -1,0 +1,70 @@
+"""The `prefixflow` command as a user runs it: a subprocess, its exit code and its output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline import load_job
+from pipeline.cli import main
+from pipeline.local_run import run_local
+from tests.pipeline.support import job, write_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_help_names_every_command() -> None:
+    res = _cli("--help")
+    assert res.returncode == 0
+    for word in ("run", "plan", "status", "demo", "serve", "examples"):
+        assert word in res.stdout
+
+
+def test_plan_json(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=2, rows_per_file=12)
+    res = _cli("plan", "--input", str(tmp_path / "in"), "--shard-rows", "10", "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["num_rows"] == 24 and len(plan["shards"]) == 4
+    assert all(s["est_tokens"] > 0 and s["error"] is None for s in plan["shards"])
+
+
+def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=1)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"task": "summarize", "summarize": {"long_document": "skip"}}))
+    res = _cli("run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--job", str(bad))
+    assert res.returncode == 2
+    assert "summarize.long_document" in res.stderr and "error, truncate, map_reduce" in res.stderr
+    res = _cli("plan", "--input", str(tmp_path / "missing"))
+    assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_status_of_a_finished_and_an_unfinished_run(tmp_path: Path, tiny_llm) -> None:
+    write_dataset(tmp_path / "in", files=2, rows_per_file=4)
+    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
+    run_local(spec, llm=tiny_llm, progress=False)
+    res = _cli("status", str(tmp_path / "out"), "--json")
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert (
+        status["complete"]
+        and status["rows"] == 8
+        and status["shards_committed"] == status["shards_total"] == 2
+    )
+    write_dataset(tmp_path / "in", files=3, rows_per_file=4)  # a new input file: the run is now behind
+    res = _cli("status", str(tmp_path / "out"))
+    assert res.returncode == 0 and "not finished" in res.stderr and "2 / 3" in res.stderr
+
+
+def test_status_of_a_non_run_folder(tmp_path: Path) -> None:
+    assert main(["status", str(tmp_path)]) == 2
