@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.flows.support import REPO, env_with_repo_on_path, requires_pipeline
+from tests.flows.support import (
+    JOB,
+    REPO,
+    SHARD_ROWS,
+    assert_exactly_once,
+    env_with_repo_on_path,
+    requires_pipeline,
+    write_dataset,
+)
 
 pytestmark = [requires_pipeline, pytest.mark.timeout(240)]
 
@@ -29,11 +38,29 @@ async def _deployment(name: str) -> Any | None:
             return None
 
 
-def test_serve_registers_cron_deployment_and_stops_on_sigterm(prefect_server: str, tmp_path: Path):
+async def _run_deployment_and_wait(deployment_id: Any, timeout_s: float) -> Any:
+    from prefect import get_client
+
+    async with get_client() as client:
+        run = await client.create_flow_run_from_deployment(deployment_id)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = await client.read_flow_run(run.id)
+            if run.state is not None and run.state.is_final():
+                break
+            await asyncio.sleep(1)
+        return run
+
+
+def test_serve_registers_cron_deployment_runs_it_and_stops_on_sigterm(prefect_server: str, tmp_path: Path):
+    ids = write_dataset(tmp_path / "in")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(JOB))
     env = env_with_repo_on_path()
-    env["PREFECT_API_URL"] = prefect_server
+    env.update(PREFECT_API_URL=prefect_server, PREFECT_RUNNER_POLL_FREQUENCY="1")
     argv = ["serve", "--name", "nightly", "--cron", "0 3 * * *", "--input", str(tmp_path / "in"),
-            "--output", str(tmp_path / "out"), "--model", "tiny", "--lanes", "2", "--max-tokens", "4"]  # fmt: skip
+            "--output", str(tmp_path / "out"), "--model", "tiny", "--job", str(job), "--shard-rows",
+            str(SHARD_ROWS), "--lanes", "2", "--max-tokens", "4", "--retry-delay", "0"]  # fmt: skip
     cmd = [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())", *argv]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -50,6 +77,9 @@ def test_serve_registers_cron_deployment_and_stops_on_sigterm(prefect_server: st
         assert deployment.parameters["lanes"] == 2 and deployment.parameters["model"] == "tiny"
         assert deployment.parameters["max_tokens"] == 4
         assert proc.poll() is None, "serve exited while it should be serving"
+        run = asyncio.run(_run_deployment_and_wait(deployment.id, timeout_s=120))
+        assert run.state.is_completed(), f"{run.state!r}\n{_drain(proc)}"
+        assert_exactly_once(tmp_path / "out", ids)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, _drain(proc)
     finally:
