@@ -82,7 +82,8 @@ class ShardProgress:
         self.artifact_id = create_progress_artifact(
             0.0, key=PROGRESS_KEY, description=f"shards committed for {spec.output}"
         )
-        self.poll()
+        if self.poll() == 0 and self.total == 0:
+            self._publish()  # nothing to do is 100% done
 
     @property
     def percent(self) -> float:
