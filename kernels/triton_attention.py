@@ -254,6 +254,27 @@ def _auto_splits(q: torch.Tensor, num_reqs: int, num_kv_heads: int) -> int:
     return min(16, triton.next_power_of_2(math.ceil(2 * sms / programs)))
 
 
+def _block_n(head_dim: int, interpreted: bool) -> int:
+    """Keys per inner-loop tile (independent of the cache block size: columns look up their block)."""
+    return 32 if interpreted or head_dim > 128 else 64
+
+
+def varlen_tile(decode_only: bool, head_dim: int, group_p: int, interpreted: bool) -> tuple[int, int]:
+    """(BLOCK_Q, num_warps) of the varlen kernel; a tile has BLOCK_Q * group_p >= 16 rows.
+
+    Decode steps use 16-row tiles (one token's query heads; the MMA minimum); prefill/mixed steps
+    128 rows with 8 warps (64 rows for head_dim 256), which compile without register spills on
+    sm_90 (see tests/kernels/sm90_compile.py).
+    """
+    if decode_only:
+        block_m, warps = 16, 4
+    elif interpreted:
+        block_m, warps = 32, 4
+    else:
+        block_m, warps = (128, 8) if head_dim <= 128 else (64, 4)
+    return max(1, block_m // group_p), warps
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -286,7 +307,7 @@ def paged_attention(
     scale_log2 = float(scale) * _LOG2E
     prec = _dot_precision(q.dtype)
     upcast = INTERPRETED and q.dtype != torch.float32
-    block_n = 32 if INTERPRETED or head_dim > 128 else 64
+    block_n = _block_n(head_dim, INTERPRETED)
     cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
 
     decode_only = num_tokens == num_reqs
@@ -315,13 +336,7 @@ def paged_attention(
         )  # fmt: skip
         return out
 
-    if decode_only:
-        block_m, warps = 16, 4
-    elif INTERPRETED:
-        block_m, warps = 32, 4
-    else:
-        block_m, warps = (128, 8) if head_dim <= 128 else (64, 4)
-    block_q = max(1, block_m // group_p)
+    block_q, warps = varlen_tile(decode_only, head_dim, group_p, INTERPRETED)
     grid = (num_tokens // block_q + num_reqs, num_kv_heads)
     _varlen_kernel[grid](
         out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2, num_reqs,
