@@ -184,6 +184,7 @@ def environment() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
+    info.update(git_state())
     try:
         import triton
 
@@ -191,6 +192,26 @@ def environment() -> dict:
     except ImportError:
         info["triton"] = None
     return info
+
+
+def git_state() -> dict:
+    """The commit benchmarked and whether engine/ or kernels/ had uncommitted changes (None outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    dirty = git("status", "--porcelain", "--", "engine", "kernels")
+    return {
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "engine_dirty": bool(dirty) if dirty is not None else None,
+    }
 
 
 def cpu_model() -> str:

@@ -15,6 +15,7 @@ import argparse
 import random
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 from benchmarks import prefix_workloads as pw
 from benchmarks.common import (
@@ -28,6 +29,7 @@ from benchmarks.common import (
 )
 from benchmarks.runners import (
     RunResult,
+    best_of,
     continuous_batching_support,
     greedy_agreement,
     make_llm,
@@ -124,7 +126,8 @@ def run_peers(args, bm: BenchModel, prompts, outs) -> tuple[list[RunResult], dic
         try:
             if peer == "hf_generate":
                 run_hf_generate(bm, *warm, batch_size=2)
-                done.append(run_hf_generate(bm, prompts, outs, batch_size=args.hf_batch_size))
+                run = partial(run_hf_generate, bm, prompts, outs, batch_size=args.hf_batch_size)
+                done.append(best_of(args.repeats, run))
             elif peer == "hf_continuous":
                 reason = continuous_batching_support(bm.model)
                 if reason:
@@ -134,7 +137,7 @@ def run_peers(args, bm: BenchModel, prompts, outs) -> tuple[list[RunResult], dic
                 if bm.device.type == "cpu":  # transformers sizes its cache from GPU memory otherwise
                     need = sum(-(-(len(p) + n) // 16) + 1 for p, n in zip(prompts, outs))
                     cb = {"num_blocks": need + 16, "max_batch_tokens": 512, "block_size": 16}
-                done.append(run_hf_continuous(bm, prompts, outs, **cb))
+                done.append(best_of(args.repeats, partial(run_hf_continuous, bm, prompts, outs, **cb)))
             else:
                 raise SystemExit(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
         except SystemExit:
@@ -167,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument(
         "--num-kv-blocks", type=int, default=None, help="engine KV pool (default: its own sizing)"
     )
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="time each engine this many times, keep the fastest"
+    )
     ap.add_argument("--no-roofline", action="store_true", help="skip measuring ceilings")
     args = ap.parse_args(argv)
     setup_threads(args.threads, args.device)
@@ -182,15 +188,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     def engine_run(prompts, outs) -> RunResult:
         """A fresh engine each time, so no run finds another's prompts in the prefix cache."""
-        llm = make_llm(
-            bm,
+        opts = dict(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_kv_blocks=args.num_kv_blocks,
         )
+        llm = make_llm(bm, **opts)
         run_prefixflow(llm, warm, [2, 2])
         res = run_prefixflow(llm, prompts, outs)
         del llm
+        release()
+        for _ in range(args.repeats - 1):  # each repeat on a fresh engine (cold prefix cache)
+            llm = make_llm(bm, **opts)
+            run_prefixflow(llm, warm, [2, 2])
+            again = run_prefixflow(llm, prompts, outs)
+            res = again if again.elapsed_s < res.elapsed_s else res
+            del llm
         release()
         return res
 
