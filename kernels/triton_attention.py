@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+def _interpreter_on() -> bool:
+    """Whether @triton.jit in this process makes interpreted kernels (triton.knobs from 3.4 on)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
+INTERPRETED: bool = _interpreter_on()
 _LOG2E = 1.4426950408889634
 
 
