@@ -255,7 +255,8 @@ def run_hf_continuous(
     if "block" in cm_params:
         kwargs["block"] = True
     results: dict[str, object] = {}
-    with torch.inference_mode(), model.continuous_batching_context_manager(**kwargs) as manager:
+    # no_grad (not inference_mode), as generate_batch does: the manager's cache and graphs outlive a step
+    with torch.no_grad(), model.continuous_batching_context_manager(**kwargs) as manager:
         attn = getattr(model.config, "_attn_implementation", None)
         stamps_kw = {"record_timestamps": True} if _accepts(manager.add_request, "record_timestamps") else {}
         synchronize(dev)
@@ -270,7 +271,7 @@ def run_hf_continuous(
                 if not manager.is_running():
                     raise RuntimeError("transformers continuous batching stopped before finishing")
                 continue
-            if res.is_finished():
+            if _finished(res):
                 results[res.request_id] = res
         synchronize(dev)
         elapsed = time.perf_counter() - start
@@ -296,6 +297,13 @@ def run_hf_continuous(
         outputs=outputs,
         extra={"attn_implementation": attn, "per_token_timestamps": bool(stamps_kw)},
     )
+
+
+def _finished(res) -> bool:
+    """A continuous-batching result in a terminal state (``is_finished`` where this version has it)."""
+    if hasattr(res, "is_finished"):
+        return bool(res.is_finished())
+    return getattr(res.status, "name", str(res.status)).upper() in ("FINISHED", "FAILED")
 
 
 def _accepts(fn, name: str) -> bool:

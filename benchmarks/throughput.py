@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     n_peer = min(args.peer_prompts or len(work.prompts), len(work.prompts))
     sub_prompts, sub_outs = work.prompts[:n_peer], work.max_tokens[:n_peer]
     roof = None if args.no_roofline else Roofline(bm, args.max_num_batched_tokens)
+    release()  # hand the ceiling buffers back before the engine sizes its KV pool from free memory
 
     def bound(prompts, outs):
         return roof.seconds(prompts, outs) if roof else None
