@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from importlib import resources
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -15,10 +15,11 @@ from pipeline.local_run import run_local, summary_table
 from pipeline.spec import load_job
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
+DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
 
 
 def sample_rows(limit: int = 24) -> list[dict]:
-    text = resources.files("pipeline").joinpath("data/demo_reviews.jsonl").read_text(encoding="utf-8")
+    text = (DATA / "demo_reviews.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
 
 
@@ -44,7 +45,7 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
     llm = None
     failed = 0
     for name, job_file in JOBS:
-        job = str(resources.files("pipeline").joinpath(f"data/{job_file}"))
+        job = str(DATA / job_file)
         spec = load_job(data, os.path.join(workdir, f"{name}-out"), model, job)
         llm = llm or open_engine(spec)
         console.rule(f"{name} job")

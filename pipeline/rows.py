@@ -184,4 +184,3 @@ class RowPreparer:
         text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)})
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None
-

@@ -106,7 +106,8 @@ def status(output: str, storage=None) -> tuple[RunSummary, dict[str, Any] | None
     planned = None
     try:
         s = record["spec"]
-        job = dict(s["job"], storage={"endpoint_url": storage.endpoint_url, "options": storage.options})
+        endpoint = storage.endpoint_url or s["job"]["storage"].get("endpoint_url")
+        job = dict(s["job"], storage={"endpoint_url": endpoint, "options": storage.options})
         spec = JobSpec(s["input"], s["output"], s["model"], parse_job_config(job))
         planned = [sh.shard_id for sh in plan_shards(spec)]
     except Exception:

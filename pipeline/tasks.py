@@ -64,18 +64,20 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
     choices = [cfg.label.choice_prefix + lb for lb in labels]
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
-        start, cached0 = time.perf_counter(), _cached(llm)
+        start, before = time.perf_counter(), _counts(llm)
         scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk))
         latency = (time.perf_counter() - start) / max(len(chunk), 1)
-        # score_choices reports no per-prompt counts: spread the batch's prefix-cache hits over its rows
-        hits = max(_cached(llm) - cached0, 0)
-        for j, (p, score) in enumerate(zip(chunk, scores)):
-            share = hits // len(chunk) + (1 if j < hits % len(chunk) else 0)
-            counts = {
-                "prompt_tokens": len(p.prompt),
-                "cached_tokens": min(share, len(p.prompt)),
-                "latency_s": latency,
-            }
+        # score_choices reports no per-prompt counts: spread the batch's engine counts (one sequence per
+        # choice, sharing the prompt's KV through the prefix cache) evenly over its rows.
+        after = _counts(llm)
+        computed = (
+            _spread(after[0] - before[0], len(chunk))
+            if after[0] > before[0]
+            else [len(p.prompt) for p in chunk]
+        )
+        cached = _spread(max(after[1] - before[1], 0), len(chunk))
+        for p, score, n_prompt, n_cached in zip(chunk, scores, computed, cached):
+            counts = {"prompt_tokens": n_prompt, "cached_tokens": n_cached, "latency_s": latency}
             if isinstance(score, str):
                 yield error_record(p.base, ENGINE_ERROR, score, **counts)
                 continue
@@ -87,11 +89,16 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
             yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
 
 
-def _cached(llm: Any) -> int:
+def _counts(llm: Any) -> tuple[int, int]:
     try:
-        return int(llm.stats().cached_prompt_tokens)
+        stats = llm.stats()
+        return int(stats.prompt_tokens), int(stats.cached_prompt_tokens)
     except Exception:
-        return 0
+        return 0, 0
+
+
+def _spread(total: int, n: int) -> list[int]:
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
 def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
