@@ -56,7 +56,7 @@ class ModelShape:
             intermediate_size=int(cfg["intermediate_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
             num_q_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             vocab_size=int(cfg["vocab_size"]),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
