@@ -86,6 +86,10 @@ def run_prefixflow(
         for k in ("steps", "prompt_tokens", "cached_prompt_tokens", "computed_prompt_tokens", "preemptions")
     }
     delta["prefix_hit_rate"] = delta["cached_prompt_tokens"] / max(1, delta["prompt_tokens"])
+    if hasattr(after, "host_s"):  # host-side time per step: the device's idle gap on GPU
+        host = after.host_s - before.host_s
+        delta["host_ms_per_step"] = 1000 * host / max(1, delta["steps"])
+        delta["engine_elapsed_s"] = after.elapsed_s - before.elapsed_s
     ttft = [o.time_to_first_token for o in outs if o.time_to_first_token is not None]
     itl = [_itl(o.time_to_first_token, o.latency, o.num_output_tokens) for o in outs]
     return RunResult(

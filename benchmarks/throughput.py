@@ -42,7 +42,7 @@ from benchmarks.runners import (
 PEERS = ("hf_generate", "hf_continuous")
 COLUMNS = [
     "engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s", "ttft_p50_s",
-    "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "roofline_frac",
+    "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "roofline_frac", "host_ms_per_step",
 ]  # fmt: skip
 
 
