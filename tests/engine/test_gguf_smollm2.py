@@ -37,7 +37,17 @@ def gguf_path():
     return resolve_embedded("smollm2-135m-instruct")
 
 
-def test_engine_greedy_tokens_equal_transformers_gguf(gguf_path):
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a 2-core machine shared with other jobs, spinning thread pools cost up
+    to 6x in wall time; results do not depend on it (both sides run in the same setting)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_engine_greedy_tokens_equal_transformers_gguf(gguf_path, one_thread):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine import LLM, SamplingParams
