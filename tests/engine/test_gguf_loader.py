@@ -7,6 +7,7 @@ un-permutation run; the expected tensors come from the original transformers mod
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import gguf
@@ -221,7 +222,9 @@ def test_tokenizer_eos_and_chat_template_come_from_the_metadata(f32_file):
     assert src.identity["format"] == "gguf" and src.identity["size"] == f32_file.stat().st_size
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1])
+@pytest.mark.parametrize(
+    "qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name
+)
 def test_quantized_weights_dequantize_to_what_was_quantized(hf_model, tmp_path, qtype):
     path = write_gguf(tmp_path / f"tiny-{qtype.name}.gguf", hf_model, qtype=qtype)
     got = dict(load_gguf_source(path).weights())
@@ -237,7 +240,7 @@ def test_quantized_weights_dequantize_to_what_was_quantized(hf_model, tmp_path, 
         np.testing.assert_array_equal(got[name].numpy(), want, err_msg=name)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_k_quant_weights_dequantize_and_unpermute(hf_model, tmp_path, qtype):
     rng = np.random.default_rng(int(qtype))
     raw = {}
@@ -346,3 +349,31 @@ def test_hf_directory_that_also_holds_a_gguf_is_not_a_gguf_path(f32_file, tmp_pa
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "m.gguf").write_bytes(b"")
     assert not is_gguf_path(tmp_path)
+
+
+@pytest.mark.parametrize("as_dir", [False, True])
+def test_engine_on_a_gguf_path_matches_the_transformers_model(hf_model, f32_file, tmp_path, as_dir):
+    from engine import LLM, SamplingParams
+
+    model = f32_file
+    if as_dir:
+        model = tmp_path / "dir"
+        model.mkdir()
+        (model / "tiny.gguf").write_bytes(f32_file.read_bytes())
+    llm = LLM(model=str(model), dtype="float32", device="cpu")
+    prompts = [[5, 60, 70, 80], list(range(30, 75)), [200, 17, 99, 99, 3, 40, 41]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    no_eos = copy.deepcopy(hf_model.generation_config)
+    no_eos.eos_token_id = None  # like ignore_eos: always 8 tokens
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            gen = hf_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=8,
+                do_sample=False,
+                generation_config=no_eos,
+            )
+        assert list(out.token_ids) == gen[0, len(prompt) :].tolist()
+        assert len(out.token_ids) == 8
