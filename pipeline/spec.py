@@ -134,4 +134,16 @@ def load_job(input: str, output: str, model: str, job: str | dict | None = None,
     if not isinstance(output, str):
         raise JobConfigError("output: pass a local folder or an s3:// URL")
     data = _apply_overrides(_read_job(job), overrides)
-    return JobSpec(input=input, output=output.rstrip("/"), model=model, config=parse_job_config(data))
+    return JobSpec(
+        input=_normalize(input), output=_normalize(output), model=model, config=parse_job_config(data)
+    )
+
+
+def _normalize(url: str) -> str:
+    """One spelling per location (``docs``, ``./docs/`` -> ``/abs/docs``), so a resume from another
+    working directory or with a trailing slash has the same fingerprint."""
+    if not url:
+        return url
+    if "://" in url:
+        return url.rstrip("/") if not url.endswith("://") else url
+    return os.path.abspath(os.path.expanduser(url))

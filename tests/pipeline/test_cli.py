@@ -29,6 +29,12 @@ def test_help_names_every_command() -> None:
         assert word in res.stdout
 
 
+def test_serve_dispatches_to_flows_when_installed() -> None:
+    res = _cli("serve", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "prefixflow serve" in res.stdout
+
+
 def test_plan_json(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=2, rows_per_file=12)
     res = _cli("plan", "--input", str(tmp_path / "in"), "--shard-rows", "10", "--json")

@@ -107,3 +107,27 @@ def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> No
     commits.publish(layout, marker)  # again: nothing to do, no error
     summary = finalize(spec)
     assert summary.shards_committed == 1 and summary.rows == 3 and not summary.complete
+
+
+def test_paths_are_normalized_for_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    a = load_job("in/", "out", "tiny", job("summarize"))
+    b = load_job(str(tmp_path / "in"), str(tmp_path / "out") + "/", "tiny", job("summarize"))
+    assert (a.input, a.output) == (b.input, b.output) and a.fingerprint_hash() == b.fingerprint_hash()
+    assert load_job("s3://b/docs/", "s3://b/out/", "tiny").input == "s3://b/docs"
+
+
+def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
+    import time
+
+    from pipeline.runner import _Flusher
+
+    spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
+    prepare_output(spec)
+    layout = output_layout(spec)
+    flusher = _Flusher(layout, "s1", output_schema(spec.config, None), spec.config.output)
+    for k in range(3):
+        time.sleep(0.06)
+        flusher.add(base_record(k, f"id{k}", "f.parquet", {}))
+    assert [p.rows for p in flusher.parts] == [1, 1, 1]
+    assert [p.rows for p in commits.scan_staged(layout, "s1")] == [1, 1, 1]

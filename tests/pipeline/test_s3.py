@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 import s3fs
 
-from pipeline import FingerprintMismatch, load_job, prepare_output
+from pipeline import FingerprintMismatch, load_job, plan_shards, prepare_output
 from pipeline.cli import main
 from pipeline.config import StorageConfig
 from pipeline.local_run import run_local
@@ -43,6 +43,8 @@ def test_job_from_s3_to_s3(tmp_path: Path, s3_endpoint: str, bucket: str, tiny_l
     spec = load_job(
         f"s3://{bucket}/docs/", out, "tiny", job("generate", keep_columns=["title"]), endpoint_url=s3_endpoint
     )
+    glob = load_job(f"s3://{bucket}/docs/*-1.parquet", "", "tiny", endpoint_url=s3_endpoint)
+    assert [s.relpath for s in plan_shards(glob)] == ["part-1.parquet"]
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert failures == [] and summary.complete and summary.rows == 14
     assert summary.data_glob == f"s3://{bucket}/runs/out/data/**/*.parquet"
