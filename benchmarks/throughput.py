@@ -163,7 +163,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--conversations", type=int, default=32)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--peers", default="hf_generate,hf_continuous", help="comma list; empty for none")
-    ap.add_argument("--peer-prompts", type=int, default=None, help="peers run on the first N prompts")
+    ap.add_argument(
+        "--peer-prompts",
+        type=int,
+        default=None,
+        help="peers run on the first N prompts (default: all on CPU, 64 on CUDA)",
+    )
     ap.add_argument("--hf-batch-size", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
@@ -179,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     bm = build_model(args.preset, args.device, args.dtype, args.seed)
     work = build_workload(args, bm.vocab_size)
-    n_peer = min(args.peer_prompts or len(work.prompts), len(work.prompts))
+    default_peer = 64 if bm.device.type == "cuda" else len(work.prompts)  # peers are slow on a GPU-size model
+    n_peer = min(args.peer_prompts or default_peer, len(work.prompts))
     sub_prompts, sub_outs = work.prompts[:n_peer], work.max_tokens[:n_peer]
     roof = None if args.no_roofline else Roofline(bm, args.max_num_batched_tokens)
     release()  # hand the ceiling buffers back before the engine sizes its KV pool from free memory
