@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks import engine_vs_hf, prefix_bench, throughput
+from benchmarks import engine_vs_hf, prefix_bench, report, throughput
 from benchmarks import prefix_workloads as pw
 from benchmarks.common import percentiles
 
@@ -70,6 +70,7 @@ def test_engine_vs_hf_smoke(tmp_path) -> None:
     assert result["ratio_output_tok_s"] > 0
     assert result["greedy_agreement"] == 1.0  # same weights, float32, greedy
     assert result["environment"]["torch"]
+    assert "| prefixflow | 4 | 16 |" in report.render(result)
 
 
 def test_prefix_bench_smoke(tmp_path) -> None:
@@ -94,6 +95,7 @@ def test_prefix_bench_smoke(tmp_path) -> None:
     lab = {r["config"]: r for r in labeling["runs"]}
     assert lab["prefix+cache"]["computed/distinct"] <= 1.05  # the pool holds everything
     assert lab["no-cache"]["computed/distinct"] > 2
+    assert report.render(result).count("| prefix+cache small-pool |") == 2
 
 
 def test_throughput_smoke(tmp_path) -> None:
@@ -126,6 +128,7 @@ def test_throughput_smoke(tmp_path) -> None:
         assert row["itl_p50_s"] is None or row["itl_p50_s"] <= row["itl_p99_s"]
         if "roofline" in result and "bytes_per_s" in result["roofline"]:
             assert 0 < row["roofline_frac"]
+    assert "| all | prefixflow | 4 |" in report.render(result)
 
 
 @pytest.mark.parametrize("bad", [["--workloads", "nope"]])
