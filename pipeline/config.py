@@ -24,6 +24,10 @@ SAMPLING_KEYS = (
 # Engine settings that can change outputs and therefore belong in the job fingerprint.
 ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "attention_backend")
 
+# Columns every output row has (pipeline/outputs.py builds them); kept input columns may not reuse them.
+OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
+                  "output_tokens", "latency_s", "source_file", "row_index", "label", "label_probs")  # fmt: skip
+
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
     "Combine these partial summaries of one document into one short summary.\n\n{{ summaries }}"
@@ -237,6 +241,10 @@ def parse_job_config(data: dict | None) -> JobConfig:
         engine=_engine(data.get("engine")),
         storage=_storage(data.get("storage")),
     )
+    clash = sorted(set(cfg.keep_columns) & set(OUTPUT_COLUMNS))
+    if clash:
+        raise _fail("keep_columns", f"{clash} would overwrite output columns ({', '.join(OUTPUT_COLUMNS)}); "
+                    "rename them in the input or leave them out")  # fmt: skip
     if cfg.prompt_column and cfg.template:
         raise _fail("template", "set either prompt_column or template, not both")
     if task == "generate" and not (cfg.prompt_column or cfg.template):

@@ -69,3 +69,29 @@ def test_every_bad_row_case(tmp_path: Path, tiny_llm) -> None:
         counts[c] = counts.get(c, 0) + 1
     assert summary.errors_by_class == dict(sorted(counts.items()))
     assert summary.error_rows == 10 and summary.rows == 13
+
+
+def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
+    """polars, pyarrow datasets and DuckDB read the documented glob / folder and see each row once."""
+    import duckdb
+    import pyarrow.dataset as ds
+
+    from tests.pipeline.support import write_dataset
+
+    ids = write_dataset(tmp_path / "in", files=2, rows_per_file=6)
+    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
+    summary, _ = run_local(spec, llm=tiny_llm, progress=False)
+    (tmp_path / "out" / "_staging" / "orphan" / "a").mkdir(parents=True)  # leftovers are outside data/
+    assert sorted(pl.scan_parquet(summary.data_glob).collect()["id"].to_list()) == sorted(ids)
+    assert ds.dataset(str(tmp_path / "out" / "data"), format="parquet").count_rows() == 12
+    query = f"SELECT count(*), count(DISTINCT id) FROM read_parquet('{summary.data_glob}')"
+    ((n, distinct),) = duckdb.sql(query).fetchall()
+    assert n == distinct == 12
+
+
+def test_output_columns_match_the_reserved_names() -> None:
+    from pipeline.config import OUTPUT_COLUMNS, parse_job_config
+    from pipeline.outputs import output_schema
+
+    cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
+    assert output_schema(cfg, None).names == list(OUTPUT_COLUMNS)

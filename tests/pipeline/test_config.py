@@ -50,6 +50,7 @@ def test_shipped_job_configs_validate(name: str) -> None:
         ({"template": "{{ text"}, ["template", "Jinja2"]),
         ({"template": "x", "prompt_column": "p"}, ["template", "not both"]),
         ({"keep_columns": "title"}, ["keep_columns", "list"]),
+        ({"keep_columns": ["title", "id"]}, ["keep_columns", "['id']", "overwrite output columns"]),
     ],
 )
 def test_bad_config_messages(job: dict, must_contain: list[str]) -> None:
