@@ -75,11 +75,11 @@ def _check_kills(tmp_path: Path, tiny_llm, trials: list[tuple[str, int]]) -> int
 
 
 def test_kill_during_flush_and_commit_then_resume(tmp_path: Path, tiny_llm) -> None:
-    assert _check_kills(tmp_path, tiny_llm, [("flush_mid", 2), ("commit_marker", 1)]) == 2
+    assert _check_kills(tmp_path, tiny_llm, [("flush_mid", 2), ("publish_mid", 1)]) == 2
 
 
 @pytest.mark.slow
 def test_kill_at_random_points_then_resume(tmp_path: Path, tiny_llm) -> None:
     rng = random.Random(int(os.environ.get("PREFIXFLOW_KILL_SEED", "7")))
-    trials = [("publish_mid", 1)] + [(rng.choice(POINTS), rng.randint(1, 3)) for _ in range(4)]
+    trials = [("commit_marker", 1)] + [(rng.choice(POINTS), rng.randint(1, 3)) for _ in range(4)]
     _check_kills(tmp_path, tiny_llm, trials)
