@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import FingerprintMismatch, JobConfigError, OutputNotPrepared
 from pipeline.layout import OWNED, Layout
+from pipeline.planning import check_input_columns
 from pipeline.sources import list_inputs
 from pipeline.spec import JobSpec
 from pipeline.storage import Store
@@ -69,10 +70,12 @@ def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | No
 def prepare_output(spec: JobSpec, new_run: bool = False) -> None:
     """Write the job fingerprint (exclusively) or check it against the existing run; index duplicate ids.
 
+    Fails fast (JobConfigError) when a column the job names is in none of the input files.
     ``new_run=True`` deletes what an earlier run left under the output root (only prefixflow's own
     files and folders) and starts over.
     """
     layout = output_layout(spec)
+    check_input_columns(spec)
     if new_run:
         for name in OWNED:
             target = layout.path(name)

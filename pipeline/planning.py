@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, JobConfigError
 from pipeline.prompts import static_prefix
 from pipeline.sources import InputFile, list_inputs, parquet_file
 from pipeline.spec import JobSpec
@@ -127,3 +127,33 @@ def _text_bytes(store, shard: Shard, columns: set[str]) -> int:
             total += size * (hi - lo) // max(rg.num_rows, 1)
         offset += rg.num_rows
     return total
+
+
+def check_input_columns(spec: JobSpec) -> None:
+    """Fail fast when a column the job names exists in none of the input files (a typo would otherwise
+    turn every row into an error row). A column missing from only some files stays a per-row error."""
+    store, files = list_inputs(spec.input, spec.config.storage)
+    present: set[str] = set()
+    for f in files:
+        try:
+            present |= set(parquet_file(store, f.path).schema_arrow.names)
+        except Exception:
+            continue  # unreadable files fail their own shard
+    if not present:
+        return
+    cfg = spec.config
+    wanted = {c: "template" for c in spec.prompt_columns()}
+    if cfg.prompt_column:
+        wanted[cfg.prompt_column] = "prompt_column"
+    if cfg.task == "summarize" and not cfg.prompt_column:
+        wanted[cfg.summarize.document_column] = "summarize.document_column"
+    if cfg.id_column:
+        wanted[cfg.id_column] = "id_column"
+    wanted.update({c: f"sampling_columns.{k}" for k, c in cfg.sampling_columns.items()})
+    wanted.update({c: "keep_columns" for c in cfg.keep_columns})
+    missing = {c: key for c, key in wanted.items() if c not in present}
+    if missing:
+        named = ", ".join(f"{c!r} ({key})" for c, key in sorted(missing.items()))
+        raise JobConfigError(
+            f"{named}: not a column of any input file; the input has: {', '.join(sorted(present))}"
+        )

@@ -131,3 +131,14 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
         flusher.add(base_record(k, f"id{k}", "f.parquet", {}))
     assert [p.rows for p in flusher.parts] == [1, 1, 1]
     assert [p.rows for p in commits.scan_staged(layout, "s1")] == [1, 1, 1]
+
+
+def test_a_column_missing_from_every_file_fails_fast(tmp_path: Path) -> None:
+    from pipeline import JobConfigError
+
+    spec = _spec(tmp_path, template="{{ txt }}", keep_columns=["titel"])
+    with pytest.raises(JobConfigError) as info:
+        prepare_output(spec)
+    assert "'titel' (keep_columns)" in str(info.value) and "'txt' (template)" in str(info.value)
+    assert "id, text, title" in str(info.value)
+    assert not (tmp_path / "out" / "_prefixflow.json").exists()
