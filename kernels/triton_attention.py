@@ -61,6 +61,47 @@ def _dot(a, b, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base,
+    stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys [start, start + BLOCK_N) of a request's paged context.
+
+    k_base/v_base already point at this KV head. MASKED tiles apply `key < kv_end` and the causal
+    `key <= q_pos`; unmasked tiles are wholly visible to every row (the bulk of a long context).
+    """
+    d = tl.arange(0, HEAD_DIM)
+    n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = n < kv_end
+        blk = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+    else:
+        blk = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+    off = n % BLOCK_SIZE
+    k_ptrs = k_base + blk[None, :] * stride_kb + off[None, :] * stride_ks + d[:, None]
+    v_ptrs = v_base + blk[:, None] * stride_vb + off[:, None] * stride_vs + d[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
+        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
+        s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
+    else:
+        k = tl.load(k_ptrs)
+        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _varlen_kernel(
     out_ptr,
     q_ptr,
@@ -90,6 +131,7 @@ def _varlen_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_PREC: tl.constexpr,
     UPCAST: tl.constexpr,
+    UNMASKED_BULK: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -116,23 +158,23 @@ def _varlen_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     kv_end = ctx_before + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < kv_end
-        blk = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        k_offs = blk[None, :] * stride_kb + off[None, :] * stride_ks + kv_head * stride_kh + d[:, None]
-        k = tl.load(k_cache_ptr + k_offs, mask=n_ok[None, :], other=0.0)
-        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
-        s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_offs = blk[:, None] * stride_vb + off[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
-        v = tl.load(v_cache_ptr + v_offs, mask=n_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
-        m_i = m_new
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    if UNMASKED_BULK:
+        # keys below the tile's first query position are visible to every row: no mask there
+        full_end = ((ctx_before + q_tile * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N
+        for start in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base, stride_kb, stride_ks,
+                stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, False,
+            )  # fmt: skip
+    else:
+        full_end = 0  # decode tiles: one loop keeps register use (and so occupancy) lower
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base, stride_kb, stride_ks,
+            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, True,
+        )  # fmt: skip
     acc = acc / l_i[:, None]
     o_offs = (q_begin + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -189,23 +231,20 @@ def _split_decode_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < hi
-        blk = tl.load(table + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        off = n % BLOCK_SIZE
-        k_offs = blk[None, :] * stride_kb + off[None, :] * stride_ks + kv_head * stride_kh + d[:, None]
-        k = tl.load(k_cache_ptr + k_offs, mask=n_ok[None, :], other=0.0)
-        s = _dot(q, k, DOT_PREC, UPCAST) * scale_log2
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_offs = blk[:, None] * stride_vb + off[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
-        v = tl.load(v_cache_ptr + v_offs, mask=n_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
-        m_i = m_new
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    q_pos = tl.zeros([BLOCK_M], tl.int32) + hi - 1  # the query sees its whole context
+    full_end = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+    for start in range(lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, hi, q_pos, table, k_base, v_base, stride_kb, stride_ks,
+            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, False,
+        )  # fmt: skip
+    for start in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, hi, q_pos, table, k_base, v_base, stride_kb, stride_ks,
+            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, True,
+        )  # fmt: skip
 
     empty = l_i == 0.0  # this slice lies past the end of the context
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -352,6 +391,7 @@ def paged_attention(
         out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides, block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, num_warps=warps, num_stages=2,
+        BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, UNMASKED_BULK=not decode_only,
+        num_warps=warps, num_stages=2,
     )  # fmt: skip
     return out

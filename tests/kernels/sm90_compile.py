@@ -92,7 +92,7 @@ def attention_configs():
         for decode_only in (True, False):
             block_q, warps = triton_attention.varlen_tile(decode_only, head_dim, group_p, interpreted=False)
             consts = dict(GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-                          BLOCK_SIZE=16, DOT_PREC=None, UPCAST=False)  # fmt: skip
+                          BLOCK_SIZE=16, DOT_PREC=None, UPCAST=False, UNMASKED_BULK=not decode_only)  # fmt: skip
             kind = "decode" if decode_only else "prefill"
             yield (
                 f"varlen {kind} Hq{q_heads}/Hkv{kv_heads} D{head_dim}",
