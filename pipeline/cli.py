@@ -23,6 +23,12 @@ EPILOG = """examples:
 Results land in OUTPUT/data/**/*.parquet (one row per input row, exactly once)."""
 
 
+RUN_DESCRIPTION = """Turn every input row into exactly one output row.
+Rerunning the same command resumes: committed shards are skipped and rows already flushed are kept.
+Rerunning with different settings is refused (the job fingerprint differs) unless --new-run is given.
+A bad row becomes an error row (see the error_class column); an unreadable file fails only its shard."""
+
+
 def _kv(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -60,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG,
+    run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG, description=RUN_DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     _add_job(run, need_output=True)
     run.add_argument("--new-run", action="store_true",

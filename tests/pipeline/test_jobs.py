@@ -131,12 +131,19 @@ def test_resume_inside_a_shard_keeps_flushed_rows(tmp_path: Path, tiny_llm) -> N
     assert df["output"].to_list() == clean["output"].to_list()
 
 
-def test_corrupt_file_fails_its_shard_only(tmp_path: Path, tiny_llm) -> None:
+def test_corrupt_files_fail_their_shards_only(tmp_path: Path, tiny_llm) -> None:
     write_dataset(tmp_path / "in", files=2, rows_per_file=4)
-    (tmp_path / "in" / "broken.parquet").write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")
+    (tmp_path / "in" / "broken.parquet").write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")  # no valid footer
+    pages = write_parquet(tmp_path / "in" / "pages.parquet", docs(8), row_group_size=8)
+    raw = bytearray(pages.read_bytes())
+    raw[8:120] = bytes((b * 7 + 13) % 256 for b in raw[8:120])  # footer intact, first page header not
+    pages.write_bytes(bytes(raw))
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
-    assert len(failures) == 1 and isinstance(failures[0], ShardError)
-    assert "broken.parquet" in str(failures[0]) and "cannot read Parquet file" in str(failures[0])
-    assert summary.rows == 8 and summary.shards_committed == 2 and summary.shards_total == 3
-    assert not summary.complete and len(summary.shards_pending) == 1
+    assert all(isinstance(f, ShardError) for f in failures)
+    messages = sorted(str(f) for f in failures)
+    assert len(messages) == 2
+    assert "broken.parquet" in messages[0] and "cannot read Parquet file" in messages[0]
+    assert "pages.parquet" in messages[1] and "cannot read input" in messages[1]
+    assert summary.rows == 8 and summary.shards_committed == 2 and summary.shards_total == 4
+    assert not summary.complete and len(summary.shards_pending) == 2
