@@ -112,15 +112,14 @@ class RowPreparer:
         ctx = dict(row)
         if document is not None:
             ctx["document"] = document
-        text = render_template(self.template, ctx)
-        if not self.wrap and self.cfg.system_prompt:
-            text = f"{self.cfg.system_prompt}\n\n{text}"
-        return text
+        return render_template(self.template, ctx)
 
     def encode(self, user_text: str) -> list[int]:
         check_nonempty(user_text)
         if self.wrap:
             return self.tok.encode(self.wrap(user_text), add_special_tokens=False)
+        if self.cfg.system_prompt:  # no chat template: the system prompt leads as plain text
+            user_text = f"{self.cfg.system_prompt}\n\n{user_text}"
         return self.tok.encode(user_text, add_special_tokens=True)
 
     def budget(self, params: Any) -> int:

@@ -104,7 +104,7 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Any, progress: ProgressSink | No
     try:
         in_store = Store.open(spec.input, spec.config.storage)
         table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns())
-        rows = table.to_pylist()
+        rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
     except Exception as exc:
         raise ShardError(
             shard.shard_id, f"cannot read input {shard.path!r}: {type(exc).__name__}: {exc}"
@@ -114,7 +114,6 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Any, progress: ProgressSink | No
                          "the file changed since planning")  # fmt: skip
     cfg = spec.config
     flusher = _Flusher(layout, shard.shard_id, output_schema(cfg, table.schema), cfg.output)
-    flusher.parts = []
     prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
     pending: list[Prepared] = []
 
