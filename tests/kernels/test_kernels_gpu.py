@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testlib import build_paged_batch, poisoned_like, relative_error
 
 import kernels
 from kernels import reference
+from tests.kernels.kernel_testlib import build_paged_batch, poisoned_like, relative_error
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testlib import DEVICE, poisoned_like, relative_error
 
 from kernels import reference
+from tests.kernels.kernel_testlib import DEVICE, poisoned_like, relative_error
 
 F32_BOUND = 1e-5
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_testlib import PagedBatch, build_paged_batch, relative_error
 
 from kernels import reference
+from tests.kernels.kernel_testlib import PagedBatch, build_paged_batch, relative_error
 
 
 def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:

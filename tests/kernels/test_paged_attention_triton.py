@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testlib import DEVICE, PagedBatch, build_paged_batch, poisoned_like, relative_error
 
 from kernels import reference
+from tests.kernels.kernel_testlib import DEVICE, PagedBatch, build_paged_batch, poisoned_like, relative_error
 
 triton_attention = pytest.importorskip("kernels.triton_attention")
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from kernel_testlib import DEVICE, poisoned_like, relative_error
 
 from kernels import build_rope_cache, reference
 from kernels.rope_cache import rope_inv_freq
+from tests.kernels.kernel_testlib import DEVICE, poisoned_like, relative_error
 
 LLAMA3 = {
     "rope_type": "llama3",

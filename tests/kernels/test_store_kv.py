@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testlib import DEVICE
 
 from kernels import reference
+from tests.kernels.kernel_testlib import DEVICE
 
 NUM_BLOCKS, HKV, D = 6, 2, 32
 

@@ -1,0 +1,1 @@
+"""Kernel tests: Triton kernels vs torch references (interpreted on CPU), roofline arithmetic."""
