@@ -74,3 +74,19 @@ def test_status_of_a_finished_and_an_unfinished_run(tmp_path: Path, tiny_llm) ->
 
 def test_status_of_a_non_run_folder(tmp_path: Path) -> None:
     assert main(["status", str(tmp_path)]) == 2
+
+
+def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
+    res = _cli("demo", "--model", "tiny", "--rows", "6", "--workdir", str(tmp_path / "demo"))
+    assert res.returncode == 0, res.stderr
+    assert "pl.read_parquet" in res.stderr and "label_probs" in res.stderr
+    import polars as pl
+
+    summaries = pl.read_parquet(str(tmp_path / "demo" / "summarize-out" / "data" / "**" / "*.parquet"))
+    labels = pl.read_parquet(str(tmp_path / "demo" / "label-out" / "data" / "**" / "*.parquet"))
+    assert summaries.height == labels.height == 6
+    assert summaries["error"].null_count() == 6 and set(labels["label"]) <= {
+        "positive",
+        "negative",
+        "neutral",
+    }
