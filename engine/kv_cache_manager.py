@@ -10,8 +10,11 @@ from engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool = True, reserve_output_blocks: int = 4
+    ) -> None:
         self.block_size = block_size
+        self.reserve_output_blocks = reserve_output_blocks
         self.pool = BlockPool(num_blocks, enable_caching)
 
     @property
@@ -52,11 +55,37 @@ class KVCacheManager:
             req.prompt_hashes = hashes
         return req.prompt_hashes
 
-    def admit(self, req: Request, hits: list[Block], hashes: list[int], num_new_tokens: int) -> bool:
-        """Give a waiting request its cached prefix plus room for ``num_new_tokens``; False if it won't fit."""
+    def blocks_reserved(self, req: Request) -> int:
+        """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
+        return max(0, self._blocks_for(self.reservation_tokens(req)) - len(req.block_table))
+
+    def reservation_tokens(self, req: Request) -> int:
+        """Prompt plus the output a request will probably write, capped at a few blocks: enough that
+        short-output jobs (labeling, chat turns) never preempt, without reserving for max_model_len."""
+        ahead = min(req.max_tokens, self.reserve_output_blocks * self.block_size)
+        return min(req.num_tokens + max(ahead, 1), req.max_total_tokens + 1)
+
+    def admit(
+        self,
+        req: Request,
+        hits: list[Block],
+        hashes: list[int],
+        num_new_tokens: int,
+        reserved: int | None = None,
+    ) -> bool:
+        """Give a waiting request its cached prefix plus room for ``num_new_tokens``; False if it won't fit.
+
+        With ``reserved`` (blocks already promised to running prefills), the request must also fit
+        its whole prompt plus a decode token: admitting a prompt the pool cannot finish only leads
+        to preempting it, or someone else, and computing it again.
+        """
         idle_hits = sum(1 for b in hits if b.ref_count == 0)
         cached = len(hits) * self.block_size
         need = self._blocks_for(cached + num_new_tokens) - len(hits)
+        if reserved is not None:
+            whole = self._blocks_for(self.reservation_tokens(req)) - len(hits)
+            if whole + idle_hits + reserved > self.pool.num_free:
+                return False
         if need + idle_hits > self.pool.num_free:
             return False
         for block in hits:

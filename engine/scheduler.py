@@ -65,6 +65,9 @@ class Scheduler:
         being computed right now by another request: it will hit the cache a step later instead of
         computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent)."""
         in_flight = self._blocks_in_flight()
+        if not self.waiting:
+            return budget
+        reserved = sum(self.kv.blocks_reserved(r) for r in self.running)
         held: list[Request] = []
         scanned = 0
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
@@ -76,13 +79,16 @@ class Scheduler:
             pending = self.kv.prompt_block_hashes(req)[len(hits) :]
             if in_flight and pending and pending[0] in in_flight:
                 held.append(req)
+                if self.kv.pool.num_free < self.kv.num_blocks // 4:
+                    break  # little room left: keep the pool for this prefix group, not the next
                 continue
             n = min(req.num_tokens - len(hits) * self.kv.block_size, budget)
-            if not self.kv.admit(req, hits, hashes, n):
+            if not self.kv.admit(req, hits, hashes, n, reserved if self.running else None):
                 held.append(req)
                 break
             req.status = Status.RUNNING
             self.running.append(req)
+            reserved += self.kv.blocks_reserved(req)
             out.append((req, n))
             budget -= n
             if self.kv.pool.enable_caching:
