@@ -107,12 +107,12 @@ def _spec(args: argparse.Namespace, output: str):
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.local_run import run_local, summary_table
+    from pipeline.local_run import print_summary, run_local
 
     spec = _spec(args, args.output)
     summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
                                   console=console)  # fmt: skip
-    console.print(summary_table(summary))
+    print_summary(console, summary)
     if args.json:
         print(json.dumps({**summary.as_dict(), "failed_shards": [str(f) for f in failures]}))
     if failures:
@@ -143,7 +143,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.local_run import summary_table
+    from pipeline.local_run import print_summary
     from pipeline.summary import status
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_option))
@@ -157,7 +157,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         return 0
     console.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
                   f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
-    console.print(summary_table(summary))
+    print_summary(console, summary)
     console.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"
     )

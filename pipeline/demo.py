@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from pipeline.local_run import run_local, summary_table
+from pipeline.local_run import print_summary, run_local
 from pipeline.spec import load_job
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
@@ -47,11 +47,16 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
         console.rule(f"{name} job")
         summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
         failed += len(failures)
-        console.print(summary_table(summary))
-        cols = ["id", "title", "label", "label_probs"] if name == "label" else ["id", "title", "output"]
+        print_summary(console, summary)
         df = pl.read_parquet(summary.data_glob).sort("id")
-        with pl.Config(fmt_str_lengths=80, tbl_width_chars=140):
-            console.print(str(df.select(cols).head(4)))
+        console.print("[bold]sample rows[/]")
+        for row in df.head(4).to_dicts():
+            if name == "label":
+                probs = ", ".join(f"{k} {v:.2f}" for k, v in (row["label_probs"] or {}).items())
+                result = f"{row['label']}  ({probs})"
+            else:
+                result = (row["output"] or row["error"] or "").strip().replace("\n", " ")[:100]
+            console.print(f"  {row['id']}  {row['title']:<14} -> {result}", markup=False, soft_wrap=True)
     console.rule("read the results")
     summaries = os.path.join(workdir, "summarize-out", "data", "**", "*.parquet")
     labels = os.path.join(workdir, "label-out", "data", "**", "*.parquet")

@@ -44,6 +44,13 @@ def run_local(
     return finalize(spec), failures
 
 
+def print_summary(console: Console, summary: RunSummary) -> None:
+    """The closing summary: the table, then where the rows are (unwrapped, so it can be copied)."""
+    console.print(summary_table(summary))
+    console.print(f"results: {summary.data_glob}   read with polars.scan_parquet({summary.data_glob!r})",
+                  soft_wrap=True, markup=False)  # fmt: skip
+
+
 def summary_table(summary: RunSummary) -> Table:
     t = Table(title="prefixflow run summary", show_header=False)
     total = "?" if summary.shards_total is None else str(summary.shards_total)
@@ -65,7 +72,6 @@ def summary_table(summary: RunSummary) -> Table:
         ),
         ("prefix-cache hit rate", f"{summary.prefix_hit_rate:.1%}"),
         ("shard time", f"{summary.elapsed_s:.1f} s"),
-        ("read with", f"polars.scan_parquet({summary.data_glob!r})"),
     ]
     if summary.shards_in_progress:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))
