@@ -29,9 +29,10 @@ def _finished(p: Prepared, out: Any, cfg: JobConfig) -> dict[str, Any]:
     }
     if out.finish_reason == "error":
         return error_record(p.base, ENGINE_ERROR, out.error or "engine error", **counts)
-    rec = {**p.base, **counts, "output": out.text, "finish_reason": out.finish_reason}
+    text = out.text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
+    rec = {**p.base, **counts, "output": text, "finish_reason": out.finish_reason}
     if cfg.task == "label":
-        label = parse_label(out.text, cfg.label.labels)
+        label = parse_label(text, cfg.label.labels)
         if label is None:
             allowed = ", ".join(cfg.label.labels)
             return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,

@@ -104,3 +104,13 @@ def test_fingerprint_tracks_outputs_not_flush_timing() -> None:
         a.fingerprint_hash()
         != load_job("in/", "out/", "tiny", {"task": "summarize"}, shard_rows=5).fingerprint_hash()
     )
+
+
+def test_job_spec_pickles_for_other_processes() -> None:
+    import pickle
+
+    spec = load_job(
+        "in/", "out/", "tiny", str(REPO / "configs" / "jobs" / "label.yaml"), endpoint_url="http://x"
+    )
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec and again.fingerprint_hash() == spec.fingerprint_hash()
