@@ -60,7 +60,8 @@ def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> 
     for m in markers:
         for k, v in m["errors_by_class"].items():
             classes[k] = classes.get(k, 0) + v
-    staged = {p[len(layout.path("_staging")) :].strip("/").split("/")[0] for p in layout.store.list_files(layout.path("_staging"))}  # fmt: skip
+    staging = layout.path("_staging")
+    staged = {p[len(staging) :].strip("/").split("/")[0] for p in layout.store.list_files(staging)}
     pending = [s for s in planned if s not in done] if planned is not None else []
     return RunSummary(
         output=output,

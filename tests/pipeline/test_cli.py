@@ -90,3 +90,14 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
         "negative",
         "neutral",
     }
+
+
+def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=1, rows_per_file=3)
+    (tmp_path / "in" / "zz-broken.parquet").write_bytes(b"not parquet at all")
+    res = _cli("run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
+               "--prompt-column", "text", "--max-tokens", "2", "--no-progress", "--json")  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "zz-broken.parquet" in res.stderr and "1 shard(s) failed" in res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["rows"] == 3 and not summary["complete"] and len(summary["failed_shards"]) == 1
