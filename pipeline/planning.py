@@ -92,11 +92,15 @@ def plan_shards(spec: JobSpec) -> list[Shard]:
 
 
 def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
-    """Per shard: a prefix key (shards with equal keys share prompt prefixes, so one lane should take
-    them together) and an estimate of prompt + output tokens from the Parquet column sizes."""
+    """Per shard: a prefix key and an estimate of prompt + output tokens from the Parquet column sizes.
+
+    The key sorts shards so that neighbours are likely to share prompt prefixes: first the job's
+    shared prompt head (system prompt + template text before its first variable), then file, then row
+    range, because data is usually stored grouped (rows about one document sit together). Cutting
+    the sorted list into contiguous runs (as flows does) keeps those neighbours on one engine."""
     cfg = spec.config
     shared = (cfg.system_prompt or "") + "\x00" + static_prefix(cfg.effective_template())
-    prefix_key = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
+    head = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
     max_out = int(cfg.sampling.get("max_tokens") or 64)
     store, _ = list_inputs(spec.input, cfg.storage) if shards else (None, [])
     infos = []
@@ -108,7 +112,8 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
             except Exception:
                 text_bytes = 0
         prompt_tokens = text_bytes // CHARS_PER_TOKEN + len(shared) // CHARS_PER_TOKEN * shard.num_rows
-        infos.append(ShardInfo(shard, prefix_key, int(prompt_tokens + max_out * shard.num_rows)))
+        key = f"{head}:{shard.relpath}:{shard.row_start:012d}"
+        infos.append(ShardInfo(shard, key, int(prompt_tokens + max_out * shard.num_rows)))
     return infos
 
 

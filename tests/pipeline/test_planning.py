@@ -65,6 +65,13 @@ def test_describe_shards(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in")
     spec = _spec(str(tmp_path / "in"), shard_rows=10)
     infos = describe_shards(spec, plan_shards(spec))
-    assert len({i.prefix_key for i in infos}) == 1 and infos[0].prefix_key.startswith("summarize:")
+    keys = [i.prefix_key for i in infos]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)  # sorting keeps file / row order
+    assert len({k.rsplit(":", 2)[0] for k in keys}) == 1 and keys[0].startswith("summarize:")
+    other = load_job(spec.input, "", "tiny", {"task": "summarize", "template": "Other {{ document }}"})
+    assert (
+        describe_shards(other, plan_shards(other))[0].prefix_key.rsplit(":", 2)[0]
+        != keys[0].rsplit(":", 2)[0]
+    )
     assert all(i.est_tokens > 0 for i in infos)
     assert infos[0].est_tokens > infos[1].est_tokens  # 10 rows vs 2 rows
