@@ -41,7 +41,8 @@ def file_identity(reader: GGUFReader, file: Path) -> dict:
     """What names this model across runs: file name, size, quantization and a hash of head and tail.
 
     Hashing the first and last MiB (plus the size) tells different files apart without reading
-    gigabytes on every start; the path is kept for people, not for comparison.
+    gigabytes on every start. The absolute path is left out on purpose: the same file installed
+    elsewhere (another machine's site-packages) is the same model, so a job can resume there.
     """
     size = file.stat().st_size
     digest = hashlib.sha256(str(size).encode())
@@ -51,7 +52,6 @@ def file_identity(reader: GGUFReader, file: Path) -> dict:
         digest.update(f.read(1 << 20))
     return {
         "format": "gguf",
-        "path": str(file.resolve()),
         "file": file.name,
         "size": size,
         "sha256_head_tail": digest.hexdigest(),
