@@ -26,14 +26,15 @@ def load_gguf_source(path: str | Path, dtype: torch.dtype = torch.float32) -> Mo
     hf_config = build_hf_config(reader, dtype)
     check_tensors(reader)
     template = chat_template(reader)
+    identity = file_identity(reader, file)
     return ModelSource(
         name=file.stem,
         hf_config=hf_config,
         weights=lambda: iter_hf_weights(reader, hf_config, dtype),
-        tokenizer=build_tokenizer(reader, file, template),
+        tokenizer=build_tokenizer(reader, file, template, cache_key=identity["sha256_head_tail"]),
         eos_token_ids=eos_token_ids(reader),
         chat_template=template,
-        identity=file_identity(reader, file),
+        identity=identity,
     )
 
 

@@ -160,6 +160,14 @@ def write_gguf(
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """Tokenizers built from these throwaway files are cached in a temporary folder, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFIXFLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def hf_model() -> LlamaForCausalLM:
     return tiny_hf_model()
@@ -377,3 +385,20 @@ def test_engine_on_a_gguf_path_matches_the_transformers_model(hf_model, f32_file
             )
         assert list(out.token_ids) == gen[0, len(prompt) :].tolist()
         assert len(out.token_ids) == 8
+
+
+def test_tokenizer_is_cached_by_content_and_reloads_identically(f32_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIXFLOW_CACHE", str(tmp_path / "cache"))
+    first = load_gguf_source(f32_file).tokenizer
+    saved = list((tmp_path / "cache" / "gguf-tokenizers").glob("*/tokenizer.json"))
+    assert len(saved) == 1
+    second = load_gguf_source(f32_file).tokenizer  # now read from the cache
+    assert len(list((tmp_path / "cache" / "gguf-tokenizers").iterdir())) == 1
+    text = "the cat <|im_start|>in a hat\n\twith  spaces é<|im_end|>"
+    assert second(text).input_ids == first(text).input_ids
+    assert (second.eos_token_id, second.bos_token_id) == (first.eos_token_id, first.bos_token_id) == (2, 1)
+    assert second.chat_template == CHAT_TEMPLATE
+    # Another file gets its own entry: the key is the content, not the name.
+    other = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model(seed=5))
+    load_gguf_source(other)
+    assert len(list((tmp_path / "cache" / "gguf-tokenizers").glob("*/tokenizer.json"))) == 2
