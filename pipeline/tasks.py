@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.config import JobConfig
-from pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG
+from pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
 from pipeline.outputs import error_record
 from pipeline.rows import Prepared, RowPreparer
 
@@ -131,14 +131,18 @@ def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[di
             if id(p) in failed:
                 yield error_record(p.base, ENGINE_ERROR, f"map step: {failed[id(p)]}", **totals[id(p)])
                 continue
-            ids = prep.reduce_prompt(p.row, summaries[id(p)], p.params)
-            if ids is not None:
-                finals.append((p, ids))
+            try:
+                ids = prep.reduce_prompt(p.row, summaries[id(p)], p.params)
+                if ids is not None:
+                    finals.append((p, ids))
+                    continue
+                joined = prep.tok.encode("\n".join(summaries[id(p)]), add_special_tokens=False)
+                room = prep.budget(p.params) // 2
+                p.chunks = [prep.fit(p.row, joined[i : i + room], room, prep.budget(p.params))
+                            for i in range(0, len(joined), room)]  # fmt: skip
+            except RowError as err:  # e.g. empty summaries, a reduce template that fails on this row
+                yield error_record(p.base, err.error_class, f"reduce step: {err.message}", **totals[id(p)])
                 continue
-            joined = prep.tok.encode("\n".join(summaries[id(p)]), add_special_tokens=False)
-            room = prep.budget(p.params) // 2
-            p.chunks = [prep.fit(p.row, joined[i : i + room], room, prep.budget(p.params))
-                        for i in range(0, len(joined), room)]  # fmt: skip
             next_round.append(p)
         yield from _reduce(llm, prep.cfg, finals, totals)
         pending = next_round

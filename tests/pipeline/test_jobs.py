@@ -147,3 +147,17 @@ def test_corrupt_files_fail_their_shards_only(tmp_path: Path, tiny_llm) -> None:
     assert "pages.parquet" in messages[1] and "cannot read input" in messages[1]
     assert summary.rows == 8 and summary.shards_committed == 2 and summary.shards_total == 4
     assert not summary.complete and len(summary.shards_pending) == 2
+
+
+def test_map_reduce_reduce_step_failure_is_a_row_error(tmp_path: Path, tiny_llm) -> None:
+    write_parquet(tmp_path / "in" / "d.parquet", [{"id": "short", "text": "a short one", "n": 0},
+                                                  {"id": "long", "text": LONG, "n": 0}])  # fmt: skip
+    cfg = job(
+        "summarize",
+        summarize={"long_document": "map_reduce", "reduce_template": "{{ summaries }} {{ 1 // n }}"},
+    )
+    _, summary, df = _run(tmp_path, tiny_llm, cfg)
+    rows = {r["id"]: r for r in df.to_dicts()}
+    assert rows["short"]["error"] is None  # the reduce template is only used for long documents
+    assert rows["long"]["error_class"] == "template_error" and rows["long"]["error"].startswith("reduce step")
+    assert rows["long"]["prompt_tokens"] > 0  # the map calls' tokens are still counted
