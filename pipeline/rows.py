@@ -110,8 +110,9 @@ class RowPreparer:
         if self.template is None:
             return document if document is not None else self._column_text(row, self.cfg.prompt_column)
         ctx = dict(row)
-        if document is not None:
+        if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
+            ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
         return render_template(self.template, ctx)
 
     def encode(self, user_text: str) -> list[int]:

@@ -25,14 +25,17 @@ def _run(tmp_path: Path, llm, cfg: dict, name: str = "out"):
     return spec, summary, pl.read_parquet(summary.data_glob).sort("row_index")
 
 
+@pytest.mark.parametrize("template", ["Summarize: {{ document }}", "Summarize: {{ text }}"])
 @pytest.mark.parametrize("policy", ["truncate-head", "truncate-tail", "truncate-both", "map_reduce", "error"])
-def test_long_document_policies(tmp_path: Path, tiny_llm, policy: str) -> None:
+def test_long_document_policies(tmp_path: Path, tiny_llm, policy: str, template: str) -> None:
     write_parquet(
         tmp_path / "in" / "d.parquet", [{"id": "short", "text": "a short one"}, {"id": "long", "text": LONG}]
     )
     kind, _, side = policy.partition("-")
     cfg = job(
-        "summarize", summarize={"long_document": kind, "truncate_side": side or "head", "chunk_tokens": 60}
+        "summarize",
+        template=template,
+        summarize={"long_document": kind, "truncate_side": side or "head", "chunk_tokens": 60},
     )
     _, summary, df = _run(tmp_path, tiny_llm, cfg)
     long = df.filter(pl.col("id") == "long").row(0, named=True)
