@@ -119,7 +119,11 @@ class LLM:
 
     def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt), (None if prompt else "empty prompt")
+            bos = getattr(self.tokenizer, "bos_token", None)
+            add_special = not (bos and prompt.startswith(bos))  # a chat template may have added BOS already
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special), (
+                None if prompt else "empty prompt"
+            )
         if prompt is None:
             return [], "prompt is None"
         try:
