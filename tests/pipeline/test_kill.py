@@ -23,9 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = job("generate", output={"shard_rows": 6, "flush_rows": 2})
 
 
-def _command(inp: Path, out: Path, job_file: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "run", "--input", str(inp), "--output", str(out),
-            "--model", "tiny", "--job", str(job_file), "--no-progress"]  # fmt: skip
+def _command(inp: Path, out: str, job_file: Path, endpoint: str | None) -> list[str]:
+    extra = ["--endpoint-url", endpoint] if endpoint else []
+    return [sys.executable, "-m", "pipeline.cli", "run", "--input", str(inp), "--output", out,
+            "--model", "tiny", "--job", str(job_file), "--no-progress", *extra]  # fmt: skip
 
 
 def _run_until(cmd: list[str], point: str | None, nth: int) -> bool:
@@ -47,30 +48,45 @@ def _run_until(cmd: list[str], point: str | None, nth: int) -> bool:
     return False
 
 
-def _committed(out: Path) -> pl.DataFrame:
-    files = list((out / "data").rglob("*.parquet"))
-    return pl.read_parquet(files) if files else pl.DataFrame({"id": [], "output": []})
+def _committed(out: str, endpoint: str | None) -> pl.DataFrame:
+    """Every row a reader of OUTPUT/data/**/*.parquet sees right now."""
+    if endpoint is None:
+        files = list(Path(out, "data").rglob("*.parquet"))
+        return (
+            pl.concat([pl.read_parquet(f) for f in files])
+            if files
+            else pl.DataFrame({"id": [], "output": []})
+        )
+    import s3fs
+
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+    fs.invalidate_cache()
+    files = [f for f in fs.find(out.removeprefix("s3://") + "/data") if f.endswith(".parquet")]
+    frames = [pl.read_parquet(fs.cat_file(f)) for f in files]
+    return pl.concat(frames) if frames else pl.DataFrame({"id": [], "output": []})
 
 
-def _check_kills(tmp_path: Path, tiny_llm, trials: list[tuple[str, int]]) -> int:
+def _check_kills(tmp_path: Path, tiny_llm, trials: list[tuple[str, int]], out: str | None = None,
+                 endpoint: str | None = None) -> int:  # fmt: skip
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=9, row_group_size=3)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(JOB))
     reference, _ = run_local(load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
                              llm=tiny_llm, progress=False)  # fmt: skip
     expected = dict(pl.read_parquet(reference.data_glob).select("id", "output").iter_rows())
-    cmd = _command(tmp_path / "in", tmp_path / "out", job_file)
+    out = out or str(tmp_path / "out")
+    cmd = _command(tmp_path / "in", out, job_file, endpoint)
     kills = 0
     for point, nth in trials:
         kills += _run_until(cmd, point, nth)
-        partial = _committed(tmp_path / "out")
+        partial = _committed(out, endpoint)
         assert partial["id"].n_unique() == partial.height  # never a duplicate, even mid-run
     assert kills >= 1
     _run_until(cmd, None, 0)
-    final = _committed(tmp_path / "out")
+    final = _committed(out, endpoint)
     assert sorted(final["id"].to_list()) == sorted(ids)  # exactly one committed row per input id
     assert dict(final.select("id", "output").iter_rows()) == expected  # greedy: same outputs
-    assert not list((tmp_path / "out").rglob(".tmp-*"))
+    assert not list(tmp_path.rglob(".tmp-*"))
     return kills
 
 
@@ -83,3 +99,13 @@ def test_kill_at_random_points_then_resume(tmp_path: Path, tiny_llm) -> None:
     rng = random.Random(int(os.environ.get("PREFIXFLOW_KILL_SEED", "7")))
     trials = [("commit_marker", 1)] + [(rng.choice(POINTS), rng.randint(1, 3)) for _ in range(4)]
     _check_kills(tmp_path, tiny_llm, trials)
+
+
+@pytest.mark.slow
+def test_kill_with_s3_output_then_resume(tmp_path: Path, tiny_llm, s3_endpoint: str) -> None:
+    """The same on S3 (moto's server): conditional-PUT markers and server-side copies."""
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("kill-bucket")
+    trials = [("flush_mid", 2), ("commit_marker", 1), ("publish_mid", 1)]
+    assert _check_kills(tmp_path, tiny_llm, trials, out="s3://kill-bucket/out", endpoint=s3_endpoint) == 3
