@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from pipeline import ShardError, load_job, plan_shards, prepare_output, run_shard
+from pipeline import ShardError, load_job, plan_shards, prepare_output, run_shard, status
 from pipeline.local_run import run_local
 from pipeline.tasks import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
@@ -125,6 +125,8 @@ def test_resume_inside_a_shard_keeps_flushed_rows(tmp_path: Path, tiny_llm) -> N
     with pytest.raises(_Crash):
         run_shard(spec, shard, tiny_llm, progress=_CrashAfter(7))
     assert not (tmp_path / "out" / "data").exists()  # nothing visible before the commit
+    mid, _ = status(str(tmp_path / "out"))
+    assert mid.shards_in_progress == [shard.shard_id] and mid.shards_committed == 0 and not mid.complete
     result = run_shard(spec, shard, tiny_llm)
     assert result.resumed_rows == 6 and result.rows == 10 and not result.skipped
     again = run_shard(spec, shard, tiny_llm)
