@@ -32,6 +32,12 @@ class BlockPool:
         self.cached: dict[int, int] = {}
         self.enable_caching = enable_caching
         self.evictions = 0
+        self.num_free_cached = 0  # free blocks that still hold a findable prefix
+
+    @property
+    def num_free_uncached(self) -> int:
+        """Free blocks that can be handed out without evicting any cached prefix."""
+        return len(self.free) - self.num_free_cached
 
     @property
     def num_free(self) -> int:
@@ -46,6 +52,7 @@ class BlockPool:
             self.cached.pop(block.block_hash, None)
             block.block_hash, block.key = None, None
             self.evictions += 1
+            self.num_free_cached -= 1
         block.ref_count = 1
         return block
 
@@ -65,6 +72,7 @@ class BlockPool:
         """Take a reference on a cached block (removing it from the free queue if idle)."""
         if block.ref_count == 0:
             del self.free[block.block_id]
+            self.num_free_cached -= 1  # only hashed blocks can be hit
         block.ref_count += 1
 
     def register(self, block: Block, parent: int | None, token_ids: Sequence[int]) -> int:
@@ -83,3 +91,5 @@ class BlockPool:
             self.free[block.block_id] = None
             if block.block_hash is None:
                 self.free.move_to_end(block.block_id, last=False)  # reuse unhashed blocks first
+            else:
+                self.num_free_cached += 1

@@ -59,6 +59,9 @@ class KVCacheManager:
         """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
         return max(0, self._blocks_for(self.reservation_tokens(req)) - len(req.block_table))
 
+    def blocks_for_reservation(self, req: Request) -> int:
+        return self._blocks_for(self.reservation_tokens(req))
+
     def reservation_tokens(self, req: Request) -> int:
         """Prompt plus the output a request will probably write, capped at a few blocks: enough that
         short-output jobs (labeling, chat turns) never preempt, without reserving for max_model_len."""

@@ -63,12 +63,16 @@ class Scheduler:
     def _admit(self, out: list[tuple[Request, int]], budget: int) -> int:
         """Admit waiting requests in queue order, but hold back one whose next uncached block is
         being computed right now by another request: it will hit the cache a step later instead of
-        computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent)."""
+        computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent).
+        Requests behind a held one are admitted only while the pool can also take what the held
+        ones will need without evicting cached blocks; otherwise a later prefix group would push
+        out the prefix the held group is waiting for."""
         in_flight = self._blocks_in_flight()
         if not self.waiting:
             return budget
         reserved = sum(self.kv.blocks_reserved(r) for r in self.running)
         held: list[Request] = []
+        held_need = 0  # blocks the held requests will allocate beyond the prefix they wait for
         scanned = 0
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             if scanned >= self.limits.max_num_seqs * 2:
@@ -77,11 +81,14 @@ class Scheduler:
             req = self.waiting.popleft()
             hits, hashes = self.kv.cached_prefix(req)
             pending = self.kv.prompt_block_hashes(req)[len(hits) :]
+            own_blocks = self.kv.blocks_for_reservation(req) - len(hits)
             if in_flight and pending and pending[0] in in_flight:
                 held.append(req)
-                if self.kv.pool.num_free < self.kv.num_blocks // 4:
-                    break  # little room left: keep the pool for this prefix group, not the next
+                held_need += own_blocks - sum(1 for h in pending if h in in_flight)
                 continue
+            if held and self.kv.pool.num_free_uncached - reserved - held_need < own_blocks:
+                held.append(req)  # it would evict what the held requests are about to reuse
+                break
             n = min(req.num_tokens - len(hits) * self.kv.block_size, budget)
             if not self.kv.admit(req, hits, hashes, n, reserved if self.running else None):
                 held.append(req)

@@ -28,6 +28,8 @@ def check_invariants(kv: KVCacheManager, sched: Scheduler, shadow: dict[int, int
         assert (block.block_id in kv.pool.free) == (block.ref_count == 0)
     for req in sched.waiting:
         assert req.block_table == []
+    free_cached = sum(1 for b in kv.pool.free if kv.pool.blocks[b].block_hash is not None)
+    assert kv.pool.num_free_cached == free_cached
 
 
 @settings(max_examples=60, deadline=None)
