@@ -51,6 +51,7 @@ class DecodeGraphs:
         ctx = StepContext(self.positions[:b], meta, self.runner.attention, self.runner.cos_sin_cache)
         return self.runner.model(self.ids[:b], ctx, self.runner.kv_caches)
 
+    @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
         try:

@@ -29,20 +29,30 @@ class StepInputs:
 
 
 def build_step_inputs(scheduled: list[tuple[Request, int]], block_size: int) -> StepInputs:
-    """One pass over the scheduled requests; per-token work is vectorised with numpy."""
-    ids, pos, slots, starts, seq_lens, tables = [], [], [], [0], [], []
+    """One pass over the scheduled requests. Decode rows (one token) stay in plain Python ints, which
+    is cheaper than a numpy call per request; prefill chunks compute their slots with numpy."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    starts, seq_lens, tables = [0], [], []
     step = StepInputs(np.empty(0), np.empty(0), np.empty(0), np.empty(0), np.empty(0), [])
+    bs = block_size
     for req, n in scheduled:
         begin, end = req.num_computed_tokens, req.num_computed_tokens + n
         base = starts[-1]
-        p = np.arange(begin, end, dtype=np.int64)
-        table = np.asarray(req.block_table, dtype=np.int64)
-        ids.append(np.asarray(req.token_ids[begin:end], dtype=np.int64))
-        pos.append(p)
-        slots.append(table[p // block_size] * block_size + p % block_size)
+        table = req.block_table
+        if n == 1:
+            ids.append(req.token_ids[begin])
+            pos.append(begin)
+            slots.append(table[begin // bs] * bs + begin % bs)
+        else:
+            p = np.arange(begin, end, dtype=np.int64)
+            ids.extend(req.token_ids[begin:end])
+            pos.extend(range(begin, end))
+            slots.extend((np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs).tolist())
         starts.append(base + n)
         seq_lens.append(end)
-        tables.append(req.block_table)
+        tables.append(table)
         if req.score_start is not None:
             for q in range(max(begin, req.score_start - 1), min(end, req.num_tokens - 1)):
                 step.score_rows.append(base + q - begin)
@@ -51,18 +61,15 @@ def build_step_inputs(scheduled: list[tuple[Request, int]], block_size: int) -> 
         elif end == req.num_tokens:
             step.sample_rows.append(base + n - 1)
             step.sample_requests.append(req)
-    step.token_ids = np.concatenate(ids)
-    step.positions = np.concatenate(pos)
-    step.slot_mapping = np.concatenate(slots)
-    step.query_start_loc = np.asarray(starts, dtype=np.int32)
-    step.seq_lens = np.asarray(seq_lens, dtype=np.int32)
+    step.token_ids = np.array(ids, dtype=np.int64)
+    step.positions = np.array(pos, dtype=np.int64)
+    step.slot_mapping = np.array(slots, dtype=np.int64)
+    step.query_start_loc = np.array(starts, dtype=np.int32)
+    step.seq_lens = np.array(seq_lens, dtype=np.int32)
     step.block_tables = tables
     return step
 
 
 def block_table_array(tables: list[list[int]], width: int | None = None) -> np.ndarray:
     width = width or max(len(t) for t in tables)
-    out = np.zeros((len(tables), width), dtype=np.int32)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return out
+    return np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int32)
