@@ -112,10 +112,14 @@ class LLM:
         if self.config.ordering == "prefix":
             jobs = sorted(jobs, key=lambda job: job[2])  # lexicographic = depth-first over the prefix trie
         engine = self.engine
+        engine.abort_all()  # a stream abandoned half-way must not leak into this call
         for index, request_id, token_ids, p, score_start in jobs:
             engine.add_request(index, request_id, token_ids, p, score_start)
-        while engine.has_unfinished():
-            yield from engine.step()
+        try:
+            while engine.has_unfinished():
+                yield from engine.step()
+        finally:
+            engine.abort_all()  # the caller stopped early (break, exception): free every block
 
     def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):

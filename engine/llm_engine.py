@@ -78,6 +78,14 @@ class LLMEngine:
         self.stats.prompt_tokens += len(prompt_ids)
         return req
 
+    def abort_all(self) -> int:
+        """Drop every queued and running request, returning their blocks to the pool."""
+        dropped = len(self.scheduler.waiting) + len(self.scheduler.running)
+        for req in list(self.scheduler.running):
+            self.scheduler.finish(req)
+        self.scheduler.waiting.clear()
+        return dropped
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 

@@ -161,3 +161,21 @@ def test_unknown_option_and_bad_model_fail_fast():
         LLM("no-such-model")
     with pytest.raises(ValueError, match="ordering"):
         LLM("tiny", ordering="random")
+
+
+def test_abandoned_stream_frees_blocks_and_does_not_leak_into_the_next_call(llm):
+    stream = llm.generate_stream(
+        [f"abandon {i}" for i in range(6)], SamplingParams(max_tokens=30, ignore_eos=True)
+    )
+    next(stream)
+    stream.close()  # the caller stops early
+    pool = llm.engine.kv.pool
+    assert pool.num_free == len(pool.blocks) and not llm.engine.has_unfinished()
+    outs = llm.generate(["fresh"], SamplingParams(max_tokens=2, ignore_eos=True), request_ids=["only"])
+    assert [o.request_id for o in outs] == ["only"]
+
+
+def test_empty_batch_and_tuple_prompts(llm):
+    assert llm.generate([]) == []
+    out = llm.generate([(5, 6, 7)], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+    assert out.prompt_token_ids == (5, 6, 7) and out.num_output_tokens == 2
