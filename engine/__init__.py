@@ -2,6 +2,7 @@
 
 from engine.config import EngineConfig
 from engine.llm import LLM
+from engine.model_identity import describe_model
 from engine.model_source import ModelSource
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
@@ -12,6 +13,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "ModelSource",
+    "describe_model",
     "RequestOutput",
     "SamplingParams",
     "TokenLogprob",
