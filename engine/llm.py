@@ -131,9 +131,13 @@ class LLM:
         if prompt is None:
             return [], "prompt is None"
         try:
-            return [int(t) for t in prompt], None
-        except (TypeError, ValueError):
+            ids = list(prompt)
+        except TypeError:
             return [], f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            bad = next(t for t in ids if not isinstance(t, int) or isinstance(t, bool))
+            return [], f"token ids must be integers, got {bad!r}"
+        return ids, None
 
     @staticmethod
     def _broadcast_params(params, n: int) -> list[SamplingParams]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,13 @@ class SamplingParams:
 
     def validation_error(self) -> str | None:
         """Return a message naming the first invalid field, or None when the params are usable."""
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not _finite_number(self.temperature) or self.temperature < 0:
             return f"temperature must be >= 0, got {self.temperature!r}"
         if not isinstance(self.top_k, int) or self.top_k < -1:
             return f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}"
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not _finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             return f"top_p must be in (0, 1], got {self.top_p!r}"
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+        if not _finite_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             return f"min_p must be in [0, 1], got {self.min_p!r}"
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             return f"max_tokens must be a positive integer or None, got {self.max_tokens!r}"

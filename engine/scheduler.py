@@ -118,6 +118,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
+        req.score = 0.0  # a scoring request recomputes, and re-adds, every log-prob
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1

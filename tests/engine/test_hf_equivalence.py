@@ -47,12 +47,12 @@ def test_chunked_prefill_matches_transformers(arch_dir, prompts, expected):
     assert llm.stats().steps > len(prompts)  # prompts of up to 70 tokens had to be split
 
 
-def test_preemption_matches_transformers(llama_dir, prompts):
+def test_preemption_matches_transformers(arch_dir, prompts):
     # 30 blocks of 4 tokens hold one long request alone but not the batch: outputs outgrow the
     # admission reservation (prompt + 4 blocks), so running requests get preempted and recomputed
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=30, block_size=4)
+    llm = LLM(str(arch_dir), dtype="float32", device="cpu", num_kv_blocks=30, block_size=4)
     outs = llm.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
-    assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 40)
+    assert [list(o.token_ids) for o in outs] == hf_greedy(arch_dir, prompts, 40)
     assert llm.stats().preemptions > 0
 
 

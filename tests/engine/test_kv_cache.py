@@ -72,3 +72,19 @@ def test_caching_disabled_never_hits():
     a = make(0, list(range(9)))
     compute_all(kv, a)
     assert kv.cached_prefix(make(1, list(range(9))))[0] == []
+
+
+def test_prefix_hashes_are_the_same_in_every_process():
+    import os
+    import subprocess
+    import sys
+
+    from engine.block_pool import chain_hash
+
+    code = "from engine.block_pool import chain_hash; print(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5]))"
+    seen = set()
+    for seed in ("0", "1", "12345"):  # string hashing is salted per process; ours must not be
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        seen.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())  # fmt: skip
+    assert seen == {str(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5]))}

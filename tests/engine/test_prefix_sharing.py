@@ -56,6 +56,8 @@ def test_greedy_tokens_identical_in_every_configuration(llama_dir, rows, referen
     assert [list(o.token_ids) for o in outs] == reference
     stats = llm.stats()
     assert stats.prompt_tokens == sum(map(len, rows))
+    if "num_kv_blocks" in options:
+        assert llm.engine.kv.pool.evictions > 0  # the pool really was too small for the working set
     if options.get("enable_prefix_caching", True) and "num_kv_blocks" not in options:
         assert stats.cached_prompt_tokens > 0
         assert sum(o.num_cached_tokens for o in outs) == stats.cached_prompt_tokens

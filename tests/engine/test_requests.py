@@ -39,6 +39,9 @@ def test_prompt_plus_max_tokens_over_limit_is_an_error(llm):
         (SamplingParams(max_tokens=0), "max_tokens"),
         (SamplingParams(max_tokens=2, min_tokens=3), "min_tokens"),
         (SamplingParams(logprobs=99), "logprobs"),
+        (SamplingParams(temperature=float("nan")), "temperature"),
+        (SamplingParams(temperature=float("inf")), "temperature"),
+        (SamplingParams(top_p=float("nan")), "top_p"),
     ],
 )
 def test_each_invalid_sampling_value_is_named(llm, params, word):
@@ -139,17 +142,6 @@ def test_score_choices_equal_the_model_logprobs(llm):
     choices = [tok.decode([t]) for t, _ in clean]
     scores = llm.score_choices([prompt_ids], [choices])[0]
     assert scores == pytest.approx([lp for _, lp in clean], abs=1e-4)
-    two = choices[0] + choices[1]  # a multi-token choice sums per-token log-probs
-    second = llm.generate(
-        [prompt_ids + tok.encode(choices[0], add_special_tokens=False)],
-        SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True),
-    )[0].logprobs[0]
-    want = clean[0][1] + dict(second.top).get(clean[1][0], float("nan"))
-    got = llm.score_choices([prompt_ids], [[two]])[0][0]
-    if tok.encode(two, add_special_tokens=False) == [clean[0][0], clean[1][0]] and clean[1][0] in dict(
-        second.top
-    ):
-        assert got == pytest.approx(want, abs=1e-4)
     bad = llm.score_choices([prompt_ids, ""], [["x"], ["x"]])
     assert isinstance(bad[1], str) and "empty" in bad[1]
 
@@ -179,3 +171,28 @@ def test_empty_batch_and_tuple_prompts(llm):
     assert llm.generate([]) == []
     out = llm.generate([(5, 6, 7)], SamplingParams(max_tokens=2, ignore_eos=True))[0]
     assert out.prompt_token_ids == (5, 6, 7) and out.num_output_tokens == 2
+
+
+def test_non_integer_token_ids_are_an_error(llm):
+    outs = llm.generate([[1.5, 2], [True, 3], [4, 5]], SamplingParams(max_tokens=1))
+    assert outs[0].finish_reason == "error" and "integers" in outs[0].error
+    assert outs[1].finish_reason == "error"
+    assert outs[2].finish_reason == "length"
+
+
+def test_multi_token_choice_sums_per_token_logprobs(llm):
+    tok = llm.tokenizer
+    prompt_ids = tok.encode("score a longer choice")
+    singles = [c for c in ("a", "b", "e", "s", "t", "1", "2", "x", ".", ",") if len(tok.encode(c)) == 1]
+    pair = next(
+        (c1, c2)
+        for c1 in singles
+        for c2 in singles
+        if tok.encode(c1 + c2, add_special_tokens=False) == tok.encode(c1) + tok.encode(c2)
+    )
+    c1, c2 = pair
+    first = llm.score_choices([prompt_ids], [[c1]])[0][0]
+    second = llm.score_choices([prompt_ids + tok.encode(c1, add_special_tokens=False)], [[c2]])[0][0]
+    both = llm.score_choices([prompt_ids], [[c1 + c2]])[0][0]
+    assert both == pytest.approx(first + second, abs=1e-4)
+    assert both < first  # a second token can only lower the joint probability

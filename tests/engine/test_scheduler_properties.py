@@ -32,16 +32,10 @@ def check_invariants(kv: KVCacheManager, sched: Scheduler, shadow: dict[int, int
     assert kv.pool.num_free_cached == free_cached
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    num_blocks=st.integers(6, 40),
-    block_size=st.sampled_from([2, 4, 8]),
-    budget=st.integers(1, 64),
-    max_seqs=st.integers(1, 8),
-    caching=st.booleans(),
-)
-def test_random_workloads_finish_without_leaks(seed, num_blocks, block_size, budget, max_seqs, caching):
+def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs: int, caching: bool):
+    """Drive the scheduler like the engine does (tokens computed, one sampled token per finished
+    chunk), checking the invariants after every step. Outputs of up to 40 tokens outgrow the
+    admission reservation, so running requests run out of blocks and get preempted."""
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, block_size, caching)
     sched = Scheduler(SchedulerLimits(max_seqs, budget), kv)
@@ -50,14 +44,14 @@ def test_random_workloads_finish_without_leaks(seed, num_blocks, block_size, bud
     pending = []
     for i in range(rng.randrange(1, 14)):
         prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 10))]
-        max_tokens = rng.randrange(1, 8)
+        max_tokens = rng.randrange(1, 40)
         if len(prompt) + max_tokens - 1 > capacity:
             continue
         pending.append(Request(i, str(i), prompt, SamplingParams(), max_tokens, seed=i))
     total = len(pending)
     shadow: dict[int, int] = {}
     finished = 0
-    for _ in range(5000):
+    for _ in range(20000):
         while pending and rng.random() < 0.5:
             sched.add(pending.pop(0))
         if not sched.has_work():
@@ -81,3 +75,27 @@ def test_random_workloads_finish_without_leaks(seed, num_blocks, block_size, bud
         check_invariants(kv, sched, shadow)
     assert finished == total
     assert kv.pool.num_free == num_blocks and all(b.ref_count == 0 for b in kv.pool.blocks)
+    return sched, kv
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    num_blocks=st.integers(6, 40),
+    block_size=st.sampled_from([2, 4, 8]),
+    budget=st.integers(1, 64),
+    max_seqs=st.integers(1, 8),
+    caching=st.booleans(),
+)
+def test_random_workloads_finish_without_leaks(seed, num_blocks, block_size, budget, max_seqs, caching):
+    simulate(seed, num_blocks, block_size, budget, max_seqs, caching)
+
+
+def test_the_simulation_exercises_preemption_and_eviction():
+    """The property above is only as good as the paths it reaches: make sure it preempts and evicts."""
+    preemptions = evictions = 0
+    for seed in range(30):
+        sched, kv = simulate(seed, num_blocks=16, block_size=4, budget=16, max_seqs=8, caching=True)
+        preemptions += sched.num_preemptions
+        evictions += kv.pool.evictions
+    assert preemptions > 0 and evictions > 0
