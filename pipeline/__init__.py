@@ -8,6 +8,7 @@ from pipeline.errors import (
     InputError,
     JobConfigError,
     OutputNotPrepared,
+    OutputStateError,
     PipelineError,
     ShardError,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "JobConfigError",
     "JobSpec",
     "OutputNotPrepared",
+    "OutputStateError",
     "PipelineError",
     "ProgressSink",
     "RunSummary",

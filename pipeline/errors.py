@@ -19,6 +19,10 @@ class FingerprintMismatch(PipelineError):
     """The output root holds a run with a different job fingerprint; refuse to mix the two."""
 
 
+class OutputStateError(PipelineError):
+    """The output root cannot hold a run (a file, unwritable, an unreadable fingerprint record)."""
+
+
 class OutputNotPrepared(PipelineError):
     """run_shard/finalize was called before prepare_output wrote the job fingerprint."""
 

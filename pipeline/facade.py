@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig")
+FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model")
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from dataclasses import asdict
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import FingerprintMismatch, JobConfigError, OutputNotPrepared
+from pipeline.errors import FingerprintMismatch, JobConfigError, OutputNotPrepared, OutputStateError
 from pipeline.layout import OWNED, Layout
 from pipeline.planning import check_input_columns
 from pipeline.sources import list_inputs
@@ -23,6 +24,29 @@ def output_layout(spec: JobSpec) -> Layout:
     if not spec.output:
         raise JobConfigError("output: pass a local folder or an s3:// URL for the results")
     return Layout(Store.open(spec.output, spec.config.storage))
+
+
+def _check_output_root(spec: JobSpec, layout: Layout) -> None:
+    """Refuse an output root that cannot hold a run, with what to fix (before anything is written)."""
+    fs, root = layout.store.fs, layout.store.root
+    try:
+        is_file = fs.isfile(root)
+    except OSError as exc:
+        raise OutputStateError(f"output {spec.output}: cannot be checked ({exc}); fix the URL, "
+                               "credentials (--storage-option) or --endpoint-url") from exc  # fmt: skip
+    if is_file:
+        raise OutputStateError(f"output {spec.output} is an existing file; --output must be a folder "
+                               "(new or from an earlier run of this job)")  # fmt: skip
+    if layout.store.is_local:
+        parent = root
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise OutputStateError(
+                f"output {spec.output}: {parent} is a file, so the folder cannot be created"
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputStateError(f"output {spec.output}: {parent} is not writable; pick another --output")
 
 
 def _record(spec: JobSpec) -> dict[str, Any]:
@@ -51,7 +75,18 @@ def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
 def read_run_record(layout: Layout) -> dict[str, Any] | None:
     if not layout.store.exists(layout.fingerprint):
         return None
-    return json.loads(layout.store.read_bytes(layout.fingerprint))
+    try:
+        record = json.loads(layout.store.read_bytes(layout.fingerprint))
+    except (OSError, ValueError) as exc:
+        record, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "fields are missing"
+    if not isinstance(record, dict) or not {"fingerprint_hash", "fingerprint", "spec"} <= set(record):
+        raise OutputStateError(
+            f"{layout.fingerprint} is not a readable prefixflow run record ({why}); pass --new-run "
+            "(prepare_output(new_run=True)) to discard that run, or write to another --output"
+        )
+    return record
 
 
 def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | None) -> None:
@@ -71,21 +106,37 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> None:
     """Write the job fingerprint (exclusively) or check it against the existing run; index duplicate ids.
 
     Fails fast (JobConfigError) when a column the job names is in none of the input files.
-    ``new_run=True`` deletes what an earlier run left under the output root (only prefixflow's own
-    files and folders) and starts over.
+    ``new_run=True`` deletes what an earlier run with a *different* fingerprint left under the output
+    root (only prefixflow's own files and folders) and starts over; a run with the same fingerprint is
+    resumed as usual. Output-state problems (a file, unwritable) raise OutputStateError.
     """
     layout = output_layout(spec)
+    _check_output_root(spec, layout)
+    blob = json.dumps(_record(spec), indent=1, sort_keys=True, default=str).encode()  # checks the model
     check_input_columns(spec)
-    if new_run:
+    if new_run and not _same_run(spec, layout):
         for name in OWNED:
             target = layout.path(name)
             if layout.store.exists(target):
                 layout.store.remove_tree(target)
-    blob = json.dumps(_record(spec), indent=1, sort_keys=True, default=str).encode()
-    if not layout.store.create_exclusive(layout.fingerprint, blob):
+    try:
+        created = layout.store.create_exclusive(layout.fingerprint, blob)
+    except OSError as exc:
+        raise OutputStateError(f"output {spec.output}: cannot write {layout.fingerprint} "
+                               f"({type(exc).__name__}: {exc}); fix the path or its permissions") from exc  # fmt: skip
+    if not created:
         check_fingerprint(spec, layout, read_run_record(layout))
     if spec.config.id_column and not layout.store.exists(layout.duplicates):
         layout.store.write_atomic(layout.duplicates, _duplicate_index(spec))
+
+
+def _same_run(spec: JobSpec, layout: Layout) -> bool:
+    """An earlier run with this job's fingerprint is resumed, even under ``new_run``."""
+    try:
+        record = read_run_record(layout)
+    except OutputStateError:
+        return False
+    return record is not None and record["fingerprint_hash"] == spec.fingerprint_hash()
 
 
 def _duplicate_index(spec: JobSpec) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ SHORTCUTS: dict[str, tuple[str | None, str]] = {
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
 }
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,49 @@ class JobSpec:
         out = cfg.pop("output")
         cfg["shard_rows"] = out["shard_rows"]
         cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in ENGINE_OUTPUT_KEYS}
-        return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model, "job": cfg}
+        return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model,
+                "model_identity": self.model_identity(), "job": cfg}  # fmt: skip
+
+    def model_identity(self) -> dict[str, Any]:
+        """What ``model`` refers to (weights digests, resolved dtype), from the engine without loading it.
+
+        Raises JobConfigError (naming what is accepted) when the model argument names nothing loadable.
+        """
+        engine = self.config.engine
+        return model_identity(
+            self.model, str(engine.get("dtype") or "auto"), str(engine.get("device") or "auto")
+        )
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_identity(model: str, dtype: str = "auto", device: str = "auto") -> dict[str, Any]:
+    """``engine.describe_model``, memoized per model files' sizes and mtimes (a replaced checkpoint is
+    described again); a bad model argument becomes a JobConfigError with the engine's message."""
+    return copy.deepcopy(_describe(model, dtype, device, _stat_key(model)))
+
+
+@functools.lru_cache(maxsize=32)
+def _describe(model: str, dtype: str, device: str, stat_key: tuple) -> dict[str, Any]:
+    from pipeline.facade import describe_model
+
+    try:
+        return describe_model(model, dtype=dtype, device=device)
+    except ValueError as exc:  # engine.loader.ModelNotFoundError names what is accepted
+        text = str(exc)
+        raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc
+
+
+def _stat_key(model: str) -> tuple:
+    path = os.path.expanduser(model)
+    try:
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        stats = [os.stat(os.path.join(path, n)) if n else os.stat(path) for n in names]
+    except OSError:
+        return ()
+    return tuple((n, st.st_size, st.st_mtime_ns) for n, st in zip(names, stats))
 
 
 def _read_job(job: str | dict | None) -> dict:

@@ -89,7 +89,7 @@ def test_missing_input_or_model_fails_fast() -> None:
         load_job("in/", "out/", "")
 
 
-def test_fingerprint_tracks_outputs_not_flush_timing() -> None:
+def test_fingerprint_tracks_outputs_not_flush_timing(tmp_path: Path) -> None:
     a = load_job("in/", "out/", "tiny", {"task": "summarize"})
     assert (
         a.fingerprint_hash()
@@ -99,7 +99,13 @@ def test_fingerprint_tracks_outputs_not_flush_timing() -> None:
         a.fingerprint_hash()
         != load_job("in/", "out/", "tiny", {"task": "summarize"}, max_tokens=9).fingerprint_hash()
     )
-    assert a.fingerprint_hash() != load_job("in/", "out/", "other", {"task": "summarize"}).fingerprint_hash()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    (other / "model.safetensors").write_bytes(b"weights")
+    assert (
+        a.fingerprint_hash() != load_job("in/", "out/", str(other), {"task": "summarize"}).fingerprint_hash()
+    )
     assert (
         a.fingerprint_hash()
         != load_job("in/", "out/", "tiny", {"task": "summarize"}, shard_rows=5).fingerprint_hash()

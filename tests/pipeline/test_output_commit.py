@@ -63,6 +63,19 @@ def test_fingerprint_mismatch_is_refused_and_new_run_resets(tmp_path: Path) -> N
     assert record["fingerprint_hash"] == changed.fingerprint_hash()
 
 
+def test_new_run_resumes_a_run_with_the_same_fingerprint(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    prepare_output(spec)
+    marker = tmp_path / "out" / "_commits" / "done.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    prepare_output(spec, new_run=True)  # same job: nothing is discarded
+    assert marker.exists()
+    changed = load_job(spec.input, spec.output, "tiny", job("summarize", sampling={"max_tokens": 9}))
+    prepare_output(changed, new_run=True)  # a different job: the old run is discarded
+    assert not marker.exists()
+
+
 def test_run_shard_requires_prepared_output(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     with pytest.raises(OutputNotPrepared, match="prepare_output"):
