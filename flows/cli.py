@@ -1,7 +1,9 @@
-"""`prefixflow serve`: serve the batch_inference flow as a scheduled Prefect deployment.
+"""The `prefixflow` console script: `serve` (the batch_inference flow as a scheduled Prefect
+deployment) is handled here; run, plan, status and demo go to pipeline.cli (flows -> pipeline).
 
-`prefixflow serve` is dispatched here by the pipeline's CLI. With `--work-pool` the deployment is
-registered on a work pool instead (a `prefect worker start -p POOL` runs it) and the command exits.
+Prefect is imported only when `serve` runs, so the other commands work without it installed. With
+`--work-pool` the deployment is registered on a work pool instead (a `prefect worker start -p POOL`
+runs it) and the command exits.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from flows.slots import DEFAULT_LIMIT
+SERVE_HELP = "serve a job as a scheduled Prefect deployment (needs prefect)"
 
 EPILOG = """examples:
   prefixflow serve --name nightly --cron "0 2 * * *" --input s3://bucket/docs/ --output s3://bucket/out/ \\
@@ -41,6 +43,8 @@ def _positive_seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """Job flags as in `prefixflow run`, then lane, schedule and deployment flags."""
+    from flows.slots import DEFAULT_LIMIT  # imports prefect: only when `serve` runs
+
     p = argparse.ArgumentParser(
         prog="prefixflow serve",
         description="Serve the batch-inference flow as a Prefect deployment, on a schedule.",
@@ -132,6 +136,21 @@ def schedules(args: argparse.Namespace) -> list[Any]:
     return [Cron(c, timezone=args.timezone) for c in args.cron] + [Interval(s) for s in args.interval]
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`prefixflow COMMAND ...`: `serve` here, every other command in pipeline.cli."""
+    from pipeline.cli import main as pipeline_main
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        try:
+            import prefect  # noqa: F401
+        except ImportError as exc:
+            print(f"prefixflow serve needs prefect (pip install prefect): {exc}", file=sys.stderr)
+            return 2
+        return int(serve_main(argv[1:]) or 0)
+    return pipeline_main(argv, extra_commands={"serve": SERVE_HELP})
+
+
 def serve_main(argv: list[str] | None = None) -> int:
     """Entry point of `prefixflow serve`. Blocks while serving; SIGINT or SIGTERM stops it."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -183,4 +202,4 @@ def _register_on_pool(args: argparse.Namespace, common: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_main())
+    sys.exit(main())

@@ -1,9 +1,11 @@
-"""`prefixflow`: run, plan, status and demo from a shell (serve is provided by flows/ when installed)."""
+"""`prefixflow`: run, plan, status and demo from a shell.
+
+The `prefixflow` console script is flows.cli:main, which handles `serve` itself and hands every other
+command to ``main`` here (flows -> pipeline; the pipeline never imports flows)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from typing import Any
@@ -25,7 +27,8 @@ Results land in OUTPUT/data/**/*.parquet (one row per input row, exactly once)."
 
 RUN_DESCRIPTION = """Turn every input row into exactly one output row.
 Rerunning the same command resumes: committed shards are skipped and rows already flushed are kept.
-Rerunning with different settings is refused (the job fingerprint differs) unless --new-run is given.
+Rerunning with different settings (or another model or dtype) is refused: the job fingerprint differs.
+--new-run discards such an earlier run and starts over; a run with the same fingerprint is resumed.
 A bad row becomes an error row (see the error_class column); an unreadable file fails only its shard."""
 
 
@@ -60,7 +63,9 @@ def _add_job(p: argparse.ArgumentParser, need_output: bool) -> None:
     _add_storage(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The run/plan/status/demo parser; ``extra_commands`` (name -> help) are listed in --help only
+    (flows.cli passes `serve`, which it handles itself)."""
     parser = argparse.ArgumentParser(
         prog="prefixflow", description="Offline LLM batch inference: Parquet in, Parquet out, exactly once.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     _add_job(run, need_output=True)
     run.add_argument("--new-run", action="store_true",
-                     help="discard an earlier run with a different job fingerprint in OUTPUT and start over")  # fmt: skip
+                     help="discard an earlier run with a different job fingerprint in OUTPUT and start over "
+                          "(a run with the same fingerprint is resumed, not discarded)")  # fmt: skip
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
@@ -84,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
-    sub.add_parser("serve", help="Prefect deployment server (provided by flows/)", add_help=False)
+    for name, text in (extra_commands or {}).items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -164,20 +171,14 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_serve(argv: list[str]) -> int:
-    try:
-        flows_cli = importlib.import_module("flows.cli")  # by name: pipeline never imports flows statically
-    except ImportError as exc:
-        print(f"prefixflow serve needs the flows package (prefect): {exc}", file=sys.stderr)
-        return 2
-    return int(flows_cli.serve_main(argv) or 0)
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = None) -> int:
+    """run, plan, status, demo. ``extra_commands`` are only listed in --help (their caller runs them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        return cmd_serve(argv[1:])
-    args = build_parser().parse_args(argv)
+        print("`serve` is a flows command: run `prefixflow serve ...` (or `python -m flows.cli serve ...`)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    args = build_parser(extra_commands).parse_args(argv)
     console = Console(stderr=True)
     try:
         if args.command == "run":

@@ -61,7 +61,7 @@ def test_serve_registers_cron_deployment_runs_it_and_stops_on_sigterm(prefect_se
     argv = ["serve", "--name", "nightly", "--cron", "0 3 * * *", "--input", str(tmp_path / "in"),
             "--output", str(tmp_path / "out"), "--model", "tiny", "--job", str(job), "--shard-rows",
             str(SHARD_ROWS), "--lanes", "2", "--max-tokens", "4", "--retry-delay", "0"]  # fmt: skip
-    cmd = [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())", *argv]
+    cmd = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())", *argv]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
