@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass
 
 from pipeline.errors import InputError, JobConfigError
-from pipeline.prompts import static_prefix
+from pipeline.prompts import as_text, render_template, static_prefix
 from pipeline.sources import InputFile, list_inputs, parquet_file
 from pipeline.spec import JobSpec
 
 CHARS_PER_TOKEN = 4  # rough text-to-token ratio for size estimates only
+PREFIX_KEY_CHARS = 512  # how much of a shard's first rendered prompt its prefix key carries
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,12 @@ def plan_shards(spec: JobSpec) -> list[Shard]:
 def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     """Per shard: a prefix key and an estimate of prompt + output tokens from the Parquet column sizes.
 
-    The key sorts shards so that neighbours are likely to share prompt prefixes: first the job's
-    shared prompt head (system prompt + template text before its first variable), then file, then row
-    range, because data is usually stored grouped (rows about one document sit together). Cutting
-    the sorted list into contiguous runs (as flows does) keeps those neighbours on one engine."""
+    The key is the job's task and prompt head, then the first ``PREFIX_KEY_CHARS`` characters of the
+    shard's first rendered prompt (system prompt + template over its first row; only that row is
+    read), then file and row range as tie-breakers. Sorting by it puts shards whose prompts start
+    alike next to each other, whatever file they are in, so cutting the sorted list into contiguous
+    runs (as flows does) keeps shared prefixes on one engine. A shard whose first row cannot be
+    read or rendered gets an empty prompt part (it sorts first); describing never fails over it."""
     cfg = spec.config
     shared = (cfg.system_prompt or "") + "\x00" + static_prefix(cfg.effective_template())
     head = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
@@ -105,16 +108,58 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     store, _ = list_inputs(spec.input, cfg.storage) if shards else (None, [])
     infos = []
     for shard in shards:
-        text_bytes = 0
+        text_bytes, sample = 0, ""
         if shard.error is None:
             try:
                 text_bytes = _text_bytes(store, shard, spec.prompt_columns())
             except Exception:
                 text_bytes = 0
+            sample = _first_prompt(spec, store, shard)
         prompt_tokens = text_bytes // CHARS_PER_TOKEN + len(shared) // CHARS_PER_TOKEN * shard.num_rows
-        key = f"{head}:{shard.relpath}:{shard.row_start:012d}"
+        key = f"{head}:{sample}\x00{shard.relpath}:{shard.row_start:012d}"
         infos.append(ShardInfo(shard, key, int(prompt_tokens + max_out * shard.num_rows)))
     return infos
+
+
+def _first_prompt(spec: JobSpec, store, shard: Shard) -> str:
+    """The start of the shard's first prompt as the engine would get it (before any chat wrapping,
+    which adds the same text to every prompt); "" when the row cannot be read or rendered."""
+    try:
+        row = _read_row(store, shard, spec.input_columns())
+        return _render_prompt(spec, row)[:PREFIX_KEY_CHARS]
+    except Exception:
+        return ""
+
+
+def _read_row(store, shard: Shard, columns: list[str]) -> dict:
+    """Row ``shard.row_start`` of its file: only the needed columns of one row group, in small batches."""
+    pf = parquet_file(store, shard.path)
+    present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
+    offset = 0
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if offset + n > shard.row_start:
+            skip = shard.row_start - offset
+            for batch in pf.iter_batches(batch_size=64, row_groups=[i], columns=present):
+                if skip < batch.num_rows:
+                    return batch.slice(skip, 1).to_pylist()[0]
+                skip -= batch.num_rows
+        offset += n
+    raise IndexError(f"row {shard.row_start} is not in {shard.path}")
+
+
+def _render_prompt(spec: JobSpec, row: dict) -> str:
+    cfg = spec.config
+    template = cfg.effective_template()
+    ctx = dict(row)
+    if cfg.task == "summarize":
+        col = cfg.prompt_column or cfg.summarize.document_column
+        ctx["document"] = as_text(row.get(col), f"column {col!r}")
+    if template is None:
+        text = as_text(row.get(cfg.prompt_column), f"column {cfg.prompt_column!r}")
+    else:
+        text = render_template(template, ctx)
+    return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 
 def _text_bytes(store, shard: Shard, columns: set[str]) -> int:

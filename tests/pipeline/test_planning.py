@@ -66,12 +66,32 @@ def test_describe_shards(tmp_path: Path) -> None:
     spec = _spec(str(tmp_path / "in"), shard_rows=10)
     infos = describe_shards(spec, plan_shards(spec))
     keys = [i.prefix_key for i in infos]
-    assert keys == sorted(keys) and len(set(keys)) == len(keys)  # sorting keeps file / row order
-    assert len({k.rsplit(":", 2)[0] for k in keys}) == 1 and keys[0].startswith("summarize:")
+    assert len(set(keys)) == len(keys) and all(k.startswith("summarize:") for k in keys)
     other = load_job(spec.input, "", "tiny", {"task": "summarize", "template": "Other {{ document }}"})
-    assert (
-        describe_shards(other, plan_shards(other))[0].prefix_key.rsplit(":", 2)[0]
-        != keys[0].rsplit(":", 2)[0]
-    )
+    assert describe_shards(other, plan_shards(other))[0].prefix_key.split(":")[1] != keys[0].split(":")[1]
     assert all(i.est_tokens > 0 for i in infos)
     assert infos[0].est_tokens > infos[1].est_tokens  # 10 rows vs 2 rows
+
+
+def test_prefix_keys_group_shards_by_their_prompts_not_file_order(tmp_path: Path) -> None:
+    x = "You are a careful legal analyst. Read the contract clause below and list every obligation. " * 3
+    y = "You are a friendly travel writer. Turn the notes below into a short, upbeat paragraph. " * 3
+
+    def rows(instruction: str | None, n: int = 6) -> list[dict]:
+        return [{"instruction": instruction, "text": f"row {i}"} for i in range(n)]
+
+    write_parquet(tmp_path / "in" / "a.parquet", rows(x), row_group_size=3)
+    write_parquet(tmp_path / "in" / "b.parquet", rows(y), row_group_size=3)
+    write_parquet(tmp_path / "in" / "c.parquet", rows(x), row_group_size=3)
+    write_parquet(
+        tmp_path / "in" / "d.parquet", [{"instruction": None, "text": "bad first row"}] + rows(y, 2)
+    )
+    spec = load_job(
+        str(tmp_path / "in"), "", "tiny", {"template": "{{ instruction }}\n\n{{ text }}"}, shard_rows=3
+    )
+    infos = describe_shards(spec, plan_shards(spec))  # d's unrenderable first row must not fail it
+    assert len(infos) == 7
+    files = [i.shard.relpath for i in sorted(infos, key=lambda i: i.prefix_key)]
+    x_at = [n for n, f in enumerate(files) if f in ("a.parquet", "c.parquet")]
+    assert x_at == list(range(x_at[0], x_at[0] + 4)), files  # a's and c's shards are contiguous
+    assert files.index("d.parquet") == 0  # no rendered prompt: sorts first, still described
