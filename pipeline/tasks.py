@@ -65,20 +65,20 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
     choices = [cfg.label.choice_prefix + lb for lb in labels]
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
-        start, before = time.perf_counter(), _counts(llm)
+        start = time.perf_counter()
         scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk))
-        latency = (time.perf_counter() - start) / max(len(chunk), 1)
-        # score_choices reports no per-prompt counts: spread the batch's engine counts (one sequence per
-        # choice, sharing the prompt's KV through the prefix cache) evenly over its rows.
-        after = _counts(llm)
-        computed = (
-            _spread(after[0] - before[0], len(chunk))
-            if after[0] > before[0]
-            else [len(p.prompt) for p in chunk]
-        )
-        cached = _spread(max(after[1] - before[1], 0), len(chunk))
-        for p, score, n_prompt, n_cached in zip(chunk, scores, computed, cached):
-            counts = {"prompt_tokens": n_prompt, "cached_tokens": n_cached, "latency_s": latency}
+        # score_choices returns the whole batch at once and reports no per-prompt counts. Per row:
+        # prompt_tokens is the row's own tokenized prompt (counted once, not once per label), cached and
+        # output tokens are 0 (no per-row cache figure exists; nothing is generated), and latency is the
+        # batch's wall time: when every row's scores became available.
+        latency = time.perf_counter() - start
+        for p, score in zip(chunk, scores):
+            counts = {
+                "prompt_tokens": len(p.prompt),
+                "cached_tokens": 0,
+                "output_tokens": 0,
+                "latency_s": latency,
+            }
             if isinstance(score, str):
                 yield error_record(p.base, ENGINE_ERROR, score, **counts)
                 continue
@@ -88,18 +88,6 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
             probs = {lb: w / total for lb, w in zip(labels, weights)}
             best = max(labels, key=lambda lb: probs[lb])
             yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
-
-
-def _counts(llm: Any) -> tuple[int, int]:
-    try:
-        stats = llm.stats()
-        return int(stats.prompt_tokens), int(stats.cached_prompt_tokens)
-    except Exception:
-        return 0, 0
-
-
-def _spread(total: int, n: int) -> list[int]:
-    return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
 def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:

@@ -61,7 +61,17 @@ def test_label_scores_are_normalized_probabilities(tmp_path: Path, tiny_llm) -> 
         assert math.isclose(sum(probs.values()), 1.0, rel_tol=1e-9)
         assert row["label"] == max(probs, key=probs.get)
         assert row["title"].startswith("title ")
-    assert summary.cached_tokens > 0  # the three choices share the prompt's KV through the prefix cache
+
+
+def test_label_rows_report_their_own_prompt_tokens(tmp_path: Path, tiny_llm) -> None:
+    write_dataset(tmp_path / "in", files=1, rows_per_file=6)
+    _, summary, df = _run(tmp_path, tiny_llm, job("label", chat="off", keep_columns=["text"]))
+    for row in df.to_dicts():
+        prompt = tiny_llm.tokenizer.encode(f"Sentiment of: {row['text']}", add_special_tokens=True)
+        assert row["prompt_tokens"] == len(prompt)  # once, not prompt + choice once per label
+        assert row["cached_tokens"] == 0 and row["output_tokens"] == 0  # no per-row figure: 0, not spread
+    assert summary.prompt_tokens == df["prompt_tokens"].sum() and 0 <= summary.prefix_hit_rate <= 1
+    assert (df["latency_s"] > 0).all()  # the wall time of the row's scoring batch
 
 
 def test_label_generate_mode_parses_or_reports(tmp_path: Path, tiny_llm) -> None:
