@@ -87,10 +87,13 @@ def batch_inference(
     (default: one lane per visible GPU, one on CPU) or, with `ray_address` (`auto`,
     `ray://head:10001`), as Ray tasks with `gpus_per_lane` GPUs each (default: one lane per GPU
     in the cluster). A lane retries `lane_retries` times with exponential backoff from
-    `retry_delay_s`, skipping committed shards, and times out after `lane_timeout_s`. Each lane
-    holds max(1, gpus_per_lane) slots of the global concurrency limit `concurrency_limit` while its
-    engine is loaded (no limit if it does not exist). Shards that still fail leave the flow Failed,
-    after the summary, naming each uncommitted shard.
+    `retry_delay_s`, skipping committed shards, and times out after `lane_timeout_s`. A thread
+    lane owns its device(s) exclusively while its engine is loaded: it takes the one-slot global
+    concurrency limit of each (`<concurrency_limit>-gpu-<id>`, `<concurrency_limit>-cpu`, created
+    when missing), waiting while every device is held by another lane or flow, and fails if the
+    Prefect API cannot grant them; `concurrency_limit=None` runs without. Ray lanes rely on Ray's
+    `num_gpus` scheduling. Shards that still fail leave the flow Failed, after the summary,
+    naming each uncommitted shard.
     """
     logger = get_run_logger()
     started = time.time()
@@ -151,17 +154,22 @@ def _submit_lanes(
     layout: LaneLayout,
     limit: str | None,
 ) -> list[PrefectFuture[LaneReport]]:
-    """Submit one lane task per shard group, with `num_gpus` per Ray task when on Ray."""
+    """Submit one lane task per shard group: thread lanes take per-device limits named after
+    `limit`; Ray lanes get `num_gpus` per task instead (Ray's scheduler keeps them apart)."""
     options: AbstractContextManager[Any] = nullcontext()
     if layout.on_ray and layout.gpus_per_lane:
         from prefect_ray.context import remote_options
 
         options = remote_options(num_gpus=layout.gpus_per_lane)
-    params = {"spec": spec, "limit": limit, "occupy": max(1, layout.gpus_per_lane)}
+    params = {
+        "spec": spec,
+        "limit": limit if layout.local else None,
+        "gpus_per_lane": layout.gpus_per_lane,
+        "local": layout.local,
+    }
     with options:
         return [
-            runner.submit(lane_task, {**params, "shards": group, "lane": i, "gpu_index": layout.gpu_index(i)})
-            for i, group in enumerate(groups)
+            runner.submit(lane_task, {**params, "shards": group, "lane": i}) for i, group in enumerate(groups)
         ]
 
 
@@ -193,7 +201,8 @@ def _lane_row(report: LaneReport) -> dict[str, Any]:
         "lane": report.lane,
         "generated": [r.shard_id for r in report.results if not r.skipped],
         "already_committed": list(report.already_committed),
-        "slots_held": report.slots_held,
+        "devices": list(report.devices),
+        "gpus": list(report.gpus),
         "held_from": report.held_from,
         "held_until": report.held_until,
     }

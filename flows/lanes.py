@@ -5,15 +5,18 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.devices import DeviceGroup
 from flows.faults import fail_once_after_commit
 from flows.runners import pin_thread_to_gpu
-from flows.slots import device_slots
+from flows.slots import lane_devices
 from pipeline import JobSpec, Shard, ShardResult, is_committed, open_engine, run_shard
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
@@ -32,9 +35,10 @@ class LaneReport:
     lane: int
     results: list[ShardResult] = field(default_factory=list)
     already_committed: list[str] = field(default_factory=list)
-    slots_held: bool = False
-    held_from: float = 0.0
-    held_until: float = 0.0
+    devices: list[str] = field(default_factory=list)  # device limits held (local lanes)
+    gpus: list[int] = field(default_factory=list)  # CUDA ordinals the lane was pinned to
+    held_from: float = 0.0  # when it got its device(s), after any wait
+    held_until: float = 0.0  # when it was done with them, just before releasing
 
 
 @task(
@@ -50,8 +54,8 @@ def run_lane(
     shards: list[Shard],
     lane: int,
     limit: str | None = None,
-    occupy: int = 1,
-    gpu_index: int | None = None,
+    gpus_per_lane: int = 0,
+    local: bool = True,
 ) -> LaneReport:
     """Run `shards` in order on one engine, committing each; skip shards already committed.
 
@@ -59,7 +63,9 @@ def run_lane(
     previous attempt stopped and generates nothing twice. A shard that raises does not stop the
     lane: the remaining shards still run, then the lane raises `LaneFailed` naming every failed
     shard (which makes Prefect retry it, and mark it Failed once retries are exhausted).
-    `gpu_index` pins a thread lane to one local GPU (Ray lanes get theirs from Ray).
+    A `local` (thread) lane first takes a free device group of `gpus_per_lane` GPUs (the CPU
+    when 0) through the per-device concurrency limits named by the prefix `limit` and pins
+    itself to it; a Ray lane runs on the GPUs Ray gave its task.
     """
     logger = get_run_logger()
     report = LaneReport(lane=lane)
@@ -75,10 +81,10 @@ def run_lane(
     )
     failures: dict[str, str] = {}
     if pending:
-        with device_slots(limit, occupy, logger) as held:
-            report.slots_held, report.held_from = held, time.time()
+        with _devices(limit, gpus_per_lane, local, lane, logger) as (group, names):
+            report.devices, report.held_from = names, time.time()
             try:
-                failures = _run_shards(spec, pending, lane, gpu_index, report, logger)
+                failures = _run_shards(spec, pending, lane, group, report, logger)
             finally:
                 report.held_until = time.time()
     if failures:
@@ -87,8 +93,20 @@ def run_lane(
     return report
 
 
+@contextmanager
+def _devices(
+    limit: str | None, gpus_per_lane: int, local: bool, lane: int, logger: Any
+) -> Iterator[tuple[DeviceGroup | None, list[str]]]:
+    """`lane_devices` for a thread lane; nothing for a Ray lane (Ray's scheduler owns its GPUs)."""
+    if not local:
+        yield None, []
+        return
+    with lane_devices(limit, gpus_per_lane, lane, logger) as held:
+        yield held
+
+
 def _run_shards(
-    spec: JobSpec, pending: list[Shard], lane: int, gpu_index: int | None, report: LaneReport, logger: Any
+    spec: JobSpec, pending: list[Shard], lane: int, group: DeviceGroup | None, report: LaneReport, logger: Any
 ) -> dict[str, str]:
     """Load the engine, run `pending` in order, return {shard_id: error} of the shards that raised.
 
@@ -96,8 +114,9 @@ def _run_shards(
     retry of the lane does not load a second engine while the traceback still holds the first.
     """
     failures: dict[str, str] = {}
-    if gpu_index is not None:
-        pin_thread_to_gpu(gpu_index)
+    if group is not None and group.ordinals:
+        report.gpus = list(group.ordinals)
+        pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
     llm = _load_engine(spec)
     try:
         for shard in pending:

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from flows.devices import device_groups, gpu_ids
+
 
 def visible_gpus() -> int:
-    """Number of GPUs this process may use: `CUDA_VISIBLE_DEVICES` if set, else `nvidia-smi -L`."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    """Number of GPUs this process may use (see `flows.devices.gpu_ids`)."""
+    return len(gpu_ids())
 
 
 def ray_cluster_gpus() -> int:
@@ -63,12 +52,9 @@ class LaneLayout:
     on_ray: bool
 
     @property
-    def pin_threads(self) -> bool:
-        """Local thread lanes on GPUs are pinned one GPU group each; Ray assigns GPUs itself."""
-        return not self.on_ray and self.gpus_per_lane > 0
-
-    def gpu_index(self, lane: int) -> int | None:
-        return lane * self.gpus_per_lane if self.pin_threads else None
+    def local(self) -> bool:
+        """Thread lanes choose their devices through the per-device limits; Ray assigns them."""
+        return not self.on_ray
 
 
 def lane_layout(lanes: int | None, gpus_per_lane: int | None, on_ray: bool) -> LaneLayout:
@@ -80,6 +66,8 @@ def lane_layout(lanes: int | None, gpus_per_lane: int | None, on_ray: bool) -> L
     gpus = (1 if gpus_here else 0) if gpus_per_lane is None else gpus_per_lane
     if gpus < 0:
         raise ValueError(f"gpus_per_lane must be >= 0, got {gpus}")
+    if not on_ray:
+        device_groups(gpus, gpu_ids())  # fails fast when gpus_per_lane exceeds the visible GPUs
     n = lanes if lanes is not None else max(1, gpus_here // max(1, gpus))
     if n < 1:
         raise ValueError(f"lanes must be >= 1, got {n}")
