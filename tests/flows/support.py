@@ -94,3 +94,41 @@ async def read_lane_runs(flow_run_id: Any) -> list[Any]:
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
     return sorted((r for r in runs if r.name.startswith("lane-")), key=lambda r: r.name)
+
+
+def read_limit(name: str) -> Any | None:
+    """The global concurrency limit `name`, or None if it does not exist."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            return None
+
+
+def delete_limit(name: str) -> None:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            pass
+
+
+def hold_intervals(lanes: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per device limit, the sorted (held_from, held_until) of every lane that held it."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for lane in lanes:
+        for name in lane["devices"]:
+            spans.setdefault(name, []).append((lane["held_from"], lane["held_until"]))
+    return {name: sorted(s) for name, s in spans.items()}
+
+
+def assert_never_shared(spans: dict[str, list[tuple[float, float]]]) -> None:
+    for name, s in spans.items():
+        overlaps = [(a, b) for a, b in zip(s, s[1:]) if b[0] < a[1]]
+        assert not overlaps, f"two lanes held {name} at once: {overlaps}"

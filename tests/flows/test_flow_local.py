@@ -16,8 +16,12 @@ from tests.flows.support import (
     NUM_SHARDS,
     SHARD_ROWS,
     assert_exactly_once,
+    assert_never_shared,
+    delete_limit,
+    hold_intervals,
     read_artifacts,
     read_lane_runs,
+    read_limit,
     requires_pipeline,
 )
 
@@ -45,6 +49,7 @@ def test_two_lanes_exactly_once_with_artifacts(
 ):
     inp, ids = dataset
     out = tmp_path / "out"
+    delete_limit("prefixflow-cpu")  # the default device limit on a machine without GPUs
     state = _run(inp, out)
     assert state.is_completed(), state.message
     result = state.result()
@@ -56,8 +61,11 @@ def test_two_lanes_exactly_once_with_artifacts(
     generated = [s for lane in result["lanes"] for s in lane["generated"]]
     assert len(generated) == len(set(generated)) == NUM_SHARDS  # every shard generated once, by one lane
     assert all(lane["generated"] for lane in result["lanes"])
-    # No limit named prefixflow-gpu exists on the test server: lanes run without it.
-    assert not any(lane["slots_held"] for lane in result["lanes"])
+    # The lanes created the missing CPU device limit, took turns on it and released it.
+    assert all(lane["devices"] == ["prefixflow-cpu"] and lane["gpus"] == [] for lane in result["lanes"])
+    assert_never_shared(hold_intervals(result["lanes"]))
+    limit = read_limit("prefixflow-cpu")
+    assert limit is not None and limit.limit == 1 and limit.active_slots == 0
 
     arts = asyncio.run(read_artifacts(state.state_details.flow_run_id))
     summary = {row["metric"]: row["value"] for row in json.loads(arts["prefixflow-run-summary"].data)}
@@ -112,29 +120,6 @@ def test_unreadable_shard_fails_flow_while_other_lanes_finish(
     assert sorted(r.state.type.value for r in lanes) == ["COMPLETED", "FAILED"]
     failed = next(r for r in lanes if r.state.is_failed())
     assert failed.run_count == 2  # first attempt + one retry
-
-
-def test_global_concurrency_limit_serializes_lanes(
-    prefect_server: str, dataset: tuple[Path, list[str]], tmp_path: Path
-):
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-
-    async def create() -> None:
-        async with get_client() as client:
-            await client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name="pf-test-gpu", limit=1)
-            )
-
-    asyncio.run(create())
-    inp, ids = dataset
-    out = tmp_path / "out"
-    state = _run(inp, out, concurrency_limit="pf-test-gpu")
-    assert state.is_completed(), state.message
-    assert_exactly_once(out, ids)
-    first, second = sorted(state.result()["lanes"], key=lambda lane: lane["held_from"])
-    assert first["slots_held"] and second["slots_held"]
-    assert first["held_until"] <= second["held_from"], "two lanes held the single slot at once"
 
 
 def test_lane_timeout_fails_cleanly_and_a_rerun_resumes(
