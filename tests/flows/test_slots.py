@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from flows.devices import DeviceGroup, device_groups
-from flows.slots import DeviceLimitUnavailable, ensure_limits, hold_devices
+from flows.slots import DeviceLimitUnavailable, ensure_limits, hold_devices, lane_devices
 
 pytestmark = pytest.mark.timeout(120)
 LOG = logging.getLogger("test-slots")
@@ -88,6 +88,15 @@ def test_unreachable_api_fails_clearly(prefect_server: str):
         with pytest.raises(DeviceLimitUnavailable, match=r"127\.0\.0\.1:9.*concurrency_limit=None"):
             with hold_devices("pf-down", TWO_GPUS, 0, LOG):
                 pytest.fail("ran without its device limit")
+
+
+def test_opting_out_takes_no_limit_and_no_api(monkeypatch: pytest.MonkeyPatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with lane_devices(None, 1, 3, LOG) as (group, names):
+            assert group.ordinals == (1,) and group.ids == ("5",) and names == []
 
 
 def test_inactive_limit_is_an_error(prefect_server: str):
