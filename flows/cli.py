@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     lanes.add_argument(
         "--concurrency-limit",
         default=DEFAULT_LIMIT,
-        help=f"global concurrency limit whose slots lanes hold (default: {DEFAULT_LIMIT}; 'none' for no limit)",
+        help=f"name prefix of the per-device concurrency limits lanes hold ({DEFAULT_LIMIT}-gpu-<id>, "
+        f"{DEFAULT_LIMIT}-cpu; default: {DEFAULT_LIMIT}; 'none' for no limit)",
     )
 
     dep = p.add_argument_group("deployment")

@@ -108,12 +108,15 @@ def batch_inference(
         "endpoint_url": endpoint_url,
         "storage_options": storage_options,
     }
-    spec, infos = plan_job(
-        input, output, model, job, new_run, {k: v for k, v in overrides.items() if v is not None}
-    )
-
     with make_task_runner(ray_address, lanes or max(1, visible_gpus())) as runner:
         layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address))
+        if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
+            # the flow process may have no GPU while Ray lanes do: pin the device so the job
+            # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
+            overrides["engine"] = {**(engine or {}), "device": "cuda"}
+        spec, infos = plan_job(
+            input, output, model, job, new_run, {k: v for k, v in overrides.items() if v is not None}
+        )
         groups = [[info.shard for info in group] for group in deal_shards(infos, layout.lanes)]
         logger.info(
             "%d shards on %d lanes (%s, %d GPU(s) per lane)",
