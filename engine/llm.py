@@ -69,12 +69,14 @@ class LLM:
         yield from self._run(jobs)
 
     def score_choices(
-        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]]
+        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None
     ) -> list[list[float] | str]:
         """Total log-probability of each choice as a continuation of its prompt.
 
         Every choice of a prompt is one request ``prompt + choice``; with prefix ordering they run
-        next to each other and share the prompt's KV blocks through the prefix cache.
+        next to each other and share the prompt's KV blocks through the prefix cache. Pass a list as
+        ``usage`` to receive, per prompt, ``{"tokens": ..., "cached_tokens": ...}`` summed over its
+        choice requests (the engine's own accounting of what the prefix cache served).
         """
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
@@ -103,9 +105,14 @@ class LLM:
             if problem:
                 results[i] = problem
         keep = [job for job in jobs if not isinstance(results[owner[job[0]][0]], str)]
+        counts = [{"tokens": 0, "cached_tokens": 0} for _ in prompts]
         for out in self._run(keep):
             i, j = owner[out.index]
             results[i][j] = out.metadata["score"]
+            counts[i]["tokens"] += out.num_prompt_tokens
+            counts[i]["cached_tokens"] += out.num_cached_tokens
+        if usage is not None:
+            usage[:] = counts
         return results
 
     def _run(self, jobs: list) -> Iterator[RequestOutput]:

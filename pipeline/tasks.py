@@ -66,16 +66,18 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         start = time.perf_counter()
-        scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk))
-        # score_choices returns the whole batch at once and reports no per-prompt counts. Per row:
-        # prompt_tokens is the row's own tokenized prompt (counted once, not once per label), cached and
-        # output tokens are 0 (no per-row cache figure exists; nothing is generated), and latency is the
-        # batch's wall time: when every row's scores became available.
+        usage: list[dict[str, int]] = []
+        scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk), usage=usage)
+        # Per row: prompt_tokens is the row's own tokenized prompt (counted once, not once per label);
+        # cached_tokens is that prompt scaled by the share of the row's scoring tokens (prompt + each
+        # label) the prefix cache served; nothing is generated; latency is the batch's wall time, when
+        # every row's scores became available.
         latency = time.perf_counter() - start
-        for p, score in zip(chunk, scores):
+        for p, score, use in zip(chunk, scores, usage):
+            share = use["cached_tokens"] / use["tokens"] if use["tokens"] else 0.0
             counts = {
                 "prompt_tokens": len(p.prompt),
-                "cached_tokens": 0,
+                "cached_tokens": round(len(p.prompt) * share),
                 "output_tokens": 0,
                 "latency_s": latency,
             }

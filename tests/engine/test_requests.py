@@ -196,3 +196,15 @@ def test_multi_token_choice_sums_per_token_logprobs(llm):
     both = llm.score_choices([prompt_ids], [[c1 + c2]])[0][0]
     assert both == pytest.approx(first + second, abs=1e-4)
     assert both < first  # a second token can only lower the joint probability
+
+
+def test_score_choices_usage_shows_labels_sharing_the_prompt_blocks(llm):
+    prompt = list(range(10, 60))  # 50 tokens: three full 16-token blocks the labels can share
+    usage: list = []
+    scores = llm.score_choices([prompt], [["a", "b", "c"]], usage=usage)
+    assert len(scores[0]) == 3
+    (use,) = usage
+    assert use["tokens"] == sum(
+        len(prompt) + len(llm.tokenizer.encode(c, add_special_tokens=False)) for c in "abc"
+    )
+    assert use["cached_tokens"] >= 2 * 48  # the second and third label hit the first one's blocks

@@ -69,7 +69,7 @@ def test_label_rows_report_their_own_prompt_tokens(tmp_path: Path, tiny_llm) -> 
     for row in df.to_dicts():
         prompt = tiny_llm.tokenizer.encode(f"Sentiment of: {row['text']}", add_special_tokens=True)
         assert row["prompt_tokens"] == len(prompt)  # once, not prompt + choice once per label
-        assert row["cached_tokens"] == 0 and row["output_tokens"] == 0  # no per-row figure: 0, not spread
+        assert 0 <= row["cached_tokens"] <= row["prompt_tokens"] and row["output_tokens"] == 0
     assert summary.prompt_tokens == df["prompt_tokens"].sum() and 0 <= summary.prefix_hit_rate <= 1
     assert (df["latency_s"] > 0).all()  # the wall time of the row's scoring batch
 
