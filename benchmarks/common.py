@@ -84,8 +84,8 @@ def build_model(preset: str, device: str = "auto", dtype: str = "auto", seed: in
     """Random-init the preset's transformers model directly on the device (fixed seed), in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from engine.presets import hf_config_of, load_preset
-    from engine.tokenizer_train import train_tokenizer
+    from prefixflow.engine.presets import hf_config_of, load_preset
+    from prefixflow.engine.tokenizer_train import train_tokenizer
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
@@ -106,7 +106,7 @@ def build_model(preset: str, device: str = "auto", dtype: str = "auto", seed: in
 
 def model_source(bm: BenchModel):
     """An engine ``ModelSource`` over the transformers model's own tensors (same weights, same process)."""
-    from engine import ModelSource
+    from prefixflow.engine import ModelSource
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         yield from bm.model.state_dict().items()

@@ -56,7 +56,7 @@ def label_reviews(llm, reviews: Sequence[dict]) -> dict:
 
 
 def summarize_news(llm, news: Sequence[dict], max_tokens: int = 60) -> list[dict]:
-    from engine import SamplingParams
+    from prefixflow.engine import SamplingParams
 
     prompts = [chat(llm, SUMMARY_QUESTION.format(text=n["text"])) for n in news]
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens))
@@ -80,7 +80,7 @@ def throughput_prompts(llm, n: int) -> list[str]:
 
 
 def run_engine(llm, prompts: Sequence[str], max_tokens: int) -> tuple[float, list[list[int]]]:
-    from engine import SamplingParams
+    from prefixflow.engine import SamplingParams
 
     start = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -162,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     setup_threads(args.threads)
 
-    from engine import LLM
-    from engine.embedded import resolve_embedded
+    from prefixflow.engine import LLM
+    from prefixflow.engine.embedded import resolve_embedded
 
     start = time.perf_counter()
     llm = LLM(model=MODEL, dtype=args.dtype)

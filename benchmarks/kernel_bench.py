@@ -65,7 +65,7 @@ def paged_inputs(shapes: list[tuple[int, int]], seed: int = 0) -> tuple[torch.Te
 
 
 def attention_rows() -> list[Row]:
-    from kernels import reference, triton_attention
+    from prefixflow.kernels import reference, triton_attention
 
     scale = D**-0.5
     rows = []
@@ -89,7 +89,7 @@ def attention_rows() -> list[Row]:
 
 
 def pointwise_rows(tokens: int = 8192) -> list[Row]:
-    from kernels import (
+    from prefixflow.kernels import (
         build_rope_cache,
         reference,
         triton_activation,

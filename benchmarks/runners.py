@@ -71,7 +71,7 @@ def run_prefixflow(
     llm, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], name: str = "prefixflow"
 ):
     """Greedy, ``ignore_eos``; engine statistics of this call only go to ``extra``."""
-    from engine import SamplingParams
+    from prefixflow.engine import SamplingParams
 
     params = [SamplingParams(max_tokens=int(n), ignore_eos=True) for n in max_tokens]
     before = copy.copy(llm.stats())
@@ -112,7 +112,7 @@ def _engine_device(llm) -> torch.device | None:
 def make_llm(bm: BenchModel, **options):
     """A prefixflow ``LLM`` on the benchmark model's own tensors."""
     from benchmarks.common import engine_options, model_source
-    from engine import LLM
+    from prefixflow.engine import LLM
 
     return LLM(model_source(bm), **engine_options(bm, **options))
 

@@ -1,12 +1,12 @@
 """prefixflow's inference engine: paged KV cache, continuous batching, prefix caching."""
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.model_identity import describe_model
-from engine.model_source import ModelSource
-from engine.outputs import RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
+from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.llm import LLM
+from prefixflow.engine.model_identity import describe_model
+from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.outputs import RequestOutput, TokenLogprob
+from prefixflow.engine.sampling_params import SamplingParams
+from prefixflow.engine.stats import EngineStats
 
 __all__ = [
     "LLM",

@@ -28,8 +28,7 @@ class AttentionBackend:
     """Stores new K/V into the paged cache, then attends over each request's whole context."""
 
     def __init__(self, name: str, device: torch.device) -> None:
-        import kernels
-
+        from prefixflow import kernels
         self.ops = kernels.select(name, device)
         self.name = name
 

@@ -14,8 +14,8 @@ import logging
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.models.llama import StepContext
+from prefixflow.engine.attention import AttentionMetadata
+from prefixflow.engine.models.llama import StepContext
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Entry point the model loader calls for GGUF paths; the implementation lives in ``engine.gguf``."""
 
-from engine.gguf import (
+from prefixflow.engine.gguf import (
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TYPES,
     find_gguf_file,

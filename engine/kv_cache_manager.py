@@ -5,8 +5,8 @@ Capacity checks happen here so the scheduler never asks the pool for a block it 
 
 from __future__ import annotations
 
-from engine.block_pool import Block, BlockPool, chain_hash
-from engine.request import Request
+from prefixflow.engine.block_pool import Block, BlockPool, chain_hash
+from prefixflow.engine.request import Request
 
 
 class KVCacheManager:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.model_source import ModelSource
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
+from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.llm_engine import LLMEngine
+from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.outputs import RequestOutput
+from prefixflow.engine.sampling_params import SamplingParams
+from prefixflow.engine.stats import EngineStats
 
 Prompt = str | Sequence[int]
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import time
 
-from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.loader import resolve_model
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.model_source import ModelSource
-from engine.outputs import RequestOutput
-from engine.request import Request
-from engine.sampler import position_seed, sample
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerLimits
-from engine.stats import EngineStats
-from engine.stop_checker import StopChecker
+from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.loader import resolve_model
+from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.model_runner import ModelRunner
+from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.outputs import RequestOutput
+from prefixflow.engine.request import Request
+from prefixflow.engine.sampler import position_seed, sample
+from prefixflow.engine.sampling_params import SamplingParams
+from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.stats import EngineStats
+from prefixflow.engine.stop_checker import StopChecker
 
 
 class LLMEngine:

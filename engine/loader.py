@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model_source import ModelSource
+from prefixflow.engine.model_source import ModelSource
 
 
 class ModelNotFoundError(ValueError):
@@ -29,7 +29,7 @@ def resolve_model(model: str | Path | ModelSource) -> ModelSource:
         if any(path.glob("*.gguf")):
             return _gguf(path)
         raise ModelNotFoundError(f"{path} has neither config.json (Hugging Face) nor a .gguf file")
-    from engine import embedded, presets
+    from prefixflow.engine import embedded, presets
 
     if text in embedded.EMBEDDED_MODELS:
         return _gguf(embedded.resolve_embedded(text))
@@ -42,7 +42,7 @@ def resolve_model(model: str | Path | ModelSource) -> ModelSource:
 
 
 def _gguf(path: Path) -> ModelSource:
-    from engine.gguf_loader import load_gguf_source
+    from prefixflow.engine.gguf_loader import load_gguf_source
 
     return load_gguf_source(path)
 

@@ -36,8 +36,8 @@ def describe_model(model: str, dtype: str = "auto", device: str = "auto") -> dic
     Raises the loader's ``ModelNotFoundError`` (a ValueError naming what is accepted) when ``model``
     names nothing loadable.
     """
-    from engine import embedded, presets
-    from engine.loader import ModelNotFoundError
+    from prefixflow.engine import embedded, presets
+    from prefixflow.engine.loader import ModelNotFoundError
 
     out: dict = {"model": str(model), "dtype": resolve_dtype(dtype, device)}
     path = Path(str(model)).expanduser()
@@ -61,7 +61,7 @@ def describe_model(model: str, dtype: str = "auto", device: str = "auto") -> dic
     if str(model) in presets.available_presets():
         blob = json.dumps(presets.load_preset(str(model)), sort_keys=True).encode()
         return {**out, "format": "preset", "preset": hashlib.sha256(blob).hexdigest()[:16]}
-    from engine.loader import resolve_model
+    from prefixflow.engine.loader import resolve_model
 
     resolve_model(str(model))  # raises with the precise message for a bad path
     raise ModelNotFoundError(f"model {model!r} could not be identified")

@@ -7,16 +7,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.config import EngineConfig
-from engine.decode_graphs import DecodeGraphs
-from engine.model_config import ModelConfig
-from engine.model_source import ModelSource
-from engine.models.llama import LlamaForCausalLM, StepContext
-from engine.models.norm import RMSNorm
-from engine.models.weights import load_weights
-from engine.request import Request
-from engine.step_inputs import StepInputs, block_table_array, build_step_inputs
+from prefixflow.engine.attention import AttentionBackend, AttentionMetadata
+from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.decode_graphs import DecodeGraphs
+from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.models.llama import LlamaForCausalLM, StepContext
+from prefixflow.engine.models.norm import RMSNorm
+from prefixflow.engine.models.weights import load_weights
+from prefixflow.engine.request import Request
+from prefixflow.engine.step_inputs import StepInputs, block_table_array, build_step_inputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 
@@ -46,8 +46,7 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, RMSNorm):
                 module.ops = self.attention.ops
-        import kernels
-
+        from prefixflow import kernels
         self.cos_sin_cache = kernels.build_rope_cache(
             model_cfg.head_dim,
             model_cfg.max_position_embeddings,

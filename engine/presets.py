@@ -66,7 +66,7 @@ def save_random_model(hf_config: dict, out: Path, seed: int = 0) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from engine.tokenizer_train import train_tokenizer
+    from prefixflow.engine.tokenizer_train import train_tokenizer
 
     out = Path(out)
     cfg = dict(hf_config)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.outputs import TokenLogprob
-from engine.request import Request
+from prefixflow.engine.outputs import TokenLogprob
+from prefixflow.engine.request import Request
 
 _MASK64 = (1 << 64) - 1
 

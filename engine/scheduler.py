@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, Status
+from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.request import Request, Status
 
 
 @dataclass(frozen=True)

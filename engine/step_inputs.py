@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.request import Request
+from prefixflow.engine.request import Request
 
 
 @dataclass

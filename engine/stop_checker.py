@@ -3,7 +3,7 @@ produces its final text, truncated at a stop string."""
 
 from __future__ import annotations
 
-from engine.request import Request
+from prefixflow.engine.request import Request
 
 
 class StopChecker:

@@ -9,9 +9,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "batch_inference": "flows.flow",
-    "ShardsFailed": "flows.flow",
-    "deal_shards": "flows.dealing",
+    "batch_inference": "prefixflow.flows.flow",
+    "ShardsFailed": "prefixflow.flows.flow",
+    "deal_shards": "prefixflow.flows.dealing",
 }
 
 __all__ = sorted(_EXPORTS)

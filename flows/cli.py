@@ -43,7 +43,7 @@ def _positive_seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """Job flags as in `prefixflow run`, then lane, schedule and deployment flags."""
-    from flows.slots import DEFAULT_LIMIT  # imports prefect: only when `serve` runs
+    from prefixflow.flows.slots import DEFAULT_LIMIT  # imports prefect: only when `serve` runs
 
     p = argparse.ArgumentParser(
         prog="prefixflow serve",
@@ -139,7 +139,7 @@ def schedules(args: argparse.Namespace) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`prefixflow COMMAND ...`: `serve` here, every other command in pipeline.cli."""
-    from pipeline.cli import main as pipeline_main
+    from prefixflow.pipeline.cli import main as pipeline_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
@@ -158,7 +158,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     if not args.cron and not args.interval:
         print("prefixflow serve: no schedule given; runs start only when triggered "
               "(add --cron or --interval for a schedule)", file=sys.stderr)  # fmt: skip
-    from flows.flow import batch_inference
+    from prefixflow.flows.flow import batch_inference
 
     common: dict[str, Any] = {
         "schedules": schedules(args),

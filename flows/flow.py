@@ -11,12 +11,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 
-from flows.dealing import deal_shards
-from flows.lanes import LaneReport, run_lane
-from flows.reporting import ShardProgress, publish_summary, run_metrics
-from flows.runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
-from flows.slots import DEFAULT_LIMIT
-from pipeline import JobSpec, ShardInfo, describe_shards, finalize, load_job, plan_shards, prepare_output
+from prefixflow.flows.dealing import deal_shards
+from prefixflow.flows.lanes import LaneReport, run_lane
+from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metrics
+from prefixflow.flows.runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
+from prefixflow.flows.slots import DEFAULT_LIMIT
+from prefixflow.pipeline import (
+    JobSpec,
+    ShardInfo,
+    describe_shards,
+    finalize,
+    load_job,
+    plan_shards,
+    prepare_output,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the same default as `prefixflow run`
 

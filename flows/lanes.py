@@ -13,11 +13,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.devices import DeviceGroup
-from flows.faults import fail_once_after_commit
-from flows.runners import pin_thread_to_gpu
-from flows.slots import lane_devices
-from pipeline import JobSpec, Shard, ShardResult, is_committed, open_engine, run_shard
+from prefixflow.flows.devices import DeviceGroup
+from prefixflow.flows.faults import fail_once_after_commit
+from prefixflow.flows.runners import pin_thread_to_gpu
+from prefixflow.flows.slots import lane_devices
+from prefixflow.pipeline import JobSpec, Shard, ShardResult, is_committed, open_engine, run_shard
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
 # (lazy module attributes) race, and loading in turn also bounds the host-memory peak.

@@ -8,8 +8,8 @@ from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
-from flows.lanes import LaneReport
-from pipeline import JobSpec, Shard, is_committed
+from prefixflow.flows.lanes import LaneReport
+from prefixflow.pipeline import JobSpec, Shard, is_committed
 
 SUMMARY_KEY = "prefixflow-run-summary"
 PROGRESS_KEY = "prefixflow-progress"

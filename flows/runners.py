@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.devices import device_groups, gpu_ids
+from prefixflow.flows.devices import device_groups, gpu_ids
 
 
 def visible_gpus() -> int:

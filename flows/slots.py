@@ -22,7 +22,7 @@ from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-from flows.devices import DeviceGroup, device_groups, gpu_ids
+from prefixflow.flows.devices import DeviceGroup, device_groups, gpu_ids
 
 DEFAULT_LIMIT = "prefixflow"  # prefix of the per-device limits: prefixflow-gpu-0, prefixflow-cpu
 LEASE_S = 60.0  # a crashed lane's device frees itself this long after its last lease renewal

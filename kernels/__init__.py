@@ -3,8 +3,15 @@
 Importing this package never imports triton; see kernels.backend.
 """
 
-from kernels.backend import KernelBackend, select
-from kernels.reference import build_rope_cache, paged_attention, rms_norm, rotary, silu_and_mul, store_kv
+from prefixflow.kernels.backend import KernelBackend, select
+from prefixflow.kernels.reference import (
+    build_rope_cache,
+    paged_attention,
+    rms_norm,
+    rotary,
+    silu_and_mul,
+    store_kv,
+)
 
 __all__ = [
     "KernelBackend",

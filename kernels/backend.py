@@ -1,6 +1,6 @@
 """Choose the kernel implementation for a device: Triton on CUDA, the torch reference elsewhere.
 
-Triton is imported only when a Triton backend is actually chosen, so `import kernels` works on a
+Triton is imported only when a Triton backend is actually chosen, so `from prefixflow import kernels` works on a
 machine without triton. Forcing "triton" on a CPU device is allowed only under the Triton
 interpreter (TRITON_INTERPRET=1 set before the kernel modules are first imported), which is how the
 CPU tests exercise the kernels.
@@ -35,7 +35,7 @@ def triton_available() -> bool:
 
 
 def _torch_backend() -> KernelBackend:
-    from kernels import reference as ref
+    from prefixflow.kernels import reference as ref
 
     return KernelBackend(
         "torch", ref.store_kv, ref.paged_attention, ref.rms_norm, ref.rotary, ref.silu_and_mul
@@ -45,7 +45,13 @@ def _torch_backend() -> KernelBackend:
 def _triton_backend(device: torch.device) -> KernelBackend:
     if not triton_available():
         raise RuntimeError("kernel backend 'triton' requested but triton is not installed")
-    from kernels import triton_activation, triton_attention, triton_norm, triton_rotary, triton_store_kv
+    from prefixflow.kernels import (
+        triton_activation,
+        triton_attention,
+        triton_norm,
+        triton_rotary,
+        triton_store_kv,
+    )
 
     if device.type != "cuda" and not triton_attention.INTERPRETED:
         raise RuntimeError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.rope_cache import build_rope_cache
+from prefixflow.kernels.rope_cache import build_rope_cache
 
 __all__ = ["build_rope_cache", "paged_attention", "rms_norm", "rotary", "silu_and_mul", "store_kv"]
 

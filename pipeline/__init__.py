@@ -1,9 +1,9 @@
 """prefixflow's data pipeline: Parquet in (local or any fsspec URL), prompts to the engine, exactly-once
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
-from pipeline.config import JobConfig
-from pipeline.engine_lane import open_engine
-from pipeline.errors import (
+from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.engine_lane import open_engine
+from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
     JobConfigError,
@@ -12,11 +12,11 @@ from pipeline.errors import (
     PipelineError,
     ShardError,
 )
-from pipeline.output_root import prepare_output
-from pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
-from pipeline.runner import ProgressSink, ShardResult, is_committed, run_shard
-from pipeline.spec import JobSpec, load_job
-from pipeline.summary import RunSummary, finalize, status
+from prefixflow.pipeline.output_root import prepare_output
+from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
+from prefixflow.pipeline.runner import ProgressSink, ShardResult, is_committed, run_shard
+from prefixflow.pipeline.spec import JobSpec, load_job
+from prefixflow.pipeline.summary import RunSummary, finalize, status
 
 __all__ = [
     "FingerprintMismatch",

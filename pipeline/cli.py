@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from pipeline.config import StorageConfig
-from pipeline.errors import PipelineError
+from prefixflow.pipeline.config import StorageConfig
+from prefixflow.pipeline.errors import PipelineError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 EPILOG = """examples:
@@ -105,7 +105,7 @@ def _storage_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spec(args: argparse.Namespace, output: str):
-    from pipeline.spec import load_job
+    from prefixflow.pipeline.spec import load_job
 
     overrides = {"id_column": args.id_column, "prompt_column": args.prompt_column, "max_tokens": args.max_tokens,
                  "shard_rows": args.shard_rows, "flush_rows": args.flush_rows, "flush_seconds": args.flush_seconds,
@@ -114,7 +114,7 @@ def _spec(args: argparse.Namespace, output: str):
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.local_run import print_summary, run_local
+    from prefixflow.pipeline.local_run import print_summary, run_local
 
     spec = _spec(args, args.output)
     summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.planning import describe_shards, plan_shards
+    from prefixflow.pipeline.planning import describe_shards, plan_shards
 
     spec = _spec(args, "")
     infos = describe_shards(spec, plan_shards(spec))
@@ -150,8 +150,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.local_run import print_summary
-    from pipeline.summary import status
+    from prefixflow.pipeline.local_run import print_summary
+    from prefixflow.pipeline.summary import status
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_option))
     summary, record = status(args.output.rstrip("/"), storage)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
     """run, plan, status, demo. ``extra_commands`` are only listed in --help (their caller runs them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        print("`serve` is a flows command: run `prefixflow serve ...` (or `python -m flows.cli serve ...`)",
+        print("`serve` is a flows command: run `prefixflow serve ...` (or `python -m prefixflow.flows.cli serve ...`)",
               file=sys.stderr)  # fmt: skip
         return 2
     args = build_parser(extra_commands).parse_args(argv)
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
             return cmd_plan(args, console)
         if args.command == "status":
             return cmd_status(args, console)
-        from pipeline.demo import run_demo
+        from prefixflow.pipeline.demo import run_demo
 
         return run_demo(args.workdir, args.model, args.rows, console)
     except PipelineError as exc:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipeline.hooks import hook
-from pipeline.layout import Layout
+from prefixflow.pipeline.hooks import hook
+from prefixflow.pipeline.layout import Layout
 
 COUNT_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens")
 

@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from pipeline.errors import JobConfigError
+from prefixflow.pipeline.errors import JobConfigError
 
 TASKS = ("generate", "summarize", "label")
 CHAT_MODES = ("auto", "on", "off")
@@ -204,7 +204,7 @@ def _engine(data: Any) -> dict:
     d = {} if data is None else data
     if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
         return {}
-    from pipeline.facade import EngineConfig  # validated by the engine's own dataclass
+    from prefixflow.pipeline.facade import EngineConfig  # validated by the engine's own dataclass
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
@@ -263,7 +263,7 @@ def parse_job_config(data: dict | None) -> JobConfig:
 def _check_template(source: str | None, path: str) -> None:
     if source is None:
         return
-    from pipeline.prompts import compile_template
+    from prefixflow.pipeline.prompts import compile_template
 
     try:
         compile_template(source)
@@ -274,7 +274,7 @@ def _check_template(source: str | None, path: str) -> None:
 def _check_sampling(values: dict) -> None:
     if not values:
         return
-    from pipeline.facade import SamplingParams
+    from prefixflow.pipeline.facade import SamplingParams
 
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     problem = SamplingParams(**values).validation_error()

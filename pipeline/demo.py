@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from pipeline.local_run import print_summary, run_local
-from pipeline.spec import load_job
+from prefixflow.pipeline.local_run import print_summary, run_local
+from prefixflow.pipeline.spec import load_job
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
@@ -36,7 +36,7 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
     workdir = os.path.abspath(workdir)
     data = write_sample(os.path.join(workdir, "input"), max(1, min(rows, 24)))
     console.print(f"[bold]sample data[/] {data}  ({min(rows, 24)} product reviews)")
-    from pipeline.engine_lane import open_engine
+    from prefixflow.pipeline.engine_lane import open_engine
 
     llm = None
     failed = 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.spec import JobSpec
+from prefixflow.pipeline.spec import JobSpec
 
 
 def open_engine(spec: JobSpec) -> Any:
     """Load ``spec.model`` with the job's engine settings (through the engine's public facade)."""
-    from pipeline.facade import LLM
+    from prefixflow.pipeline.facade import LLM
 
     return LLM(model=spec.model, **spec.config.engine)

@@ -12,7 +12,6 @@ FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_mo
 
 def __getattr__(name: str) -> Any:
     if name in FACADE:
-        import engine
-
+        from prefixflow import engine
         return getattr(engine, name)
     raise AttributeError(name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.storage import Store
+from prefixflow.pipeline.storage import Store
 
 FINGERPRINT_FILE = "_prefixflow.json"
 MANIFEST_FILE = "_manifest.json"

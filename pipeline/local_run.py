@@ -10,14 +10,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.engine_lane import open_engine
-from pipeline.errors import ShardError
-from pipeline.output_root import prepare_output
-from pipeline.planning import plan_shards
-from pipeline.progress import RichProgress
-from pipeline.runner import is_committed, run_shard
-from pipeline.spec import JobSpec
-from pipeline.summary import RunSummary, finalize
+from prefixflow.pipeline.engine_lane import open_engine
+from prefixflow.pipeline.errors import ShardError
+from prefixflow.pipeline.output_root import prepare_output
+from prefixflow.pipeline.planning import plan_shards
+from prefixflow.pipeline.progress import RichProgress
+from prefixflow.pipeline.runner import is_committed, run_shard
+from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.summary import RunSummary, finalize
 
 
 def run_local(

@@ -12,12 +12,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import FingerprintMismatch, JobConfigError, OutputNotPrepared, OutputStateError
-from pipeline.layout import OWNED, Layout
-from pipeline.planning import check_input_columns
-from pipeline.sources import list_inputs
-from pipeline.spec import JobSpec
-from pipeline.storage import Store
+from prefixflow.pipeline.errors import (
+    FingerprintMismatch,
+    JobConfigError,
+    OutputNotPrepared,
+    OutputStateError,
+)
+from prefixflow.pipeline.layout import OWNED, Layout
+from prefixflow.pipeline.planning import check_input_columns
+from prefixflow.pipeline.sources import list_inputs
+from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.storage import Store
 
 
 def output_layout(spec: JobSpec) -> Layout:

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import JobConfig
+from prefixflow.pipeline.config import JobConfig
 
 BASE_FIELDS = [
     pa.field("id", pa.string(), nullable=False),

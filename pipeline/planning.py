@@ -11,10 +11,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import InputError, JobConfigError
-from pipeline.prompts import as_text, render_template, static_prefix
-from pipeline.sources import InputFile, list_inputs, parquet_file
-from pipeline.spec import JobSpec
+from prefixflow.pipeline.errors import InputError, JobConfigError
+from prefixflow.pipeline.prompts import as_text, render_template, static_prefix
+from prefixflow.pipeline.sources import InputFile, list_inputs, parquet_file
+from prefixflow.pipeline.spec import JobSpec
 
 CHARS_PER_TOKEN = 4  # rough text-to-token ratio for size estimates only
 PREFIX_KEY_CHARS = 512  # how much of a shard's first rendered prompt its prefix key carries

@@ -14,7 +14,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pipeline.errors import (
+from prefixflow.pipeline.errors import (
     BAD_TYPE,
     EMPTY_PROMPT,
     NULL_PROMPT,

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import facade
-from pipeline.config import JobConfig
-from pipeline.errors import (
+from prefixflow.pipeline import facade
+from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
     DUPLICATE_ID,
     NULL_ID,
@@ -20,7 +20,7 @@ from pipeline.errors import (
     TEMPLATE_ERROR,
     RowError,
 )
-from pipeline.prompts import as_text, chat_wrapper, check_nonempty, render_template
+from prefixflow.pipeline.prompts import as_text, chat_wrapper, check_nonempty, render_template
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
 FLOAT_PARAMS = {"temperature", "top_p", "min_p"}

@@ -7,17 +7,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline import commit as commits
-from pipeline.errors import RowError, ShardError
-from pipeline.hooks import hook
-from pipeline.output_root import check_fingerprint, load_duplicates, output_layout, read_run_record
-from pipeline.outputs import base_record, encode_part, error_record, output_schema
-from pipeline.planning import Shard
-from pipeline.rows import Prepared, RowPreparer, derived_id
-from pipeline.sources import read_rows
-from pipeline.spec import JobSpec
-from pipeline.storage import Store
-from pipeline.tasks import execute
+from prefixflow.pipeline import commit as commits
+from prefixflow.pipeline.errors import RowError, ShardError
+from prefixflow.pipeline.hooks import hook
+from prefixflow.pipeline.output_root import check_fingerprint, load_duplicates, output_layout, read_run_record
+from prefixflow.pipeline.outputs import base_record, encode_part, error_record, output_schema
+from prefixflow.pipeline.planning import Shard
+from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
+from prefixflow.pipeline.sources import read_rows
+from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.tasks import execute
 
 
 class ProgressSink(Protocol):

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import StorageConfig
-from pipeline.errors import InputError
-from pipeline.storage import Store
+from prefixflow.pipeline.config import StorageConfig
+from prefixflow.pipeline.errors import InputError
+from prefixflow.pipeline.storage import Store
 
 _GLOB_CHARS = "*?["
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import ENGINE_OUTPUT_KEYS, JobConfig, parse_job_config
-from pipeline.errors import JobConfigError
-from pipeline.prompts import template_columns
+from prefixflow.pipeline.config import ENGINE_OUTPUT_KEYS, JobConfig, parse_job_config
+from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.prompts import template_columns
 
 # load_job(**overrides) shortcuts: flag name -> (section, key); section None means top level.
 SHORTCUTS: dict[str, tuple[str | None, str]] = {
@@ -95,7 +95,7 @@ def model_identity(model: str, dtype: str = "auto", device: str = "auto") -> dic
 
 @functools.lru_cache(maxsize=32)
 def _describe(model: str, dtype: str, device: str, stat_key: tuple) -> dict[str, Any]:
-    from pipeline.facade import describe_model
+    from prefixflow.pipeline.facade import describe_model
 
     try:
         return describe_model(model, dtype=dtype, device=device)

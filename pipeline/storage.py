@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from pipeline.config import StorageConfig
+from prefixflow.pipeline.config import StorageConfig
 
 
 def storage_options(url: str, cfg: StorageConfig) -> dict[str, Any]:

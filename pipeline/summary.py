@@ -7,12 +7,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline import commit as commits
-from pipeline.config import parse_job_config
-from pipeline.layout import Layout
-from pipeline.output_root import output_layout, read_run_record
-from pipeline.planning import plan_shards
-from pipeline.spec import JobSpec
+from prefixflow.pipeline import commit as commits
+from prefixflow.pipeline.config import parse_job_config
+from prefixflow.pipeline.layout import Layout
+from prefixflow.pipeline.output_root import output_layout, read_run_record
+from prefixflow.pipeline.planning import plan_shards
+from prefixflow.pipeline.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,9 @@ def finalize(spec: JobSpec) -> RunSummary:
 
 def status(output: str, storage=None) -> tuple[RunSummary, dict[str, Any] | None]:
     """Where a run stands, from its output root alone (re-plans the input when it is reachable)."""
-    from pipeline.config import StorageConfig
-    from pipeline.errors import JobConfigError
-    from pipeline.storage import Store
+    from prefixflow.pipeline.config import StorageConfig
+    from prefixflow.pipeline.errors import JobConfigError
+    from prefixflow.pipeline.storage import Store
 
     storage = storage or StorageConfig()
     layout = Layout(Store.open(output, storage))

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.config import JobConfig
-from pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
-from pipeline.outputs import error_record
-from pipeline.rows import Prepared, RowPreparer
+from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
+from prefixflow.pipeline.outputs import error_record
+from prefixflow.pipeline.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
 

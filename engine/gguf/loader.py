@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from gguf import GGUFReader
 
-from engine.gguf.files import find_gguf_file
-from engine.gguf.metadata import build_hf_config, field_value
-from engine.gguf.tensors import check_tensors, iter_hf_weights
-from engine.gguf.tokenizer import build_tokenizer, chat_template, eos_token_ids
-from engine.model_source import ModelSource
+from prefixflow.engine.gguf.files import find_gguf_file
+from prefixflow.engine.gguf.metadata import build_hf_config, field_value
+from prefixflow.engine.gguf.tensors import check_tensors, iter_hf_weights
+from prefixflow.engine.gguf.tokenizer import build_tokenizer, chat_template, eos_token_ids
+from prefixflow.engine.model_source import ModelSource
 
 
 def load_gguf_source(path: str | Path, dtype: torch.dtype = torch.float32) -> ModelSource:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from engine.gguf.metadata import field_value
+from prefixflow.engine.gguf.metadata import field_value
 
 # llama.cpp keys for tokens that end a turn: plain EOS, end-of-turn (Llama 3 <|eot_id|>), end-of-message.
 _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -59,7 +59,7 @@ def _cache_dir(cache_key: str) -> Path:
     import tokenizers
     import transformers
 
-    from engine.presets import cache_dir
+    from prefixflow.engine.presets import cache_dir
 
     versions = f"{transformers.__version__}/{tokenizers.__version__}"
     key = hashlib.sha256(f"{cache_key}/{versions}".encode()).hexdigest()[:24]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata
-from engine.model_config import ModelConfig
-from engine.models.linear import Linear
-from engine.models.norm import RMSNorm
+from prefixflow.engine.attention import AttentionBackend, AttentionMetadata
+from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.models.linear import Linear
+from prefixflow.engine.models.norm import RMSNorm
 
 
 class Attention(nn.Module):

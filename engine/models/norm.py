@@ -14,7 +14,6 @@ class RMSNorm(nn.Module):
         self.ops = None  # set by the model runner to the chosen kernels backend
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        import kernels
-
+        from prefixflow import kernels
         ops = self.ops or kernels
         return ops.rms_norm(x, self.weight, self.eps, residual)

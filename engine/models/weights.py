@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import torch
 
-from engine.models.linear import Linear
-from engine.models.llama import LlamaForCausalLM
+from prefixflow.engine.models.linear import Linear
+from prefixflow.engine.models.llama import LlamaForCausalLM
 
 # checkpoint projection name -> (our merged module, shard index)
 _MERGED = {

@@ -10,8 +10,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels.triton_* import
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.decode_graphs import DecodeGraphs, bucket_sizes  # noqa: E402
+from prefixflow.engine import LLM, SamplingParams  # noqa: E402
+from prefixflow.engine.decode_graphs import DecodeGraphs, bucket_sizes  # noqa: E402
 from tests.engine.hf_models import hf_greedy, random_prompts  # noqa: E402
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)

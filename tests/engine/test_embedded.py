@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import embedded
-from engine.embedded import EMBEDDED_MODELS, EmbeddedModelMissing, resolve_embedded
+from prefixflow.engine import embedded
+from prefixflow.engine.embedded import EMBEDDED_MODELS, EmbeddedModelMissing, resolve_embedded
 
 
 def test_unknown_names_are_not_embedded():

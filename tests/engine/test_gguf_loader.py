@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.gguf_loader import SUPPORTED_TYPES, find_gguf_file, is_gguf_path, load_gguf_source
+from prefixflow.engine.gguf_loader import SUPPORTED_TYPES, find_gguf_file, is_gguf_path, load_gguf_source
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -361,7 +361,7 @@ def test_hf_directory_that_also_holds_a_gguf_is_not_a_gguf_path(f32_file, tmp_pa
 
 @pytest.mark.parametrize("as_dir", [False, True])
 def test_engine_on_a_gguf_path_matches_the_transformers_model(hf_model, f32_file, tmp_path, as_dir):
-    from engine import LLM, SamplingParams
+    from prefixflow.engine import LLM, SamplingParams
 
     model = f32_file
     if as_dir:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.embedded import resolve_embedded
+from prefixflow.engine.embedded import resolve_embedded
 
 MAX_TOKENS = 24
 QUESTIONS = [
@@ -50,7 +50,7 @@ def one_thread():
 def test_engine_greedy_tokens_equal_transformers_gguf(gguf_path, one_thread):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine import LLM, SamplingParams
+    from prefixflow.engine import LLM, SamplingParams
 
     llm = LLM(model="smollm2-135m-instruct", dtype="float32")
     prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]

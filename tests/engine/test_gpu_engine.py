@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from prefixflow.engine import LLM, SamplingParams
 from tests.engine.hf_models import hf_greedy, random_prompts
 
 pytestmark = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
+from prefixflow.engine import LLM, SamplingParams
 from tests.engine.hf_models import hf_greedy, random_prompts
 
 MAX_NEW = 10

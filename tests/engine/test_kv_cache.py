@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.request import Request
+from prefixflow.engine.sampling_params import SamplingParams
 
 
 def make(index: int, tokens: list[int]) -> Request:
@@ -79,9 +79,9 @@ def test_prefix_hashes_are_the_same_in_every_process():
     import subprocess
     import sys
 
-    from engine.block_pool import chain_hash
+    from prefixflow.engine.block_pool import chain_hash
 
-    code = "from engine.block_pool import chain_hash; print(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5]))"
+    code = "from prefixflow.engine.block_pool import chain_hash; print(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5]))"
     seen = set()
     for seed in ("0", "1", "12345"):  # string hashing is salted per process; ours must not be
         env = {**os.environ, "PYTHONHASHSEED": seed}

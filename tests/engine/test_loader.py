@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.loader import ModelNotFoundError, load_hf_dir
-from engine.model_config import ModelConfig, UnsupportedModelError
+from prefixflow.engine import LLM, SamplingParams
+from prefixflow.engine.loader import ModelNotFoundError, load_hf_dir
+from prefixflow.engine.model_config import ModelConfig, UnsupportedModelError
 from tests.engine.hf_models import hf_greedy, random_prompts
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine import LLM, SamplingParams
+from prefixflow.engine import LLM, SamplingParams
 from tests.engine.hf_models import hf_greedy
 
 PARAMS = SamplingParams(max_tokens=5, ignore_eos=True)

@@ -8,10 +8,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, Status
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.request import Request, Status
+from prefixflow.engine.sampling_params import SamplingParams
+from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
 
 
 def check_invariants(kv: KVCacheManager, sched: Scheduler, shadow: dict[int, int]) -> None:

@@ -24,7 +24,7 @@ def one_thread():
 
 
 def test_review_labeling_accuracy_stays_above_the_floor(one_thread):
-    from engine import LLM
+    from prefixflow.engine import LLM
 
     reviews = read_jsonl("reviews.jsonl")
     assert len(reviews) == 60

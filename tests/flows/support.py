@@ -28,7 +28,7 @@ EMPTY_PROMPT_IDS = {"b-03"}
 def pipeline_ready() -> bool:
     """True once the pipeline package exports the functions the flows call."""
     try:
-        import pipeline
+        from prefixflow import pipeline
     except ImportError:
         return False
     return all(hasattr(pipeline, n) for n in ("load_job", "plan_shards", "run_shard", "finalize"))

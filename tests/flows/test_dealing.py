@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from flows.dealing import deal_shards
+from prefixflow.flows.dealing import deal_shards
 
 
 @dataclass(frozen=True)

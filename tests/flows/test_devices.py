@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.devices import DeviceGroup, device_groups, gpu_ids
+from prefixflow.flows.devices import DeviceGroup, device_groups, gpu_ids
 
 
 @pytest.mark.parametrize(

@@ -39,11 +39,11 @@ def test_two_concurrent_flows_never_share_a_device(
 ):
     """Each flow has 2 lanes; with 2 (simulated) GPUs the first lanes of both flows compete for
     GPU 0, so without per-device limits two lanes would run on it at once."""
-    from flows import batch_inference
+    from prefixflow.flows import batch_inference
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     pinned: list[int] = []
-    monkeypatch.setattr("flows.lanes.pin_thread_to_gpu", pinned.append)
+    monkeypatch.setattr("prefixflow.flows.lanes.pin_thread_to_gpu", pinned.append)
     inp, ids = dataset
 
     def run(out: Path) -> Any:

@@ -29,7 +29,7 @@ pytestmark = [requires_pipeline, pytest.mark.timeout(300)]
 
 
 def _run(inp: Path, out: Path, **kw: Any) -> Any:
-    from flows import batch_inference
+    from prefixflow.flows import batch_inference
 
     params: dict[str, Any] = dict(lanes=2, retry_delay_s=0.0, progress_poll_s=0.5)
     params.update(kw)

@@ -43,7 +43,7 @@ def test_ray_lanes_exactly_once(
 ):
     import ray
 
-    from flows import batch_inference
+    from prefixflow.flows import batch_inference
 
     inp, ids = dataset
     out = tmp_path / "out"

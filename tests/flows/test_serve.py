@@ -61,7 +61,7 @@ def test_serve_registers_cron_deployment_runs_it_and_stops_on_sigterm(prefect_se
     argv = ["serve", "--name", "nightly", "--cron", "0 3 * * *", "--input", str(tmp_path / "in"),
             "--output", str(tmp_path / "out"), "--model", "tiny", "--job", str(job), "--shard-rows",
             str(SHARD_ROWS), "--lanes", "2", "--max-tokens", "4", "--retry-delay", "0"]  # fmt: skip
-    cmd = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())", *argv]
+    cmd = [sys.executable, "-c", "import sys; from prefixflow.flows.cli import main; sys.exit(main())", *argv]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -73,7 +73,7 @@ def test_serve_registers_cron_deployment_runs_it_and_stops_on_sigterm(prefect_se
             deployment = asyncio.run(_deployment("nightly"))
         assert deployment is not None, f"no deployment registered; serve said:\n{_drain(proc)}"
         assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-        assert deployment.entrypoint == "flows.flow.batch_inference"
+        assert deployment.entrypoint == "prefixflow.flows.flow.batch_inference"
         assert deployment.parameters["lanes"] == 2 and deployment.parameters["model"] == "tiny"
         assert deployment.parameters["max_tokens"] == 4
         assert proc.poll() is None, "serve exited while it should be serving"
@@ -98,7 +98,7 @@ def test_work_pool_deployment_with_interval(prefect_server: str, tmp_path: Path)
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from flows.cli import serve_main
+    from prefixflow.flows.cli import serve_main
 
     async def make_pool() -> None:
         async with get_client() as client:

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flows.devices import DeviceGroup, device_groups
-from flows.slots import DeviceLimitUnavailable, ensure_limits, hold_devices, lane_devices
+from prefixflow.flows.devices import DeviceGroup, device_groups
+from prefixflow.flows.slots import DeviceLimitUnavailable, ensure_limits, hold_devices, lane_devices
 
 pytestmark = pytest.mark.timeout(120)
 LOG = logging.getLogger("test-slots")

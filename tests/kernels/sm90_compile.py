@@ -25,7 +25,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import triton_activation, triton_attention, triton_norm, triton_rotary, triton_store_kv  # noqa: E402
+from prefixflow.kernels import (  # noqa: E402
+    triton_activation,
+    triton_attention,
+    triton_norm,
+    triton_rotary,
+    triton_store_kv,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 _POINTER_DTYPES = {

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import backend, reference
+from prefixflow import kernels
+from prefixflow.kernels import backend, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_import_without_triton() -> None:
         "import sys, importlib.util\n"
         "sys.modules['triton'] = None\n"
         "importlib.util.find_spec = (lambda f: (lambda n, *a: None if n == 'triton' else f(n, *a)))(importlib.util.find_spec)\n"
-        "import kernels\n"
+        "from prefixflow import kernels\n"
         "assert kernels.select('auto', 'cpu').name == 'torch'\n"
         "try:\n    kernels.select('triton', 'cpu')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
     )
@@ -67,7 +67,7 @@ def test_import_without_triton() -> None:
 
 def test_forced_triton_on_cpu_without_interpreter_is_refused() -> None:
     pytest.importorskip("triton")
-    code = "import kernels\ntry:\n    kernels.select('triton', 'cpu')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
+    code = "from prefixflow import kernels\ntry:\n    kernels.select('triton', 'cpu')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
     proc = run_isolated(code, {"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert "TRITON_INTERPRET=1" in proc.stdout

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-engine = pytest.importorskip("engine")
+engine = pytest.importorskip("prefixflow.engine")
 pytest.importorskip("triton")
 
 PROMPTS = [[1, 5, 9, 33, 7] * 6, [3, 4] * 10 + [8], [1, 5, 9, 33, 7] * 6 + [11, 12], [42]]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+from prefixflow import kernels
+from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import build_paged_batch, poisoned_like, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +28,7 @@ def test_auto_backend_is_triton_on_cuda() -> None:
 @pytest.mark.parametrize("heads_dim", [(32, 8, 128), (32, 8, 64), (8, 1, 128)], ids=["8b", "1b", "mqa"])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_attention_real_mixed_step(heads_dim: tuple[int, int, int], block_size: int) -> None:
-    from kernels import triton_attention
+    from prefixflow.kernels import triton_attention
 
     hq, hkv, d = heads_dim
     shapes = [(1, 1500), (1, 900), (256, 768), (300, 300), (1, 2048), (129, 2000)]
@@ -43,7 +43,7 @@ def test_attention_real_mixed_step(heads_dim: tuple[int, int, int], block_size: 
 @pytest.mark.parametrize("splits", [None, 1, 8])
 def test_attention_small_decode_batch(dtype: torch.dtype, splits: int | None) -> None:
     """Four long decodes: the automatic choice takes the split-KV path here."""
-    from kernels import triton_attention
+    from prefixflow.kernels import triton_attention
 
     batch = build_paged_batch([(1, 4000), (1, 17), (1, 2500), (1, 1024)], 32, 8, 128, 16, dtype, CUDA, seed=5)
     ref = reference.paged_attention(*attention_args(batch), 128**-0.5)
@@ -54,7 +54,7 @@ def test_attention_small_decode_batch(dtype: torch.dtype, splits: int | None) ->
 
 def test_attention_decode_is_cuda_graph_safe() -> None:
     """Captured once, replayed with new lengths written into the same input buffers."""
-    from kernels import triton_attention
+    from prefixflow.kernels import triton_attention
 
     batch = build_paged_batch([(1, 600)] * 8, 32, 8, 128, 16, torch.bfloat16, CUDA, seed=9)
     out = torch.empty_like(batch.q)
@@ -73,7 +73,7 @@ def test_attention_decode_is_cuda_graph_safe() -> None:
 
 
 def test_store_kv_real_shape() -> None:
-    from kernels import triton_store_kv
+    from prefixflow.kernels import triton_store_kv
 
     k_cache = torch.full((2048, 16, 8, 128), float("nan"), dtype=torch.bfloat16, device=CUDA)
     v_cache = torch.full_like(k_cache, float("nan"))
@@ -89,7 +89,7 @@ def test_store_kv_real_shape() -> None:
 
 
 def test_rms_norm_real_shape() -> None:
-    from kernels import triton_norm
+    from prefixflow.kernels import triton_norm
 
     x = torch.randn(4096, 4096, dtype=torch.bfloat16, device=CUDA)
     res = torch.randn_like(x)
@@ -102,7 +102,7 @@ def test_rms_norm_real_shape() -> None:
 
 
 def test_rotary_and_silu_real_shape() -> None:
-    from kernels import triton_activation, triton_rotary
+    from prefixflow.kernels import triton_activation, triton_rotary
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
+from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import DEVICE, poisoned_like, relative_error
 
 F32_BOUND = 1e-5
@@ -31,7 +31,7 @@ def test_reference_rms_norm_formula(hidden: int) -> None:
 @pytest.mark.parametrize("hidden", [64, 96])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_triton_rms_norm(hidden: int, with_residual: bool) -> None:
-    triton_norm = pytest.importorskip("kernels.triton_norm")
+    triton_norm = pytest.importorskip("prefixflow.kernels.triton_norm")
     x, res, w = rand(7, hidden, seed=hidden), rand(7, hidden, seed=4), rand(hidden, seed=5)
     out = poisoned_like(x)
     if with_residual:
@@ -47,8 +47,8 @@ def test_triton_rms_norm(hidden: int, with_residual: bool) -> None:
 
 def test_triton_bf16_rms_norm_and_silu() -> None:
     """bf16 in and out; the interpreter truncates float32 -> bf16 (GPUs round), hence a bf16 bound."""
-    triton_norm = pytest.importorskip("kernels.triton_norm")
-    triton_act = pytest.importorskip("kernels.triton_activation")
+    triton_norm = pytest.importorskip("prefixflow.kernels.triton_norm")
+    triton_act = pytest.importorskip("prefixflow.kernels.triton_activation")
     x, res, w = (rand(7, 64, seed=s).bfloat16() for s in (7, 8, 9))
     out, res_out = poisoned_like(x), poisoned_like(x)
     triton_norm.rms_norm(x, w[0], 1e-5, res, out=out, residual_out=res_out)
@@ -68,7 +68,7 @@ def test_reference_silu_and_mul_formula() -> None:
 
 @pytest.mark.parametrize("inter", [64, 80, 1500])
 def test_triton_silu_and_mul(inter: int) -> None:
-    triton_act = pytest.importorskip("kernels.triton_activation")
+    triton_act = pytest.importorskip("prefixflow.kernels.triton_activation")
     x = 4 * rand(5, 2 * inter, seed=inter)  # wide range: exercises both saturation ends of the sigmoid
     out = poisoned_like(x[:, :inter])
     triton_act.silu_and_mul(x, out=out)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import reference
+from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import PagedBatch, build_paged_batch, relative_error
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import DEVICE, PagedBatch, build_paged_batch, poisoned_like, relative_error
 
-triton_attention = pytest.importorskip("kernels.triton_attention")
+triton_attention = pytest.importorskip("prefixflow.kernels.triton_attention")
 
 MIXED = [(1, 37), (7, 30), (20, 20)]  # decode, prefill chunk over a cached prefix, fresh prefill
 F32_BOUND = 2e-5

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from kernels import build_rope_cache, reference
-from kernels.rope_cache import rope_inv_freq
+from prefixflow.kernels import build_rope_cache, reference
+from prefixflow.kernels.rope_cache import rope_inv_freq
 from tests.kernels.kernel_testlib import DEVICE, poisoned_like, relative_error
 
 LLAMA3 = {
@@ -111,7 +111,7 @@ def test_reference_rotary_matches_transformers_apply() -> None:
 
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_triton_rotary(head_dim: int) -> None:
-    triton_rotary = pytest.importorskip("kernels.triton_rotary")
+    triton_rotary = pytest.importorskip("prefixflow.kernels.triton_rotary")
     q, k, positions = rotary_inputs(head_dim, seed=head_dim + 1)
     cache = build_rope_cache(head_dim, 4096, 500000.0, LLAMA3).to(DEVICE)
     out = (poisoned_like(q), poisoned_like(k))

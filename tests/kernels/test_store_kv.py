@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import DEVICE
 
 NUM_BLOCKS, HKV, D = 6, 2, 32
@@ -33,7 +33,7 @@ def run(store, block_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_store_kv_writes_exactly_the_mapped_slots(impl: str, block_size: int) -> None:
     store = (
-        reference.store_kv if impl == "reference" else pytest.importorskip("kernels.triton_store_kv").store_kv
+        reference.store_kv if impl == "reference" else pytest.importorskip("prefixflow.kernels.triton_store_kv").store_kv
     )
     k_cache, v_cache, key, value, slots = run(store, block_size, seed=block_size)
     flat_k = k_cache.view(-1, HKV, D)
@@ -48,7 +48,7 @@ def test_store_kv_writes_exactly_the_mapped_slots(impl: str, block_size: int) ->
 
 
 def test_triton_store_kv_matches_reference_bitwise() -> None:
-    triton_store = pytest.importorskip("kernels.triton_store_kv").store_kv
+    triton_store = pytest.importorskip("prefixflow.kernels.triton_store_kv").store_kv
     ref = run(reference.store_kv, 16, seed=5)
     out = run(triton_store, 16, seed=5)
     torch.testing.assert_close(out[0], ref[0], rtol=0, atol=0, equal_nan=True)

@@ -13,7 +13,7 @@ from tests.pipeline.support import ENGINE, MODEL
 @pytest.fixture(scope="session")
 def tiny_llm():
     """The random tiny preset with the tests' small settings, loaded once (loading costs seconds)."""
-    from engine import LLM
+    from prefixflow.engine import LLM
 
     return LLM(model=MODEL, **ENGINE)
 

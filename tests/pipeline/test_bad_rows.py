@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from pipeline import load_job
-from pipeline.local_run import run_local
+from prefixflow.pipeline import load_job
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 
 LONG = " ".join(["word"] * 400)
@@ -90,8 +90,8 @@ def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
 
 
 def test_output_columns_match_the_reserved_names() -> None:
-    from pipeline.config import OUTPUT_COLUMNS, parse_job_config
-    from pipeline.outputs import output_schema
+    from prefixflow.pipeline.config import OUTPUT_COLUMNS, parse_job_config
+    from prefixflow.pipeline.outputs import output_schema
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
     assert output_schema(cfg, None).names == list(OUTPUT_COLUMNS)

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import load_job
-from pipeline.cli import main
-from pipeline.local_run import run_local
+from prefixflow.pipeline import load_job
+from prefixflow.pipeline.cli import main
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "prefixflow.pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
 
 
@@ -30,7 +30,7 @@ def test_help_names_every_command() -> None:
 
 
 def test_serve_dispatches_to_flows_when_installed() -> None:
-    res = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--help"], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "prefixflow serve" in res.stdout

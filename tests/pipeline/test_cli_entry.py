@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from prefixflow.pipeline.cli import main
 from tests.pipeline.support import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=120)  # fmt: skip
 
 
-BLOCK_PREFECT = "import sys; sys.modules['prefect'] = None; from flows.cli import main; sys.exit(main())"
+BLOCK_PREFECT = "import sys; sys.modules['prefect'] = None; from prefixflow.flows.cli import main; sys.exit(main())"
 
 
 def test_console_script_works_without_prefect_and_lists_serve(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_pipeline_never_imports_flows() -> None:
     res = _python("import sys, pipeline.cli; sys.exit(pipeline.cli.main(['serve']))")
     assert res.returncode == 2 and "prefixflow serve" in res.stderr
     code = (
-        "import sys, pipeline.cli, pipeline; print(sorted(m for m in sys.modules if m.startswith('flows')))"
+        "import sys, prefixflow.pipeline.cli, prefixflow.pipeline; print(sorted(m for m in sys.modules if m.startswith('prefixflow.flows')))"
     )
     assert _python(code).stdout.strip() == "[]"
-    assert "flows.cli:main" in (REPO / "pyproject.toml").read_text()
+    assert "prefixflow.flows.cli:main" in (REPO / "pyproject.toml").read_text()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import JobConfigError, load_job
+from prefixflow.pipeline import JobConfigError, load_job
 
 REPO = Path(__file__).resolve().parents[2]
 

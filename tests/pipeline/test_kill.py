@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 import yaml
 
-from pipeline import load_job
-from pipeline.hooks import POINTS
-from pipeline.local_run import run_local
+from prefixflow.pipeline import load_job
+from prefixflow.pipeline.hooks import POINTS
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ JOB = job("generate", output={"shard_rows": 6, "flush_rows": 2})
 
 def _command(inp: Path, out: str, job_file: Path, endpoint: str | None) -> list[str]:
     extra = ["--endpoint-url", endpoint] if endpoint else []
-    return [sys.executable, "-m", "pipeline.cli", "run", "--input", str(inp), "--output", out,
+    return [sys.executable, "-m", "prefixflow.pipeline.cli", "run", "--input", str(inp), "--output", out,
             "--model", "tiny", "--job", str(job_file), "--no-progress", *extra]  # fmt: skip
 
 

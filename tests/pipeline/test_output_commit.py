@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import (
+from prefixflow.pipeline import (
     FingerprintMismatch,
     OutputNotPrepared,
     finalize,
@@ -17,12 +17,12 @@ from pipeline import (
     prepare_output,
     run_shard,
 )
-from pipeline import commit as commits
-from pipeline.config import StorageConfig
-from pipeline.layout import Layout
-from pipeline.output_root import output_layout
-from pipeline.outputs import base_record, encode_part, output_schema
-from pipeline.storage import Store
+from prefixflow.pipeline import commit as commits
+from prefixflow.pipeline.config import StorageConfig
+from prefixflow.pipeline.layout import Layout
+from prefixflow.pipeline.output_root import output_layout
+from prefixflow.pipeline.outputs import base_record, encode_part, output_schema
+from prefixflow.pipeline.storage import Store
 from tests.pipeline.support import job, write_dataset
 
 
@@ -133,7 +133,7 @@ def test_paths_are_normalized_for_resume(tmp_path: Path, monkeypatch: pytest.Mon
 def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
     import time
 
-    from pipeline.runner import _Flusher
+    from prefixflow.pipeline.runner import _Flusher
 
     spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
     prepare_output(spec)
@@ -147,7 +147,7 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
 
 
 def test_a_column_missing_from_every_file_fails_fast(tmp_path: Path) -> None:
-    from pipeline import JobConfigError
+    from prefixflow.pipeline import JobConfigError
 
     spec = _spec(tmp_path, template="{{ txt }}", keep_columns=["titel"])
     with pytest.raises(JobConfigError) as info:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import InputError, describe_shards, load_job, plan_shards
+from prefixflow.pipeline import InputError, describe_shards, load_job, plan_shards
 from tests.pipeline.support import docs, write_dataset, write_parquet
 
 

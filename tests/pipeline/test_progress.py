@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from pipeline.progress import RichProgress
+from prefixflow.pipeline.progress import RichProgress
 
 
 def test_progress_counts_rows_and_rates() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import BAD_TYPE, NULL_PROMPT, TEMPLATE_ERROR, UNDECODABLE_TEXT, RowError
-from pipeline.prompts import as_text, render_template, static_prefix, template_columns
+from prefixflow.pipeline.errors import BAD_TYPE, NULL_PROMPT, TEMPLATE_ERROR, UNDECODABLE_TEXT, RowError
+from prefixflow.pipeline.prompts import as_text, render_template, static_prefix, template_columns
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import pyarrow.fs as pafs
 import pytest
 import s3fs
 
-from pipeline import FingerprintMismatch, load_job, plan_shards, prepare_output
-from pipeline.cli import main
-from pipeline.config import StorageConfig
-from pipeline.local_run import run_local
-from pipeline.storage import Store
+from prefixflow.pipeline import FingerprintMismatch, load_job, plan_shards, prepare_output
+from prefixflow.pipeline.cli import main
+from prefixflow.pipeline.config import StorageConfig
+from prefixflow.pipeline.local_run import run_local
+from prefixflow.pipeline.storage import Store
 from tests.pipeline.support import job, write_dataset
 
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pipeline import load_job
-from pipeline.rows import RowPreparer
+from prefixflow.pipeline import load_job
+from prefixflow.pipeline.rows import RowPreparer
 from tests.pipeline.support import job
 
 WORDS = 300
