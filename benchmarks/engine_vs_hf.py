@@ -24,7 +24,7 @@ from benchmarks.common import (
     setup_threads,
     write_json,
 )
-from benchmarks.runners import best_of, greedy_agreement, make_llm, release, run_hf_generate, run_prefixflow
+from benchmarks.peers import best_of, greedy_agreement, make_llm, release, run_hf_generate, run_prefixflow
 
 
 def workload(n: int, min_len: int, max_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:

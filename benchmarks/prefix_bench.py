@@ -27,7 +27,7 @@ from benchmarks.common import (
     setup_threads,
     write_json,
 )
-from benchmarks.runners import make_llm, release, run_prefixflow
+from benchmarks.peers import make_llm, release, run_prefixflow
 
 COLUMNS = [
     "config", "kv_blocks", "computed_prompt_tokens", "computed/distinct", "computed/block_min",

@@ -27,7 +27,7 @@ from benchmarks.common import (
     setup_threads,
     write_json,
 )
-from benchmarks.runners import (
+from benchmarks.peers import (
     RunResult,
     best_of,
     continuous_batching_support,

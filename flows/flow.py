@@ -14,8 +14,8 @@ from prefect.task_runners import TaskRunner
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metrics
-from prefixflow.flows.runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.flows.slots import DEFAULT_LIMIT
+from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
     JobSpec,
     ShardInfo,

@@ -15,8 +15,8 @@ from prefect.cache_policies import NO_CACHE
 
 from prefixflow.flows.devices import DeviceGroup
 from prefixflow.flows.faults import fail_once_after_commit
-from prefixflow.flows.runners import pin_thread_to_gpu
 from prefixflow.flows.slots import lane_devices
+from prefixflow.flows.task_runners import pin_thread_to_gpu
 from prefixflow.pipeline import JobSpec, Shard, ShardResult, is_committed, open_engine, run_shard
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack

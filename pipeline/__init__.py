@@ -2,7 +2,7 @@
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
 from prefixflow.pipeline.config import JobConfig
-from prefixflow.pipeline.engine_lane import open_engine
+from prefixflow.pipeline.engine_access import open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
@@ -12,9 +12,9 @@ from prefixflow.pipeline.errors import (
     PipelineError,
     ShardError,
 )
-from prefixflow.pipeline.output_root import prepare_output
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
-from prefixflow.pipeline.runner import ProgressSink, ShardResult, is_committed, run_shard
+from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.shard_execution import ProgressSink, ShardResult, is_committed, run_shard
 from prefixflow.pipeline.spec import JobSpec, load_job
 from prefixflow.pipeline.summary import RunSummary, finalize, status
 

@@ -24,7 +24,7 @@ SAMPLING_KEYS = (
 # Engine settings that can change outputs and therefore belong in the job fingerprint.
 ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "attention_backend")
 
-# Columns every output row has (pipeline/outputs.py builds them); kept input columns may not reuse them.
+# Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
                   "output_tokens", "latency_s", "source_file", "row_index", "label", "label_probs")  # fmt: skip
 
@@ -204,7 +204,7 @@ def _engine(data: Any) -> dict:
     d = {} if data is None else data
     if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
         return {}
-    from prefixflow.pipeline.facade import EngineConfig  # validated by the engine's own dataclass
+    from prefixflow.pipeline.engine_access import EngineConfig  # validated by the engine's own dataclass
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
@@ -274,7 +274,7 @@ def _check_template(source: str | None, path: str) -> None:
 def _check_sampling(values: dict) -> None:
     if not values:
         return
-    from prefixflow.pipeline.facade import SamplingParams
+    from prefixflow.pipeline.engine_access import SamplingParams
 
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     problem = SamplingParams(**values).validation_error()

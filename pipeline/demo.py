@@ -36,7 +36,7 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
     workdir = os.path.abspath(workdir)
     data = write_sample(os.path.join(workdir, "input"), max(1, min(rows, 24)))
     console.print(f"[bold]sample data[/] {data}  ({min(rows, 24)} product reviews)")
-    from prefixflow.pipeline.engine_lane import open_engine
+    from prefixflow.pipeline.engine_access import open_engine
 
     llm = None
     failed = 0

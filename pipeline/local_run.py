@@ -10,12 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from prefixflow.pipeline.engine_lane import open_engine
+from prefixflow.pipeline.engine_access import open_engine
 from prefixflow.pipeline.errors import ShardError
-from prefixflow.pipeline.output_root import prepare_output
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import RichProgress
-from prefixflow.pipeline.runner import is_committed, run_shard
+from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.shard_execution import is_committed, run_shard
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
 

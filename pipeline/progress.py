@@ -17,7 +17,7 @@ from rich.progress import (
 
 
 class RichProgress:
-    """Implements pipeline.runner.ProgressSink. Use as a context manager around the shard loop."""
+    """Implements pipeline.shard_execution.ProgressSink. Use as a context manager around the shard loop."""
 
     def __init__(self, total_rows: int, console: Console | None = None, enabled: bool | None = None) -> None:
         self.console = console or Console(stderr=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixflow.pipeline import facade
+from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
@@ -94,7 +94,7 @@ class RowPreparer:
             values[name] = value
         if isinstance(values.get("stop"), list):
             values["stop"] = tuple(values["stop"])
-        params = facade.SamplingParams(**values)
+        params = engine_access.SamplingParams(**values)
         problem = params.validation_error()
         if problem:
             raise RowError(BAD_SAMPLING, problem)

@@ -95,7 +95,7 @@ def model_identity(model: str, dtype: str = "auto", device: str = "auto") -> dic
 
 @functools.lru_cache(maxsize=32)
 def _describe(model: str, dtype: str, device: str, stat_key: tuple) -> dict[str, Any]:
-    from prefixflow.pipeline.facade import describe_model
+    from prefixflow.pipeline.engine_access import describe_model
 
     try:
         return describe_model(model, dtype=dtype, device=device)

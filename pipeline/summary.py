@@ -10,8 +10,8 @@ from typing import Any
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline.config import parse_job_config
 from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.output_root import output_layout, read_run_record
 from prefixflow.pipeline.planning import plan_shards
+from prefixflow.pipeline.run_record import output_layout, read_run_record
 from prefixflow.pipeline.spec import JobSpec
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -50,9 +51,13 @@ def test_unknown_name_is_an_attribute_error() -> None:
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout(tmp_path: Path) -> None:
+    # Build from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".venv", "prefixflow-demo", ".hypothesis"))  # fmt: skip
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(REPO)], check=True, capture_output=True, timeout=300)  # fmt: skip
+                    str(wheels), str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = wheels.glob("prefixflow-*.whl")
     # The venv sees this interpreter's packages (torch, ...) but gets its own prefixflow from the wheel.
     env_dir = tmp_path / "venv"

@@ -20,8 +20,8 @@ from prefixflow.pipeline import (
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.output_root import output_layout
-from prefixflow.pipeline.outputs import base_record, encode_part, output_schema
+from prefixflow.pipeline.output_schema import base_record, encode_part, output_schema
+from prefixflow.pipeline.run_record import output_layout
 from prefixflow.pipeline.storage import Store
 from tests.pipeline.support import job, write_dataset
 
@@ -133,7 +133,7 @@ def test_paths_are_normalized_for_resume(tmp_path: Path, monkeypatch: pytest.Mon
 def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
     import time
 
-    from prefixflow.pipeline.runner import _Flusher
+    from prefixflow.pipeline.shard_execution import _Flusher
 
     spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
     prepare_output(spec)

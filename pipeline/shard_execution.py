@@ -10,14 +10,14 @@ from typing import Any, Protocol
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline.errors import RowError, ShardError
 from prefixflow.pipeline.hooks import hook
-from prefixflow.pipeline.output_root import check_fingerprint, load_duplicates, output_layout, read_run_record
-from prefixflow.pipeline.outputs import base_record, encode_part, error_record, output_schema
+from prefixflow.pipeline.inference import execute
+from prefixflow.pipeline.output_schema import base_record, encode_part, error_record, output_schema
 from prefixflow.pipeline.planning import Shard
 from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
+from prefixflow.pipeline.run_record import check_fingerprint, load_duplicates, output_layout, read_run_record
 from prefixflow.pipeline.sources import read_rows
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
-from prefixflow.pipeline.tasks import execute
 
 
 class ProgressSink(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
-from prefixflow.pipeline.outputs import error_record
+from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
