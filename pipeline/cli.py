@@ -138,15 +138,18 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
              "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
              "error": i.shard.error} for i in infos]  # fmt: skip
+    broken = [r for r in rows if r["error"]]
     if args.json:
         print(json.dumps({"shards": rows, "num_rows": sum(r["num_rows"] for r in rows)}))
-        return 0
-    for r in rows:
-        note = f"  [red]{r['error']}[/]" if r["error"] else ""
-        console.print(f"{r['shard_id']}  rows {r['rows'][0]}-{r['rows'][1]}  ~{r['est_tokens']} tokens{note}")
-    console.print(f"[bold]{len(rows)} shards, {sum(r['num_rows'] for r in rows)} rows, "
-                  f"~{sum(r['est_tokens'] for r in rows)} tokens[/]")  # fmt: skip
-    return 0
+    else:
+        for r in rows:
+            note = f"  [red]{r['error']}[/]" if r["error"] else ""
+            console.print(f"{r['shard_id']}  rows {r['rows'][0]}-{r['rows'][1]}  ~{r['est_tokens']} tokens{note}")
+        console.print(f"[bold]{len(rows)} shards, {sum(r['num_rows'] for r in rows)} rows, "
+                      f"~{sum(r['est_tokens'] for r in rows)} tokens[/]")  # fmt: skip
+    for r in broken:  # a plan that cannot run as given does not pass
+        console.print(f"[red]error:[/] {r['error']}", soft_wrap=True)
+    return 2 if broken else 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
