@@ -47,7 +47,6 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self._seed_counter = 0
-        self._next_key = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
 
@@ -82,16 +81,14 @@ class LLMEngine:
             max_tokens = 0  # a scoring request only computes its prompt
         else:
             max_tokens = spec.params.max_tokens or (self.max_model_len - n)
-        key = self._next_key
-        self._next_key += 1
         req = Request(
-            key, spec.index, spec.request_id, list(spec.prompt_token_ids), spec.params, max_tokens, seed,
+            spec.index, spec.request_id, list(spec.prompt_token_ids), spec.params, max_tokens, seed,
             spec.score_from,
         )  # fmt: skip
         self.scheduler.add(req)
         self.stats.requests += 1
         self.stats.prompt_tokens += n
-        return key
+        return req.key
 
     def abort(self, keys: Iterable[int]) -> None:
         """Drop these requests and free their blocks (after the current step, if one is running)."""

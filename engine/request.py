@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field
 
 from prefixflow.engine.block_pool import chain_hash
 from prefixflow.engine.outputs import FinishReason, TokenLogprob
 from prefixflow.engine.sampling_params import SamplingParams
+
+_KEYS = itertools.count()  # process-wide, so keys never collide between engines or tests
 
 
 class Status(enum.Enum):
@@ -24,7 +27,7 @@ class Request:
     The one invariant: ``num_computed_tokens`` catches up to ``len(token_ids)``. Decode, chunked
     prefill, prefix-cache hits and resume after preemption are all that rule.
 
-    ``key`` is unique within one engine (callers' ``index``/``request_id`` need not be). A request with
+    ``key`` is unique in the process (callers' ``index``/``request_id`` need not be). A request with
     ``max_tokens == 0`` generates nothing: it finishes once its prompt is computed. ``score_from``
     asks for the log-probabilities of the prompt tokens from that position on, summed into
     ``prompt_logprob_sum`` (label scoring is such a prefill-only request).
@@ -34,7 +37,6 @@ class Request:
     ``reset_computed`` is where anything derived from computed KV is forgotten.
     """
 
-    key: int
     index: int
     request_id: str
     prompt_token_ids: list[int]
@@ -54,7 +56,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None
-    _prompt_hashes: tuple[int, list[int]] | None = field(default=None, repr=False)
+    key: int = field(default_factory=lambda: next(_KEYS), kw_only=True)
+    _prompt_hashes: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

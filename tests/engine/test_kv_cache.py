@@ -8,7 +8,7 @@ from prefixflow.engine.sampling_params import SamplingParams
 
 
 def make(index: int, tokens: list[int]) -> Request:
-    return Request(index, index, str(index), tokens, SamplingParams(), max_tokens=4, seed=0)
+    return Request(index, str(index), tokens, SamplingParams(), max_tokens=4, seed=0)
 
 
 def compute_all(kv: KVCacheManager, req: Request) -> None:

@@ -52,7 +52,7 @@ def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs:
         max_tokens = rng.randrange(1, 40)
         if len(prompt) + max_tokens - 1 > capacity:
             continue
-        pending.append(Request(i, i, str(i), prompt, SamplingParams(), max_tokens, seed=i))
+        pending.append(Request(i, str(i), prompt, SamplingParams(), max_tokens, seed=i))
     total = len(pending)
     shadow: dict[int, int] = {}
     finished = 0
