@@ -22,7 +22,7 @@ SAMPLING_KEYS = (
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
 )  # fmt: skip
 # Engine settings that can change outputs and therefore belong in the job fingerprint.
-ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "attention_backend")
+ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "kernel_backend")
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
@@ -209,10 +209,13 @@ def _engine(data: Any) -> dict:
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
-        EngineConfig(**d)
+        EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:
         raise _fail("engine", str(exc)) from exc
-    return dict(d)
+    out = dict(d)
+    if out.get("attention_backend") is not None:  # old name: store the new one, so both spell one fingerprint
+        out["kernel_backend"] = out.pop("attention_backend")
+    return out
 
 
 def parse_job_config(data: dict | None) -> JobConfig:
