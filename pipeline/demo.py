@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -18,7 +19,7 @@ JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
 
 
-def sample_rows(limit: int = 24) -> list[dict]:
+def sample_rows(limit: int = 24) -> list[dict[str, Any]]:
     text = (DATA / "demo_reviews.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
 
