@@ -99,17 +99,20 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     spec = _spec(args, "")
     infos = describe_shards(spec, plan_shards(spec))
     num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
+    broken = [i.shard.error for i in infos if i.shard.error]
     if args.json:
         rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
                  "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
                  "error": i.shard.error} for i in infos]  # fmt: skip
         print(json.dumps({"shards": rows, "num_rows": num_rows}))
-        return 0
-    for i in infos:
-        note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
-        console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
-    console.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
-    return 0
+    else:
+        for i in infos:
+            note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
+            console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
+        console.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
+    for error in broken:  # a plan that cannot run as given does not pass
+        console.print(f"[red]error:[/] {error}", soft_wrap=True)
+    return 2 if broken else 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

@@ -76,6 +76,7 @@ class JobConfig:
     task: str = "generate"
     id_column: str | None = None
     prompt_column: str | None = None
+    messages_column: str | None = None  # list<struct<role, content>>: the conversation itself
     template: str | None = None
     chat: str = "auto"
     system_prompt: str | None = None
@@ -227,6 +228,7 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         task=task,
         id_column=_opt_str(data.get("id_column"), "id_column"),
         prompt_column=_opt_str(data.get("prompt_column"), "prompt_column"),
+        messages_column=_opt_str(data.get("messages_column"), "messages_column"),
         template=_opt_str(data.get("template"), "template"),
         chat=_chat(data.get("chat", "auto")),
         system_prompt=_opt_str(data.get("system_prompt"), "system_prompt"),
@@ -245,9 +247,11 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
                     "rename them in the input or leave them out")  # fmt: skip
     if cfg.prompt_column and cfg.template:
         raise _fail("template", "set either prompt_column or template, not both")
-    if task == "generate" and not (cfg.prompt_column or cfg.template):
+    if cfg.messages_column:
+        _check_messages(cfg)
+    if task == "generate" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         cfg = replace(cfg, prompt_column="prompt")
-    if task == "label" and not (cfg.prompt_column or cfg.template):
+    if task == "label" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         raise _fail("prompt_column", "a label job needs prompt_column (a column) or template (Jinja2)")
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
@@ -256,6 +260,15 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
     return cfg
+
+
+def _check_messages(cfg: JobConfig) -> None:
+    """A messages column is the whole prompt: no template over it, no documents to shorten. A
+    ``prompt_column`` may stand beside it for rows whose messages cell is null."""
+    if cfg.template:
+        raise _fail("template", "set either messages_column or template, not both")
+    if cfg.task == "summarize":
+        raise _fail("messages_column", "applies to generate and label jobs; summarize reads a document column")
 
 
 def _check_template(source: str | None, path: str) -> None:

@@ -11,7 +11,7 @@ from rich.table import Table
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
-from prefixflow.pipeline.progress import RichProgress
+from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.run_record import prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
@@ -32,7 +32,9 @@ def run_local(
     failures: list[ShardError] = []
     if todo:
         llm = llm or open_engine(spec)
-        with RichProgress(sum(s.num_rows for s in todo), console=console, enabled=progress) as bar:
+        mode = "off" if progress is False else "bar" if progress else "auto"
+        with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
+                             console=console) as bar:  # fmt: skip
             for outcome in run_shards(spec, todo, llm, progress=bar):
                 if outcome.error is not None:
                     failures.append(outcome.error)

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixflow.pipeline.errors import InputError, JobConfigError
-from prefixflow.pipeline.prompts import as_text, render_template, static_prefix
+from prefixflow.pipeline.prompts import (
+    as_text,
+    conversation,
+    plain_conversation,
+    render_template,
+    static_prefix,
+)
 from prefixflow.pipeline.sources import InputFile, list_inputs, parquet_file
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
@@ -160,7 +166,10 @@ def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     if cfg.task == "summarize":
         col = cfg.prompt_column or cfg.summarize.document_column
         ctx["document"] = as_text(row.get(col), f"column {col!r}")
-    if template is None:
+    messages = row.get(cfg.messages_column) if cfg.messages_column else None
+    if messages is not None or (cfg.messages_column and not cfg.prompt_column):
+        text = plain_conversation(conversation(messages, f"column {cfg.messages_column!r}"))
+    elif template is None:
         text = as_text(row.get(cfg.prompt_column or ""), f"column {cfg.prompt_column!r}")
     else:
         text = render_template(template, ctx)
@@ -200,6 +209,8 @@ def check_input_columns(spec: JobSpec) -> None:
     wanted = {c: "template" for c in spec.prompt_columns()}
     if cfg.prompt_column:
         wanted[cfg.prompt_column] = "prompt_column"
+    if cfg.messages_column:
+        wanted[cfg.messages_column] = "messages_column"
     if cfg.task == "summarize" and not cfg.prompt_column:
         wanted[cfg.summarize.document_column] = "summarize.document_column"
     if cfg.id_column:

@@ -28,11 +28,14 @@ from prefixflow.pipeline.storage import Store
 
 
 class ProgressSink(Protocol):
-    """Anything with ``advance``; called once per finished row (rows already flushed count at start)."""
+    """``advance`` once per row finished in this run; ``resumed`` for rows an earlier attempt already
+    flushed or committed (they count as done but not toward any rate)."""
 
     def advance(
         self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
     ) -> None: ...
+
+    def resumed(self, rows: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -99,14 +102,14 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink |
         marker = commits.read_marker(layout, shard.shard_id)
         commits.publish(layout, marker)
         if progress is not None:
-            progress.advance(marker.rows)
+            progress.resumed(marker.rows)
         return ShardResult.from_marker(marker, skipped=True)
     if shard.error:
         raise ShardError(shard.shard_id, shard.error)
     kept_parts = commits.scan_staged(layout, shard.shard_id)
     done = {k for p in kept_parts for k in p.row_keys}
     if progress is not None and done:
-        progress.advance(len(done))
+        progress.resumed(len(done))
     try:
         in_store = Store.open(spec.input, spec.config.storage)
         table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns())

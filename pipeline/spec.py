@@ -72,6 +72,8 @@ class JobSpec:
         cols: set[str] = set()
         if cfg.prompt_column:
             cols.add(cfg.prompt_column)
+        if cfg.messages_column:
+            cols.add(cfg.messages_column)
         template = cfg.effective_template()
         if template:
             cols |= template_columns(template)
