@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
+from typing import Any
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.llm_engine import LLMEngine
@@ -110,7 +111,7 @@ class LLM:
             if problem:
                 results[i] = problem
         keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
-        counts: list[dict] = [
+        counts: list[dict[str, Any]] = [
             {"tokens": 0, "cached_tokens": 0, "choice_tokens": [0] * len(c)} for c in choices
         ]
         for index, (i, j) in owner.items():
