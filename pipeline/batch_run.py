@@ -91,7 +91,9 @@ def prepare_batch(
     malformed file, JobConfigError for a results path that is not a .jsonl file, and
     FingerprintMismatch when the state folder holds a run of another version of the file."""
     if not results.rstrip("/").endswith(BATCH_SUFFIXES):
-        raise JobConfigError(f"--output {results!r}: OpenAI Batch results are a JSONL file; pass e.g. results.jsonl")
+        raise JobConfigError(
+            f"--output {results!r}: OpenAI Batch results are a JSONL file; pass e.g. results.jsonl"
+        )
     job_data = _job_dict(job)
     storage = load_job(input, "", model, job_data, **overrides).config.storage  # validates before any I/O
     data = _read_input(input, storage)
@@ -153,7 +155,9 @@ def write_results(batch: BatchJob) -> int:
                 records[row["id"]] = row
     missing = [r["custom_id"] for r in requests if r["custom_id"] not in records]
     if missing:
-        raise OutputStateError(f"{len(missing)} requests have no committed result yet (first: {missing[0]!r})")
+        raise OutputStateError(
+            f"{len(missing)} requests have no committed result yet (first: {missing[0]!r})"
+        )
     body = results_jsonl(requests, records, spec.model, record["fingerprint_hash"], int(record["created_at"]))
     target = Store.open(batch.results, spec.config.storage)
     target.write_atomic(target.root, body)

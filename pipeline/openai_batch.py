@@ -119,26 +119,26 @@ def _request(obj: dict[str, Any], custom_id: str, line: int) -> BatchRequest:
     url = obj.get("url")
     kind = KINDS.get(url) if isinstance(url, str) else None
     body = obj.get("body")
-    base = {"custom_id": custom_id, "line": line, "kind": kind or "unsupported", "messages": None, "prompt": None}
+
+    def refused(why: str) -> BatchRequest:
+        return BatchRequest(custom_id, line, kind or "unsupported", None, None, {}, why)
+
     if kind is None:
-        why = f"url {url!r} is not supported; use {CHAT_URL} or {COMPLETIONS_URL}"
-        return BatchRequest(**base, sampling={}, error=why)
+        return refused(f"url {url!r} is not supported; use {CHAT_URL} or {COMPLETIONS_URL}")
     if obj.get("method", "POST") != "POST":
-        return BatchRequest(**base, sampling={}, error=f"method {obj.get('method')!r}: only POST is supported")
+        return refused(f"method {obj.get('method')!r}: only POST is supported")
     if not isinstance(body, dict):
-        return BatchRequest(**base, sampling={}, error="body must be a JSON object")
+        return refused("body must be a JSON object")
     try:
         sampling = _sampling(body)
-        if kind == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("body.messages must be a non-empty list of {role, content} messages")
-            base["messages"] = json.dumps(messages, ensure_ascii=False)
-        else:
-            base["prompt"] = _prompt(body.get("prompt"))
+        if kind == "completion":
+            return BatchRequest(custom_id, line, kind, None, _prompt(body.get("prompt")), sampling, None)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("body.messages must be a non-empty list of {role, content} messages")
+        return BatchRequest(custom_id, line, kind, json.dumps(messages, ensure_ascii=False), None, sampling, None)
     except ValueError as exc:
-        return BatchRequest(**base, sampling={}, error=str(exc))
-    return BatchRequest(**base, sampling=sampling, error=None)
+        return refused(str(exc))
 
 
 def _prompt(prompt: Any) -> str:
@@ -198,7 +198,9 @@ def batch_job(base: dict[str, Any]) -> dict[str, Any]:
              "sampling_columns": {c: c for c in SUPPORTED_COLUMNS}}  # fmt: skip
     clash = sorted(k for k in fixed if k in base and base[k] not in (None, fixed[k]))
     if clash:
-        raise InputError(f"an OpenAI Batch file sets its own {', '.join(clash)}; leave them out of the job config")
+        raise InputError(
+            f"an OpenAI Batch file sets its own {', '.join(clash)}; leave them out of the job config"
+        )
     return {**base, **fixed}
 
 

@@ -52,10 +52,14 @@ def validate_openai_batch_output(text: str, inputs: list[dict[str, Any]]) -> dic
         assert set(line) == {"id", "custom_id", "response", "error"} and line["error"] is None
         assert isinstance(line["id"], str) and line["custom_id"] not in by_id
         response = line["response"]
-        assert set(response) == {"status_code", "request_id", "body"} and isinstance(response["request_id"], str)
+        assert set(response) == {"status_code", "request_id", "body"} and isinstance(
+            response["request_id"], str
+        )
         body = response["body"]
         if response["status_code"] == 200:
-            assert body["object"] in ("chat.completion", "text_completion") and isinstance(body["created"], int)
+            assert body["object"] in ("chat.completion", "text_completion") and isinstance(
+                body["created"], int
+            )
             (choice,) = body["choices"]
             assert choice["index"] == 0 and choice["finish_reason"] in ("stop", "length")
             content = choice["message"]["content"] if body["object"] == "chat.completion" else choice["text"]
@@ -86,7 +90,10 @@ def test_batch_round_trip(tmp_path: Path, tiny_llm) -> None:
     body = {k: v["response"]["body"] for k, v in by_id.items()}
     assert "/v1/embeddings" in body["embed-1"]["error"]["message"]
     assert "logit_bias" in body["logit-bias"]["error"]["message"]
-    assert body["bad-temp"]["error"]["code"] == "bad_sampling" and "temperature" in body["bad-temp"]["error"]["message"]
+    assert (
+        body["bad-temp"]["error"]["code"] == "bad_sampling"
+        and "temperature" in body["bad-temp"]["error"]["message"]
+    )
     # chat lines ran through the chat template, completions as given, with the body's max_tokens
     chat = tiny_llm.apply_chat_template(REQUESTS[0]["body"]["messages"])
     from prefixflow.engine import SamplingParams
@@ -160,5 +167,9 @@ def test_plan_describes_a_batch_file(tmp_path: Path, capsys) -> None:
     batch = _write(tmp_path / "batch.jsonl", REQUESTS)
     assert main(["plan", "--input", str(batch), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["requests"] == len(REQUESTS) and info["kinds"] == {"chat": 5, "completion": 2, "unsupported": 1}
+    assert info["requests"] == len(REQUESTS) and info["kinds"] == {
+        "chat": 5,
+        "completion": 2,
+        "unsupported": 1,
+    }
     assert [r["custom_id"] for r in info["refused"]] == ["embed-1", "logit-bias"]
