@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -23,7 +24,7 @@ DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pypr
 MAX_ROWS = 24
 
 
-def sample_rows(limit: int = 24) -> list[dict]:
+def sample_rows(limit: int = 24) -> list[dict[str, Any]]:
     text = (DATA / "demo_reviews.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
 

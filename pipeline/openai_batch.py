@@ -102,6 +102,10 @@ def parse_batch(data: bytes, source: str) -> list[BatchRequest]:
         except ValueError as exc:
             raise InputError(f"{where} is not JSON ({exc}); each line must be one request object") from exc
         if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str) or not obj["custom_id"]:
+            if not requests:  # the first line already: most likely not meant as a Batch file at all
+                raise InputError(f"{source} is neither a Parquet file nor an OpenAI Batch file: line {number} has no "
+                                 "custom_id. prefixflow reads Parquet (convert JSON lines with "
+                                 "polars.read_ndjson(...).write_parquet(...)) or OpenAI Batch JSONL")  # fmt: skip
             raise InputError(f"{where} has no custom_id (a non-empty string); OpenAI Batch lines look like "
                              '{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}')  # fmt: skip
         custom_id = obj["custom_id"]

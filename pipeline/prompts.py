@@ -14,6 +14,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import (
     BAD_TYPE,
     EMPTY_PROMPT,
@@ -87,7 +88,7 @@ def check_nonempty(text: str) -> str:
     return text
 
 
-def chat_wrapper(llm: Any, mode: str, system_prompt: str | None) -> Callable[[str], str] | None:
+def chat_wrapper(llm: Engine, mode: str, system_prompt: str | None) -> Callable[[str], str] | None:
     """Return a function that wraps user text in the model's chat template, or None for plain prompts.
 
     ``auto`` uses the chat template when the model has one; ``on`` requires it (fails fast otherwise).

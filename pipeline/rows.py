@@ -12,6 +12,7 @@ from typing import Any
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
     DUPLICATE_ID,
@@ -44,6 +45,13 @@ class Prepared:
     prompt: list[int] | None = None
     chunks: list[list[int]] = field(default_factory=list)
 
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt of a single-request row (every row but map_reduce ones)."""
+        if self.prompt is None:
+            raise ValueError("a map_reduce row has chunks, not one prompt")
+        return self.prompt
+
 
 def derived_id(relpath: str, row_index: int) -> str:
     return f"{relpath}#{row_index}"
@@ -52,9 +60,11 @@ def derived_id(relpath: str, row_index: int) -> str:
 class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
-    def __init__(self, cfg: JobConfig, llm: Any, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]) -> None:
+    def __init__(
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+    ) -> None:
         self.cfg = cfg
-        self.tok = llm.tokenizer
+        self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
         self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
         self.render_chat: Callable[[list[dict[str, str]]], str] | None = None
@@ -125,7 +135,7 @@ class RowPreparer:
 
     def _render(self, row: dict[str, Any], document: str | None) -> str:
         if self.template is None:
-            return document if document is not None else self._column_text(row, self.cfg.prompt_column)
+            return document if document is not None else self._column_text(row, self.cfg.prompt_column or "")
         ctx = dict(row)
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document

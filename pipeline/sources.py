@@ -96,18 +96,16 @@ def read_rows(store: Store, path: str, row_start: int, row_end: int, columns: li
     """
     pf = parquet_file(store, path)
     present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
-    groups, offset, first_offset = [], 0, None
+    groups: list[int] = []
+    offset, first_offset = 0, 0
     for i in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(i).num_rows
         if offset < row_end and offset + n > row_start:
+            if not groups:
+                first_offset = offset
             groups.append(i)
-            first_offset = offset if first_offset is None else first_offset
         offset += n
     if not groups:
         return pf.schema_arrow.empty_table().select(present)
     table = pf.read_row_groups(groups, columns=present)
     return table.slice(row_start - first_offset, row_end - row_start)
-
-
-def schema_of(store: Store, path: str) -> pa.Schema:
-    return parquet_file(store, path).schema_arrow
