@@ -207,10 +207,13 @@ def _engine(data: Any) -> dict[str, Any]:
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
-        EngineConfig(**d)
+        EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:
         raise _fail("engine", str(exc)) from exc
-    return dict(d)
+    out = dict(d)
+    if out.get("attention_backend") is not None:  # old name: store the new one, so both spell one fingerprint
+        out["kernel_backend"] = out.pop("attention_backend")
+    return out
 
 
 def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
