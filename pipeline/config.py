@@ -24,7 +24,7 @@ SAMPLING_KEYS = (
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "source_file", "row_index", "label", "label_probs")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
