@@ -17,6 +17,7 @@ from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.stats import EngineStats
 from prefixflow.engine.stop_checker import StopChecker
+from prefixflow.engine.structured.manager import StructuredOutputManager
 
 
 class LLMEngine:
@@ -36,6 +37,9 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.structured = StructuredOutputManager(
+            self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
+        )
         self.stats = EngineStats()
         self._seed_counter = 0
 
@@ -57,6 +61,8 @@ class LLMEngine:
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
                 f"{self.max_model_len} (bounded by the model and the KV pool)"
             )
+        if params.structured is not None:
+            return self.structured.error(params.structured)
         return None
 
     def add_request(
@@ -73,6 +79,8 @@ class LLMEngine:
             self._seed_counter += 1
         max_tokens = params.max_tokens or (self.max_model_len - len(prompt_ids))
         req = Request(index, request_id, list(prompt_ids), params, max_tokens, seed, score_start)
+        if params.structured is not None:
+            req.grammar = self.structured.new_matcher(params.structured)
         self.scheduler.add(req)
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt_ids)
@@ -94,6 +102,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+        self.structured.start_fill(_sampling_rows(scheduled))  # on a worker, while the model runs
         host = time.perf_counter() - start
         result = self.runner.execute(scheduled)
         host += self.runner.last_prepare_s
@@ -109,10 +118,14 @@ class LLMEngine:
                     finished.append(self._finish(req, "stop", None))
         now = time.perf_counter()
         if result.sample_requests:
-            tokens, logprobs = sample(result.logits, result.sample_requests, self.eos_ids)
+            bitmask = self.structured.take_bitmask(result.sample_requests)
+            tokens, logprobs = sample(result.logits, result.sample_requests, self.eos_ids, bitmask)
             now = time.perf_counter()
             for req, token, lp in zip(result.sample_requests, tokens, logprobs):
                 req.token_ids.append(token)
+                if req.grammar is not None and not self.structured.accept(req, token):
+                    finished.append(self._fail(req, f"structured outputs: the grammar rejected token {token}"))
+                    continue
                 if lp is not None:
                     req.logprobs.append(lp)
                 if req.first_token_time is None:
@@ -122,6 +135,8 @@ class LLMEngine:
                     finished.append(self._finish(req, *verdict))
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
+        so = self.structured
+        self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - now)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
@@ -151,6 +166,11 @@ class LLMEngine:
             metadata={"score": req.score} if req.score_start is not None else {},
         )
 
+    def _fail(self, req: Request, message: str) -> RequestOutput:
+        """End a running request with an error output (its blocks go back to the pool)."""
+        self.scheduler.finish(req)
+        return self.error_output(req.index, req.request_id, req.prompt_token_ids, message)
+
     def error_output(self, index: int, request_id: str, prompt_ids: list[int], message: str) -> RequestOutput:
         self.stats.error_requests += 1
         return RequestOutput(
@@ -163,3 +183,9 @@ class LLMEngine:
             prompt_token_ids=tuple(prompt_ids),
             num_prompt_tokens=len(prompt_ids),
         )
+
+
+def _sampling_rows(scheduled: list[tuple[Request, int]]) -> list[Request]:
+    """The requests that sample a token this step, in the order the model runner lists them: generation
+    requests whose scheduled tokens reach the end of their token list."""
+    return [r for r, n in scheduled if r.score_start is None and r.num_computed_tokens + n == r.num_tokens]

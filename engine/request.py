@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefixflow.engine.sampling_params import SamplingParams
 
@@ -43,6 +44,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    grammar: Any = None  # structured outputs: the matcher that has consumed exactly the output tokens
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -7,6 +7,7 @@ import torch
 
 from prefixflow.engine.outputs import TokenLogprob
 from prefixflow.engine.request import Request
+from prefixflow.engine.structured.bitmask import apply_bitmask_
 
 _MASK64 = (1 << 64) - 1
 
@@ -20,9 +21,20 @@ def position_seed(seed: int, position: int) -> int:
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[list[int], list]:
-    """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested)."""
+def sample(
+    logits: torch.Tensor,
+    requests: list[Request],
+    eos_ids: tuple[int, ...],
+    bitmask: torch.Tensor | None = None,
+) -> tuple[list[int], list]:
+    """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested).
+
+    ``bitmask`` (structured outputs) holds one row per request; disallowed tokens get -inf before any
+    other processing, so temperature, top-k/p and log-probs all see the constrained distribution.
+    """
     logits = logits.float()
+    if bitmask is not None:
+        apply_bitmask_(logits, bitmask)
     _ban_early_stops(logits, requests, eos_ids)
     tokens = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]

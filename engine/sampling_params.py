@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prefixflow.engine.structured.params import StructuredOutputs
+
 
 def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -31,6 +33,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: sampled token only; k: sampled plus top-k
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, choice, grammar)
 
     @property
     def greedy(self) -> bool:
@@ -68,4 +71,18 @@ class SamplingParams:
             return f"stop must be non-empty strings, got {self.stop!r}"
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             return f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
+        return self._structured_error()
+
+    def _structured_error(self) -> str | None:
+        if self.structured is None:
+            return None
+        if not isinstance(self.structured, StructuredOutputs):
+            return f"structured must be a StructuredOutputs, got {type(self.structured).__name__}"
+        problem = self.structured.validation_error()
+        if problem:
+            return f"structured: {problem}"
+        if self.ignore_eos:
+            return "ignore_eos cannot be combined with structured: the grammar decides where the output ends"
+        if self.min_tokens:
+            return "min_tokens cannot be combined with structured: the grammar decides where the output ends"
         return None
