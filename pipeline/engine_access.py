@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prefixflow.pipeline.spec import JobSpec
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model")
+FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
+          "structured_outputs_error")
 
 
 def __getattr__(name: str) -> Any:
