@@ -8,6 +8,7 @@ Triton's interpreter is switched on per test (``triton_interpreter``), never for
 environment variable set at collection would reach every later test and every subprocess.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -21,14 +22,33 @@ torch.set_num_threads(1)
 TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
 
 
+def _import_triton_interpreted() -> None:
+    """On a machine without CUDA, Triton can only run interpreted, and it decides that when it decorates
+    a function: its own standard library (``tl.sum``, ...) as soon as anything imports triton, which
+    transformers' model code does through torch._dynamo. So triton is imported here, once, with the
+    variable set, and the variable is removed again at once: no test and no subprocess sees it."""
+    if torch.cuda.is_available() or importlib.util.find_spec("triton") is None or "triton" in sys.modules:
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        if TRITON_INTERPRET_AT_START is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = TRITON_INTERPRET_AT_START
+
+
+_import_triton_interpreted()
+
+
 @pytest.fixture
 def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run this test's Triton kernels under the interpreter when there is no CUDA device.
 
-    Triton reads TRITON_INTERPRET when a function is decorated (its own standard library at
-    ``import triton``, our kernels at the first import of a ``kernels.triton_*`` module) and again when
-    a kernel is launched. On a CPU machine only tests using this fixture import triton, so setting the
-    variable for the test's duration covers both, and it is undone after the test.
+    Triton reads TRITON_INTERPRET when a function is decorated (our kernels at the first import of a
+    ``kernels.triton_*`` module, which on a CPU machine only tests using this fixture do) and again when
+    a kernel is launched; setting it for the test's duration covers both, and it is undone after.
     """
     if torch.cuda.is_available():
         return
@@ -38,6 +58,6 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
 
         if type(tl.standard.sum).__name__ != "InterpretedFunction":
             pytest.fail(
-                "triton was imported before this test outside the triton_interpreter fixture, so its "
-                "functions compile instead of interpreting; import triton only in tests using the fixture"
+                "triton was imported without TRITON_INTERPRET before tests/conftest.py could import it "
+                "interpreted, so its functions compile instead of interpreting on this CPU-only machine"
             )

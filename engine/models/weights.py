@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 
 from prefixflow.engine.models.linear import Linear
-from prefixflow.engine.models.llama import LlamaForCausalLM
+from prefixflow.engine.models.llama import DecoderLayer, LlamaForCausalLM
 
 # checkpoint projection name -> (our merged module, shard index)
 _MERGED = {
@@ -56,7 +57,7 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
             _copy(module.weight, tensor, name)
             return f"{idx}.{block}.{proj}.{param}"
         return None
-    simple = {
+    simple: dict[str, Callable[[], torch.Tensor]] = {
         "model.embed_tokens.weight": lambda: model.embed_tokens.weight,
         "model.norm.weight": lambda: model.norm.weight,
     }
@@ -87,7 +88,7 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 def _expected_keys(model: LlamaForCausalLM) -> set[str]:
     keys = {"model.embed_tokens.weight", "model.norm.weight"}
     for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
+        attn = cast(DecoderLayer, layer).self_attn
         for proj in ("q_proj", "k_proj", "v_proj"):
             keys.add(f"{i}.self_attn.{proj}.weight")
             if attn.qkv_proj.bias is not None:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import DEVICE, PagedBatch, build_paged_batch, poisoned_like, relative_error
 
-# find_spec, not importorskip: importing triton at collection would decorate its functions for real,
-# before the triton_interpreter fixture can switch the interpreter on for a test.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+pytest.importorskip("triton")
 
 
 def triton_attention():  # type: ignore[no-untyped-def]
-    """The kernel module, imported inside a test (under the interpreter on CPU), not at collection."""
+    """The kernel module, imported inside a test (under the triton_interpreter fixture on CPU): imported at
+    collection, its kernels would be decorated for compilation."""
     import prefixflow.kernels.triton_attention as module
 
     return module
