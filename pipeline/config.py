@@ -24,7 +24,7 @@ SAMPLING_KEYS = (
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "source_file", "row_index", "label", "label_probs")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -207,10 +207,13 @@ def _engine(data: Any) -> dict[str, Any]:
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
-        EngineConfig(**d)
+        EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:
         raise _fail("engine", str(exc)) from exc
-    return dict(d)
+    out = dict(d)
+    if out.get("attention_backend") is not None:  # old name: store the new one, so both spell one fingerprint
+        out["kernel_backend"] = out.pop("attention_backend")
+    return out
 
 
 def parse_job_config(data: dict[str, Any] | None) -> JobConfig:

@@ -20,6 +20,7 @@ BASE_FIELDS = [
     pa.field("cached_tokens", pa.int64()),
     pa.field("output_tokens", pa.int64()),
     pa.field("latency_s", pa.float64()),
+    pa.field("truncated", pa.bool_()),  # a long-document policy cut the input to fit the context
     pa.field("source_file", pa.string()),
     pa.field("row_index", pa.int64()),
 ]
@@ -57,6 +58,7 @@ def base_record(key: int, row_id: str, source: str, kept: dict[str, Any]) -> dic
         "cached_tokens": 0,
         "output_tokens": 0,
         "latency_s": 0.0,
+        "truncated": False,
         "source_file": source,
         "row_index": key,
         **kept,

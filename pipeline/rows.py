@@ -6,7 +6,7 @@ exact and the long-document policies (truncate / map_reduce) act on the same tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,9 @@ def derived_id(relpath: str, row_index: int) -> str:
 class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
-    def __init__(self, cfg: JobConfig, llm: Engine, duplicates: set[tuple[str, int]]) -> None:
+    def __init__(
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+    ) -> None:
         self.cfg = cfg
         self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
@@ -94,7 +96,10 @@ class RowPreparer:
 
     def check_duplicate(self, relpath: str, key: int, row_id: str) -> None:
         if (relpath, key) in self.duplicates:
-            raise RowError(DUPLICATE_ID, f"id {row_id!r} already used by an earlier row; ids must be unique")
+            first = self.duplicates[(relpath, key)]
+            earlier = f"row {first[1]} of {first[0]} ({derived_id(*first)})" if first else "an earlier row"
+            raise RowError(DUPLICATE_ID, f"id {row_id!r} is already used by {earlier}; ids must be unique, "
+                           "so this row was not run")  # fmt: skip
 
     def params(self, row: dict[str, Any]) -> Any:
         values = dict(self.cfg.sampling)
@@ -187,7 +192,9 @@ class RowPreparer:
         if room < 8:
             raise RowError(PROMPT_TOO_LONG, too_long + "; the template alone leaves no room for the document")
         if policy == "truncate":
-            return Prepared(base, row, params, prompt=self.fit(row, doc_ids, room, budget))
+            prompt = self.fit(row, doc_ids, room, budget)
+            base["truncated"] = True
+            return Prepared(base, row, params, prompt=prompt)
         size = min(room, self.cfg.summarize.chunk_tokens or room)
         pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
         return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])
