@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
@@ -37,7 +38,8 @@ class LLMEngine:
             limits.append(cfg.max_model_len)
         if self.model_cfg.sliding_window:
             limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
-        self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
+        model_ref = model if isinstance(model, str) else (cfg.model if model is None else None)
+        self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits), model_ref)
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
         self.eos_ids = tuple(self.source.eos_token_ids)
@@ -101,6 +103,10 @@ class LLMEngine:
         """Drop every queued and running request, returning their blocks to the pool."""
         return self.scheduler.abort_all()
 
+    def close(self) -> None:
+        """Release the tensor-parallel workers; the engine cannot step afterwards. Idempotent."""
+        self.runner.close()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
@@ -137,6 +143,8 @@ class LLMEngine:
         every row into an error result."""
         try:
             return self.runner.execute(scheduled)
+        except TensorParallelError:
+            raise  # the ranks are out of step: no request can run again on this engine
         except Exception as batch_error:
             if len(scheduled) == 1:
                 raise

@@ -1,9 +1,12 @@
 """Column- and row-parallel linear layers: the only two ways a decoder's projections split.
 
 Column-parallel (q|k|v, gate|up): each rank computes a slice of the outputs; no communication.
-Row-parallel (o_proj, down_proj): each rank multiplies its slice of the inputs (which is exactly the
-slice the preceding column-parallel layer produced) and one all-reduce sums the partial products;
-the bias is added once, after the sum. With one rank both are plain ``Linear`` layers.
+Row-parallel (o_proj, down_proj): each rank multiplies its slice of the inputs (exactly the slice the
+preceding column-parallel layer produced), one all-reduce sums the partial products, and the bias is
+added once, after the sum. With one rank both are plain ``Linear`` layers.
+
+Each checkpoint tensor arrives whole and is cut to this rank's part (``LinearShard.narrow``) before
+the layer's ``LinearMethod`` stores it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ class ColumnParallelLinear(Linear):
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
         out_dim, in_dim = _DENSE_DIMS[param]
-        part = self.shard.narrow(tensor, shard, out_dim, in_dim, where=param)
-        super().load(param, part, shard)
+        super().load(param, self.shard.narrow(tensor, shard, out_dim, in_dim, where=param), shard)
 
 
 class RowParallelLinear(Linear):
@@ -51,28 +53,15 @@ class RowParallelLinear(Linear):
         dtype: torch.dtype = torch.float32,
         method: LinearMethod | None = None,
     ) -> None:
-        super().__init__(input.size, out_features, bias=False, dtype=dtype, method=method)
+        super().__init__(input.size, out_features, bias=bias, dtype=dtype, method=method)
         self.shard = LinearShard(input=input)
         self.group = group
-        self.full_bias = (
-            torch.nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
-        )
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        if param == "bias":
-            if self.full_bias is None or tuple(tensor.shape) != tuple(self.full_bias.shape):
-                raise ValueError(f"unexpected bias of shape {tuple(tensor.shape)} for a row-parallel layer")
-            self.full_bias.data.copy_(tensor)
-            return
-        out_dim, in_dim = _DENSE_DIMS[param]
+        out_dim, in_dim = _DENSE_DIMS[param]  # the bias has no input axis: every rank keeps it whole
         super().load(param, self.shard.narrow(tensor, shard, out_dim, in_dim, where=param), shard)
 
-    @property
-    def has_bias(self) -> bool:
-        return self.full_bias is not None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.group.all_reduce(self.method.apply(self, x))
-        if self.full_bias is not None:
-            out = out + self.full_bias
-        return out
+        out = self.group.all_reduce(self.method.apply(self, x, None))
+        return out if self.bias is None else out + self.bias
+
