@@ -23,7 +23,7 @@ from prefixflow.engine.model_shard import INIT_CACHE, STEP, ModelShard, WorkerSh
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
-from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
+from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 
 
 class ModelRunner:
@@ -33,9 +33,7 @@ class ModelRunner:
         model_cfg: ModelConfig,
         cfg: EngineConfig,
         max_model_len: int,
-        model_ref: str | None = None,
     ) -> None:
-        """``model_ref`` names the model for worker processes to load themselves (TP only)."""
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.eos_ids = tuple(source.eos_token_ids)
@@ -49,12 +47,12 @@ class ModelRunner:
             return
         for rank in range(world):  # a model that cannot split fails here, before any process starts
             layout_for(model_cfg, rank, world)
-        if model_ref is None:
+        if source.location is None:
             raise ValueError(
                 "tensor_parallel_size > 1 needs a model the worker processes can load themselves: a preset "
                 "name, a Hugging Face directory or a .gguf path (an in-memory ModelSource cannot be shared)"
             )
-        factory = WorkerShardFactory(model_ref, cfg, max_model_len)
+        factory = WorkerShardFactory(source.location, cfg, max_model_len)
         self.pool = WorkerPool(world, devices, cfg.distributed_timeout_s, factory)
         try:
             with self.pool.guard():
@@ -95,9 +93,12 @@ class ModelRunner:
         return self.shard.make_decode_graphs(max_blocks_per_seq, capture)
 
     @torch.inference_mode()
-    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+    def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:
         """Run the step's forward pass, sample the rows that reached their last token and sum the
-        requested prompt log-probs. A request whose sampling fails is reported in ``errors``."""
+        requested prompt log-probs. A request whose sampling fails is reported in ``errors``.
+
+        ``masks`` hands over the structured-output bitmask for the sampled rows; it is taken only after
+        the forward pass was issued, so filling it overlaps the model."""
         begin = time.perf_counter()
         step = build_step_inputs(scheduled, self.cfg.block_size)
         step.block_tables = block_table_array(step.block_tables)
@@ -118,7 +119,8 @@ class ModelRunner:
         dev = logits.device
         n_sample = len(step.sample_rows)
         if n_sample:
-            sampled = sample_batch(logits[:n_sample], step.sample_requests, self.eos_ids)
+            bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
+            sampled = sample_batch(logits[:n_sample], step.sample_requests, self.eos_ids, bitmask)
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors
         if step.score_rows:
             lp = torch.log_softmax(logits[n_sample:], dim=-1)

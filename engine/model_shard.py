@@ -22,6 +22,7 @@ from prefixflow.engine.distributed.context import TensorParallel, for_group
 from prefixflow.engine.distributed.group import ParallelGroup
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
 from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.model_identity import ModelLocation
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
@@ -192,16 +193,16 @@ def batch_inputs(batch: StepBatch) -> StepInputs:
 
 @dataclass(frozen=True)
 class WorkerShardFactory:
-    """Builds a worker's shard in the worker process (picklable: only the model's name travels)."""
+    """Builds a worker's shard in the worker process (picklable: only where the model is travels)."""
 
-    model: str
+    location: ModelLocation
     cfg: EngineConfig
     max_model_len: int
 
     def __call__(self, group: ParallelGroup) -> ModelShard:
-        from prefixflow.engine.loader import resolve_model
+        from prefixflow.engine.loader import load_location
 
-        source = resolve_model(self.model)
+        source = load_location(self.location)
         model_cfg = ModelConfig.from_hf(source.hf_config)
         return ModelShard(source, model_cfg, self.cfg, self.max_model_len, for_group(model_cfg, group), group.device)
 
