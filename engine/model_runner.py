@@ -24,6 +24,7 @@ from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
+from prefixflow.kernels import KernelBackend
 
 
 class ModelRunner:
@@ -74,7 +75,11 @@ class ModelRunner:
         return self.shard.dtype
 
     @property
-    def ops(self):  # noqa: ANN201 - kernels.KernelBackend
+    def model(self) -> torch.nn.Module:
+        return self.shard.model
+
+    @property
+    def ops(self) -> KernelBackend:
         return self.shard.ops
 
     @property
