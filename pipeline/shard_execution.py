@@ -17,6 +17,7 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.inference import execute
+from prefixflow.pipeline.labeling import CalibrationError
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.output_schema import base_record, encode_part, error_record, output_schema
 from prefixflow.pipeline.planning import Shard
@@ -142,8 +143,11 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink |
             pending.append(prep.prepare(row, base, shard.relpath, key))
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
-    for rec in execute(llm, prep, pending, cfg.output.flush_rows):
-        emit(rec)
+    try:
+        for rec in execute(llm, prep, pending, cfg.output.flush_rows):
+            emit(rec)
+    except CalibrationError as exc:  # rows flushed so far stay staged; a rerun resumes after them
+        raise ShardError(shard.shard_id, str(exc)) from exc
     flusher.flush()
     parts = kept_parts + flusher.parts
     covered = sum(p.rows for p in parts)
