@@ -14,6 +14,7 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.model_identity import identity_of, memory_identity
 from prefixflow.engine.model_runner import ModelRunner
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
@@ -50,6 +51,12 @@ class LLMEngine:
             self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
         )
         self.stats = EngineStats()
+        dtype = str(self.runner.dtype).removeprefix("torch.")
+        loc = self.source.location
+        # What describe_model(model, dtype, device) reports for this model: the same function.
+        self.model_identity = (
+            identity_of(loc, dtype) if loc is not None else memory_identity(self.source.name, self.source.identity, dtype)
+        )
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
