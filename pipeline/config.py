@@ -10,21 +10,25 @@ import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from prefixflow.pipeline.constraints import check_job_constraint, parse_schema
 from prefixflow.pipeline.errors import JobConfigError
 
-TASKS = ("generate", "summarize", "label")
+TASKS = ("generate", "summarize", "label", "extract")
 CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
-LABEL_MODES = ("score", "generate")
+LABEL_MODES = ("score", "generate", "constrained")
+LABEL_CALIBRATIONS = ("contextual", "domain", "none")  # how pipeline/label_scoring.py calibrates
+LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
+    "structured",
 )  # fmt: skip
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -45,11 +49,18 @@ class SummarizeConfig:
 
 @dataclass(frozen=True)
 class LabelConfig:
-    """Labeling: score each label as a continuation (``score``) or parse free-form output (``generate``)."""
+    """Labeling: score each label as a continuation (``score``), parse free-form output (``generate``) or
+    generate under a constraint that allows exactly the labels (``constrained``)."""
 
     labels: tuple[str, ...] = ()
     mode: str = "score"
     choice_prefix: str = " "
+    # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
+    # measured on reference prompts: contextual | domain | none
+    calibration: str = "contextual"
+    content_free: tuple[str, ...] = ("N/A", "", "[MASK]")  # contextual: stand-ins for the row's values
+    length_norm: str = "sum"  # a label's log-prob: sum over its tokens | mean per token
+    case_variants: bool = True  # "Billing" also counts for "billing" (and the reverse)
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class JobConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     engine: dict[str, Any] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    schema: dict[str, Any] | None = None  # task extract: the JSON schema (its content, also when given as a path)
 
     def effective_template(self) -> str | None:
         if self.template is None and self.prompt_column is None and self.task == "summarize":
@@ -156,8 +168,14 @@ def _label(data: Any, task: str) -> LabelConfig:
     d = _sub(LabelConfig, data, "label")
     if "labels" in d:
         d["labels"] = _str_list(d["labels"], "label.labels")
+    if "content_free" in d:
+        d["content_free"] = _content_free(d["content_free"])
     cfg = LabelConfig(**d)
     _choice(cfg.mode, LABEL_MODES, "label.mode")
+    _choice(cfg.calibration, LABEL_CALIBRATIONS, "label.calibration")
+    _choice(cfg.length_norm, LABEL_LENGTH_NORMS, "label.length_norm")
+    if not isinstance(cfg.case_variants, bool):
+        raise _fail("label.case_variants", f"expected true or false, got {cfg.case_variants!r}")
     if not isinstance(cfg.choice_prefix, str):
         raise _fail("label.choice_prefix", f"expected a string, got {cfg.choice_prefix!r}")
     if task == "label":
@@ -165,7 +183,28 @@ def _label(data: Any, task: str) -> LabelConfig:
             raise _fail("label.labels", "a label job needs at least two labels, e.g. [positive, negative]")
         if len(set(cfg.labels)) != len(cfg.labels):
             raise _fail("label.labels", f"labels must be unique, got {list(cfg.labels)}")
+        if cfg.mode == "score":
+            _distinct_forms(cfg)
     return cfg
+
+
+def _content_free(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+        raise _fail("label.content_free", f"expected a non-empty list of strings (\"\" allowed), got {value!r}")
+    return tuple(value)
+
+
+def _distinct_forms(cfg: LabelConfig) -> None:
+    from prefixflow.pipeline.label_scoring import surface_forms
+
+    seen: dict[str, str] = {}
+    for label in cfg.labels:
+        for form in surface_forms(label, cfg.case_variants):
+            if form in seen and seen[form] != label:
+                raise _fail("label.labels", f"{seen[form]!r} and {label!r} differ only in the case of their "
+                            "first letter, which case_variants treats as the same answer; rename one or set "
+                            "label.case_variants: false")  # fmt: skip
+            seen[form] = label
 
 
 def _output(data: Any) -> OutputConfig:
@@ -227,6 +266,8 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     _check_keys(columns, SAMPLING_KEYS, "sampling_columns")
     for key, col in columns.items():
         _opt_str(col, f"sampling_columns.{key}")
+    if "structured" in columns:
+        raise _fail("sampling_columns.structured", "a constraint is set for the whole job, under sampling.structured")
     cfg = JobConfig(
         task=task,
         id_column=_opt_str(data.get("id_column"), "id_column"),
@@ -243,6 +284,7 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         output=_output(data.get("output")),
         engine=_engine(data.get("engine")),
         storage=_storage(data.get("storage")),
+        schema=parse_schema(data.get("schema"), task),
     )
     clash = sorted(set(cfg.keep_columns) & set(OUTPUT_COLUMNS))
     if clash:
@@ -254,12 +296,17 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         _check_messages(cfg)
     if task == "generate" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         cfg = replace(cfg, prompt_column="prompt")
-    if task == "label" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
-        raise _fail("prompt_column", "a label job needs prompt_column (a column) or template (Jinja2)")
+    if task in ("label", "extract") and not (cfg.prompt_column or cfg.template or cfg.messages_column):
+        raise _fail("prompt_column", f"a {task} job needs prompt_column (a column) or template (Jinja2)")
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
     _check_sampling(cfg.sampling)
+    check_job_constraint(cfg)
     _check_template(cfg.template, "template")
+    if task == "label":
+        from prefixflow.pipeline.label_references import check_references
+
+        check_references(cfg)
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
     return cfg
@@ -290,7 +337,8 @@ def _check_sampling(values: dict[str, Any]) -> None:
         return
     from prefixflow.pipeline.engine_access import SamplingParams
 
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k != "structured"}
     problem = SamplingParams(**values).validation_error()
     if problem:
         raise _fail("sampling", problem)
+

@@ -45,6 +45,15 @@ def load_schema(value: Any, base_dir: str | None = None) -> dict[str, Any]:
         return _parse(f.read(), f"schema file {path!r}", json_only=path.endswith(".json"))
 
 
+def schema_beside(value: str, job_dir: str) -> str:
+    """A relative schema path as seen from the job file's folder, when a file is there (else unchanged)."""
+    text = value.strip()
+    if text.startswith("{") or os.path.isabs(os.path.expanduser(text)):
+        return value
+    candidate = os.path.join(job_dir, text)
+    return candidate if os.path.isfile(candidate) else value
+
+
 def _parse(text: str, where: str, json_only: bool) -> dict[str, Any]:
     try:
         data = json.loads(text) if json_only else yaml.safe_load(text)

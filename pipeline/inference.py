@@ -1,27 +1,33 @@
 """Run prepared rows through the engine and yield finished output records as they complete.
 
-generate/summarize stream from ``llm.generate_stream``; label/score calls ``llm.score_choices`` in
-batches; map_reduce rows summarize their chunks, then the joined chunk summaries.
+generate/summarize stream from ``llm.generate_stream``; label/score is labeling.py (calibrated
+``llm.score_choices`` in batches); map_reduce rows summarize their chunks, then the joined chunk summaries.
 """
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.config import JobConfig, LabelConfig
 from prefixflow.pipeline.engine_access import Engine, Output
-from prefixflow.pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
+from prefixflow.pipeline.errors import (
+    ENGINE_ERROR,
+    LABEL_PARSE_ERROR,
+    PROMPT_TOO_LONG,
+    SCHEMA_ERROR,
+    RowError,
+)
+from prefixflow.pipeline.extract import Extraction
+from prefixflow.pipeline.labeling import score_labels
 from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
 
 
-def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
+def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction | None = None) -> dict[str, Any]:
     counts = {
         "prompt_tokens": out.num_prompt_tokens,
         "cached_tokens": out.num_cached_tokens,
@@ -32,7 +38,18 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
         return error_record(p.base, ENGINE_ERROR, out.error or "engine error", **counts)
     text = out.text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
     rec = {**p.base, **counts, "output": text, "finish_reason": out.finish_reason}
-    if cfg.task == "label":
+    if extraction is not None:
+        value, problem = extraction.parse(text, out.finish_reason)
+        if problem is not None:
+            return {**rec, "finish_reason": "error", "error_class": SCHEMA_ERROR, "error": problem}
+        rec["extracted"] = value
+    elif cfg.task == "label" and cfg.label.mode == "constrained":
+        label = constrained_label(text, cfg.label)
+        if label is None:
+            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,
+                    "error": f"output is not one of the labels (finish_reason {out.finish_reason})"}  # fmt: skip
+        rec["label"] = label
+    elif cfg.task == "label":
         label = parse_label(text, cfg.label.labels)
         if label is None:
             allowed = ", ".join(cfg.label.labels)
@@ -40,6 +57,11 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
                     "error": f"no label found in the output; expected one of: {allowed}"}  # fmt: skip
         rec["label"] = label
     return rec
+
+
+def constrained_label(text: str, label: LabelConfig) -> str | None:
+    """The label a constrained generation produced (exactly ``choice_prefix + label``), if it finished."""
+    return next((lb for lb in label.labels if text == label.choice_prefix + lb), None)
 
 
 def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
@@ -57,40 +79,9 @@ def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterat
         return
     outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
                                request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
+    extraction = Extraction(cfg.schema) if cfg.task == "extract" and cfg.schema is not None else None
     for out in outs:
-        yield _finished(rows[int(out.request_id)], out, cfg)
-
-
-def score_labels(llm: Engine, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
-    labels = cfg.label.labels
-    choices = [cfg.label.choice_prefix + lb for lb in labels]
-    for i in range(0, len(rows), batch):
-        chunk = rows[i : i + batch]
-        start = time.perf_counter()
-        usage: list[dict[str, int]] = []
-        scores = llm.score_choices([p.prompt_ids for p in chunk], [choices] * len(chunk), usage=usage)
-        # Per row: prompt_tokens is the row's own tokenized prompt (counted once, not once per label);
-        # cached_tokens is that prompt scaled by the share of the row's scoring tokens (prompt + each
-        # label) the prefix cache served; nothing is generated; latency is the batch's wall time, when
-        # every row's scores became available.
-        latency = time.perf_counter() - start
-        for p, score, use in zip(chunk, scores, usage):
-            share = use["cached_tokens"] / use["tokens"] if use["tokens"] else 0.0
-            counts = {
-                "prompt_tokens": len(p.prompt_ids),
-                "cached_tokens": round(len(p.prompt_ids) * share),
-                "output_tokens": 0,
-                "latency_s": latency,
-            }
-            if isinstance(score, str):
-                yield error_record(p.base, ENGINE_ERROR, score, **counts)
-                continue
-            top = max(score)
-            weights = [math.exp(s - top) for s in score]
-            total = sum(weights)
-            probs = {lb: w / total for lb, w in zip(labels, weights)}
-            best = max(labels, key=lambda lb: probs[lb])
-            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
+        yield _finished(rows[int(out.request_id)], out, cfg, extraction)
 
 
 def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
@@ -162,7 +153,7 @@ def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int) ->
     cfg = prep.cfg
     single = [p for p in rows if p.prompt is not None]
     if cfg.task == "label" and cfg.label.mode == "score":
-        yield from score_labels(llm, cfg, single, batch)
+        yield from score_labels(llm, prep, single, batch)
     else:
         yield from stream_generate(llm, cfg, single)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])

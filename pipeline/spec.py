@@ -14,6 +14,7 @@ import yaml
 
 from prefixflow.pipeline.config import JobConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.extract import schema_beside
 from prefixflow.pipeline.prompts import template_columns
 
 # load_job(**overrides) shortcuts: flag name -> (section, key).
@@ -30,6 +31,7 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "truncate_side": ("summarize", "truncate_side"),
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
+    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
@@ -48,6 +50,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "ordering": "admission order: scheduling only",
     "enforce_eager": "CUDA graphs replay the same kernels",
     "tensor_parallel_size": "how the same weights are split over devices",
+    "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
 }
 
 
@@ -163,6 +166,8 @@ def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise JobConfigError(f"job config {path!r} must be a mapping of keys, got {type(data).__name__}")
+    if isinstance(data.get("schema"), str):  # extract: a relative schema path is read beside the job file
+        data["schema"] = schema_beside(data["schema"], os.path.dirname(os.path.abspath(path)))
     return data
 
 

@@ -30,8 +30,7 @@ class LinearMethod:
             )
         target.data[row_offset : row_offset + rows].copy_(tensor)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        bias = cast("torch.Tensor | None", layer.bias)
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return nn.functional.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
@@ -66,4 +65,4 @@ class Linear(nn.Module):
         self.method.load_shard(self, param, tensor, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)
+        return self.method.apply(self, x, self.bias)

@@ -60,7 +60,7 @@ class StructuredOutputManager:
 
     def compile(self, so: StructuredOutputs) -> Any:
         """The compiled grammar for this constraint; raises GrammarError / StructuredOutputsUnavailable."""
-        key = so.key()
+        key = so.cache_key
         compiled = self._compiled.get(key)
         if compiled is not None:
             self._compiled.move_to_end(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 KINDS = ("json_schema", "regex", "choice", "grammar", "json_object")
@@ -45,8 +46,10 @@ class StructuredOutputs:
         value = self.json_schema
         return json.loads(value) if isinstance(value, str) else dict(value or {})
 
-    def key(self) -> tuple[str, str, bool]:
-        """Identity for the compiled-grammar cache; the schema's key order is kept (it orders the output)."""
+    @cached_property
+    def cache_key(self) -> tuple[str, str, bool]:
+        """Identity for the compiled-grammar cache (computed once per object: a job passes one object for
+        every row); the schema's key order is kept, since it orders the output's keys."""
         kind = self.kind
         if kind == "json_schema":
             text = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)

@@ -95,4 +95,7 @@ def test_output_columns_match_the_reserved_names() -> None:
     from prefixflow.pipeline.output_schema import output_schema
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
-    assert output_schema(cfg, None).names == list(OUTPUT_COLUMNS)
+    extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})
+    names = output_schema(cfg, None).names
+    names += [n for n in output_schema(extract, None).names if n not in names]  # + extracted
+    assert names == list(OUTPUT_COLUMNS)
