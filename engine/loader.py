@@ -8,11 +8,10 @@ from pathlib import Path
 
 import torch
 
+from prefixflow.engine.model_card import ModelNotFoundError
 from prefixflow.engine.model_source import ModelSource
 
-
-class ModelNotFoundError(ValueError):
-    """The model argument names nothing the engine can load."""
+__all__ = ["ModelNotFoundError", "load_hf_dir", "resolve_model"]
 
 
 def resolve_model(model: str | Path | ModelSource) -> ModelSource:

@@ -82,6 +82,9 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
     _add_job(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    from prefixflow.pipeline.advisor.cli import add_advise_flags
+
+    add_advise_flags(plan)
     status = sub.add_parser("status", help="progress and totals of a run, finished or not")
     status.add_argument("output", help="the run's output folder or s3:// URL")
     _add_storage(status)
@@ -133,20 +136,26 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from prefixflow.pipeline.planning import describe_shards, plan_shards
 
+    from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
+
+    advising = advise_requested(args)
     spec = _spec(args, "")
     infos = describe_shards(spec, plan_shards(spec))
     rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
              "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
              "error": i.shard.error} for i in infos]  # fmt: skip
     if args.json:
-        print(json.dumps({"shards": rows, "num_rows": sum(r["num_rows"] for r in rows)}))
+        plan = {"shards": rows, "num_rows": sum(r["num_rows"] for r in rows)}
+        if advising:
+            return run_advice(spec, args, console, plan)
+        print(json.dumps(plan))
         return 0
     for r in rows:
         note = f"  [red]{r['error']}[/]" if r["error"] else ""
         console.print(f"{r['shard_id']}  rows {r['rows'][0]}-{r['rows'][1]}  ~{r['est_tokens']} tokens{note}")
     console.print(f"[bold]{len(rows)} shards, {sum(r['num_rows'] for r in rows)} rows, "
                   f"~{sum(r['est_tokens'] for r in rows)} tokens[/]")  # fmt: skip
-    return 0
+    return run_advice(spec, args, console, None) if advising else 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

@@ -1,6 +1,7 @@
 """The only door from the pipeline into the engine: its public facade, imported lazily, and open_engine.
 
-Lazy so that planning, status and config validation work without importing torch.
+Lazy so that planning, status, config validation and the advisor (``inspect_model``: config and
+tokenizer without weights) work without importing torch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from prefixflow.pipeline.spec import JobSpec
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model")
+FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "inspect_model")
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+
+from gguf import GGUFReader
+
+from prefixflow.engine.gguf.metadata import field_value
 
 
 def find_gguf_file(path: str | Path) -> Path:
@@ -40,3 +45,32 @@ def is_gguf_path(model: str | Path) -> bool:
     if not p.is_dir() or (p / "config.json").is_file():
         return False
     return any(c.is_file() and c.suffix.lower() == ".gguf" for c in p.iterdir())
+
+
+def file_identity(reader: GGUFReader, file: Path) -> dict:
+    """What names this model across runs: file name, size, quantization and a hash of head and tail.
+
+    Hashing the first and last MiB (plus the size) tells different files apart without reading
+    gigabytes on every start. The absolute path is left out on purpose: the same file installed
+    elsewhere (another machine's site-packages) is the same model, so a job can resume there.
+    """
+    size = file.stat().st_size
+    return {
+        "format": "gguf",
+        "file": file.name,
+        "size": size,
+        "sha256_head_tail": head_tail_digest(file),
+        "general_name": field_value(reader, "general.name", None),
+        "file_type": field_value(reader, "general.file_type", None),
+    }
+
+
+def head_tail_digest(file: Path) -> str:
+    """sha256 of the size, the first MiB and the last MiB: tells checkpoints apart without reading them."""
+    size = file.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with file.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return digest.hexdigest()
