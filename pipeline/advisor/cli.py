@@ -53,7 +53,13 @@ def run_advice(spec: Any, args: argparse.Namespace, console: Console, plan_json:
     from prefixflow.pipeline.advisor.advise import advise
     from prefixflow.pipeline.advisor.report import engine_settings, print_advice
 
-    advice = advise(spec, gpu=args.gpu, sample_size=args.sample_rows, pilot_rows=args.pilot or 0)
+    try:
+        advice = advise(spec, gpu=args.gpu, sample_size=args.sample_rows, pilot_rows=args.pilot or 0)
+    except ImportError as exc:
+        if not args.pilot:
+            raise
+        raise JobConfigError(f"--pilot runs the engine, which needs torch ({exc}); install prefixflow's "
+                             "engine dependencies or leave --pilot out") from exc
     if plan_json is not None:
         print(json.dumps({**plan_json, "advise": {**advice.as_dict(), "engine": engine_settings(advice)}}))
         return 0

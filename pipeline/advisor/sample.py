@@ -3,7 +3,9 @@
 Reading a 10 M-row dataset to advise on it would cost more than the advice is worth, so the sample
 reads at most ``UNIT_READ_ROWS`` rows from the start of each row group it visits, taking every
 k-th of them, and visits row groups spread evenly over the input (all of them when they are fewer
-than the rows wanted). Small inputs are read whole. Unreadable files are skipped and counted.
+than the rows wanted). Row groups are the unit, not shards: small shards cutting one row group into
+many pieces must not make it be read many times. Small inputs are read whole. Unreadable files are
+skipped and named.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ class Sample:
 
 @dataclass(frozen=True)
 class _Unit:
-    """The part of one row group that lies in one shard."""
+    """One row group of one file (shards may cut it; the sample reads it once whatever the shards)."""
 
-    shard: Shard
+    path: str
+    relpath: str
     group: int
-    group_offset: int  # file row index of the row group's first row
     start: int  # file row indexes [start, end)
     end: int
 
@@ -52,14 +54,13 @@ class _Unit:
         return self.end - self.start
 
 
-def _units(store: Any, shard: Shard) -> list[_Unit]:
-    meta = parquet_file(store, shard.path).metadata
+def _units(store: Any, path: str, relpath: str) -> list[_Unit]:
+    meta = parquet_file(store, path).metadata
     out, offset = [], 0
     for i in range(meta.num_row_groups):
         n = meta.row_group(i).num_rows
-        lo, hi = max(offset, shard.row_start), min(offset + n, shard.row_end)
-        if hi > lo:
-            out.append(_Unit(shard, i, offset, lo, hi))
+        if n:
+            out.append(_Unit(path, relpath, i, offset, offset + n))
         offset += n
     return out
 
@@ -82,19 +83,19 @@ def _quotas(units: list[_Unit], n: int) -> list[int]:
 
 def _read_unit(store: Any, unit: _Unit, take: int, columns: list[str]) -> list[SampledRow]:
     """``take`` rows spread over the first ``UNIT_READ_ROWS`` rows of the unit (every k-th row)."""
-    pf = parquet_file(store, unit.shard.path)
+    pf = parquet_file(store, unit.path)
     present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
     stride = max(1, min(unit.rows, max(UNIT_READ_ROWS, take)) // take)
-    wanted = {unit.start + i * stride for i in range(take)}
-    last = max(wanted)
+    picks = [i * stride for i in range(take)]  # offsets in the row group
     out: list[SampledRow] = []
-    index = unit.group_offset
+    offset = 0
     for batch in pf.iter_batches(batch_size=1024, row_groups=[unit.group], columns=present):
-        if index + batch.num_rows > unit.start:
-            rows = batch.to_pylist()
-            out += [SampledRow(unit.shard.relpath, index + j, r) for j, r in enumerate(rows) if index + j in wanted]
-        index += batch.num_rows
-        if index > last:
+        mine = [i - offset for i in picks if offset <= i < offset + batch.num_rows]
+        if mine:
+            rows = batch.take(mine).to_pylist()
+            out += [SampledRow(unit.relpath, unit.start + offset + j, r) for j, r in zip(mine, rows)]
+        offset += batch.num_rows
+        if offset > picks[-1]:
             break
     return out
 
@@ -108,13 +109,16 @@ def sample_rows(spec: JobSpec, shards: list[Shard], n: int) -> Sample:
     if not total:
         return Sample([], 0, skipped)
     store, _ = list_inputs(spec.input, spec.config.storage)
+    files = {s.path: s.relpath for s in shards if s.error is None}
+    by_file: dict[str, list[str]] = {}
+    for s in shards:
+        by_file.setdefault(s.path, []).append(s.shard_id)
     units: list[_Unit] = []
-    for shard in shards:
-        if shard.error is None:
-            try:
-                units += _units(store, shard)
-            except Exception:  # unreadable since planning: leave it out, say so
-                skipped.append(shard.shard_id)
+    for path, relpath in files.items():
+        try:
+            units += _units(store, path, relpath)
+        except Exception:  # unreadable since planning: leave it out, say so
+            skipped += by_file[path]
     columns = spec.input_columns()
     rows: list[SampledRow] = []
     for unit, take in zip(units, _quotas(units, n)):
@@ -122,5 +126,5 @@ def sample_rows(spec: JobSpec, shards: list[Shard], n: int) -> Sample:
             try:
                 rows += _read_unit(store, unit, take, columns)
             except Exception:
-                skipped.append(unit.shard.shard_id)
+                skipped += by_file[unit.path]
     return Sample(rows, total, sorted(set(skipped)))

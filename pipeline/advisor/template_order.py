@@ -27,6 +27,12 @@ class OrderFlag:
     message: str
 
 
+def _names(node: nodes.Node) -> set[str]:
+    """Row values a node reads (find_all looks below the node only, so a bare ``{{ x }}`` is checked too)."""
+    found = [node] if isinstance(node, nodes.Name) else []
+    return {n.name for n in [*found, *node.find_all(nodes.Name)] if n.ctx == "load"}
+
+
 def _segments(template: nodes.Template) -> list[tuple[str, str | set[str]]]:
     """The template's output in order: ("static", text) or ("variable", names it reads)."""
     out: list[tuple[str, str | set[str]]] = []
@@ -37,10 +43,9 @@ def _segments(template: nodes.Template) -> list[tuple[str, str | set[str]]]:
                 if isinstance(child, nodes.TemplateData):
                     out.append(("static", child.data))
                 else:
-                    out.append(("variable", {n.name for n in child.find_all(nodes.Name)}))
+                    out.append(("variable", _names(child) or {"<expression>"}))
         elif isinstance(node, (nodes.If, nodes.For, nodes.With, nodes.FilterBlock)):
-            names = {n.name for n in node.find_all(nodes.Name) if n.ctx == "load"}
-            out.append(("variable", names or {"<block>"}))
+            out.append(("variable", _names(node) or {"<block>"}))
         else:
             for child in node.iter_child_nodes():
                 walk(child)
