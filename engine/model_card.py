@@ -25,13 +25,13 @@ class ModelCard:
 
     name: str
     format: str  # "hf" | "gguf" | "preset"
-    hf_config: dict
+    hf_config: dict[str, Any]
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     chat_template: str | None
     checkpoint_bytes: int | None
     checkpoint_precision: str
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The same rendering ``LLM.apply_chat_template`` does, without loading the model."""
         template = getattr(self.tokenizer, "chat_template", None) or self.chat_template
         if not template:
@@ -91,7 +91,7 @@ def _hf_dir(path: Path) -> ModelCard:
     )
 
 
-def hf_precision(cfg: dict) -> str:
+def hf_precision(cfg: dict[str, Any]) -> str:
     """``gptq-int4``, ``awq-int4``, ``compressed-tensors``, ``fp8`` ... from ``quantization_config``;
     otherwise the stored dtype (``torch_dtype`` / ``dtype``)."""
     quant = cfg.get("quantization_config")
@@ -111,7 +111,7 @@ def _gguf(path: Path) -> ModelCard:
     file = find_gguf_file(path)
     key = head_tail_digest(file)
     card_file = _gguf_card_dir() / f"{key[:32]}.json"
-    tokenizer = cached_tokenizer(key)
+    tokenizer: Any = cached_tokenizer(key)
     if tokenizer is not None and card_file.is_file():
         saved = json.loads(card_file.read_text())
         if saved.get("chat_template") is not None:
@@ -130,7 +130,7 @@ def _gguf(path: Path) -> ModelCard:
     )
 
 
-def _read_gguf(file: Path, key: str) -> tuple[dict, Any]:
+def _read_gguf(file: Path, key: str) -> tuple[dict[str, Any], Any]:
     from gguf import GGUFReader, LlamaFileType
 
     from prefixflow.engine.gguf.metadata import build_hf_config, field_value
@@ -153,7 +153,7 @@ def _gguf_card_dir() -> Path:
     return cache_dir() / "gguf-cards"
 
 
-def _save_json(target: Path, data: dict) -> None:
+def _save_json(target: Path, data: dict[str, Any]) -> None:
     """Atomic write; a cache that cannot be written only costs time."""
     import os
     import tempfile

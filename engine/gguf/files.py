@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFReader
 
@@ -47,7 +48,7 @@ def is_gguf_path(model: str | Path) -> bool:
     return any(c.is_file() and c.suffix.lower() == ".gguf" for c in p.iterdir())
 
 
-def file_identity(reader: GGUFReader, file: Path) -> dict:
+def file_identity(reader: GGUFReader, file: Path) -> dict[str, Any]:
     """What names this model across runs: file name, size, quantization and a hash of head and tail.
 
     Hashing the first and last MiB (plus the size) tells different files apart without reading

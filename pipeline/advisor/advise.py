@@ -104,7 +104,8 @@ def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) 
         aliases = {"document": cfg.prompt_column or cfg.summarize.document_column} if cfg.task == "summarize" else {}
         return check_template(template, rows, count, block_size, aliases)
     if cfg.prompt_column:
-        return check_column(cfg.prompt_column, [r.get(cfg.prompt_column) for r in rows], count, block_size)
+        values = [v for v in (r.get(cfg.prompt_column) for r in rows) if isinstance(v, str)]
+        return check_column(cfg.prompt_column, values, count, block_size)
     return None
 
 
@@ -124,15 +125,15 @@ def advise(
     shape = ModelShape.from_config(card.hf_config)
     device = _device(spec, gpu)
     limits = EngineLimits.from_engine(cfg.engine)
-    precision, tp = choose_precision(shape, card.hf_config, device, limits, 1, 1)  # the pool, before the sample
-    pool = fit(shape, card.hf_config, device, limits, precision, 1, 1)
+    precision, tp = choose_precision(shape, card.hf_config, device, limits)  # the pool, before the sample
+    pool = fit(shape, card.hf_config, device, limits, precision)
     max_len = pool.max_model_len if tp == 1 and pool.kv_blocks >= 2 else model_context_limit(card.hf_config, limits)
     t = time.perf_counter()
     rendered = render_sample(cfg, TokenizerOnlyModel(card, max_len), sample)
     timings["render_s"] = time.perf_counter() - t
     t = time.perf_counter()
     sharing = analyze([r.tokens for r in rendered.requests], [r.row for r in rendered.requests], limits.block_size,
-                      lambda ids: card.tokenizer.decode(ids))  # fmt: skip
+                      lambda ids: card.tokenizer.decode(ids), suffixes=rendered.suffixes)  # fmt: skip
     flag = _order_flag(spec, sample, card.tokenizer, limits.block_size)
     timings["sharing_s"] = time.perf_counter() - t
     target_eff = None
@@ -147,11 +148,11 @@ def advise(
 
         target_eff = pilot_efficiency(pilot, shape, device, limits)
     workload = build_workload(rendered, sharing, sample.total_rows, max_len, pilot)
-    mean, p99 = workload.seq_sizes()
-    fits = {p: fit(shape, card.hf_config, device, limits, p, mean, p99) for p in precisions_for(device)}
-    facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag)
+    seqs = workload.footprint(sharing.heads[0].tokens // limits.block_size if sharing.heads else 0)
+    fits = {p: fit(shape, card.hf_config, device, limits, p, seqs) for p in precisions_for(device)}
+    facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs)
     answers = answer_all(facts)
-    estimates = estimate_all(shape, card.hf_config, device, workload, limits, target_eff)
+    estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff)
     timings["total_s"] = time.perf_counter() - t0
     model = {"model": spec.model, "name": card.name, "format": card.format,
              "checkpoint_precision": card.checkpoint_precision, "checkpoint_bytes": card.checkpoint_bytes,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import DEVICES, Device
-from prefixflow.pipeline.advisor.memory import EngineLimits, choose_precision, weight_bytes
+from prefixflow.pipeline.advisor.memory import EngineLimits, Footprint, choose_precision, weight_bytes
 from prefixflow.pipeline.advisor.roofline import Ceilings, ModelShape, job_cost, lower_bound_seconds
 from prefixflow.pipeline.advisor.workload import Workload
 
@@ -95,13 +95,12 @@ def estimate(
 
 def estimate_all(
     shape: ModelShape, cfg: dict[str, Any], target: Device, w: Workload, limits: EngineLimits,
-    target_efficiency: tuple[float, float, str] | None = None,
+    seqs: Footprint, target_efficiency: tuple[float, float, str] | None = None,
 ) -> list[Estimate]:  # fmt: skip
     """The target device first, then every GPU type, each at the precision question 1 picks for it."""
     devices = [target] + [d for name, d in DEVICES.items() if name != target.name]
-    mean, p99 = w.seq_sizes()
     out = []
     for d in devices:
-        precision, tp = choose_precision(shape, cfg, d, limits, mean, p99)
+        precision, tp = choose_precision(shape, cfg, d, limits, seqs)
         out.append(estimate(shape, d, precision, tp, w, limits, target_efficiency if d is target else None))
     return out

@@ -76,6 +76,17 @@ def activation_bytes(shape: ModelShape, tokens: int, seqs: int, elem: int) -> in
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """KV a running sequence holds on its own (prompt + output minus what the prefix cache shares), the
+    blocks shared by all of them (the longest common head, kept once), and whether the job decodes."""
+
+    private_mean: float = 1.0
+    private_p99: float = 1.0
+    shared_blocks: int = 0
+    decodes: bool = True
+
+
+@dataclass(frozen=True)
 class Fit:
     """What one device holds for one weight precision (bytes, tokens and sequences are whole numbers)."""
 
@@ -137,11 +148,12 @@ def model_context_limit(cfg: dict[str, Any], limits: EngineLimits) -> int:
 
 def fit(
     shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, precision: str,
-    seq_tokens_mean: float, seq_tokens_p99: float,
+    seqs: Footprint = Footprint(),
 ) -> Fit:  # fmt: skip
     """KV pool as the engine sizes it: ``num_kv_blocks`` or ``kv_cache_memory_bytes`` when set; on a GPU
     ``gpu_memory_utilization`` of memory minus weights, peak activations and a reserve; on the CPU the
-    engine's 512 MiB default."""
+    engine's 512 MiB default. Sequences that fit: the pool less the shared head, over each sequence's
+    own blocks. A job that only prefills (label scoring) needs no batch of sequences to use the device."""
     elem = DTYPE_BYTES.get(device.dtype, 2)
     weights = weight_bytes(shape, precision)
     block_bytes = shape.kv_bytes_per_token(elem) * limits.block_size
@@ -159,8 +171,9 @@ def fit(
     pool = max(pool, 0)
     blocks = pool // block_bytes
     tokens = blocks * limits.block_size
-    mean_blocks = max(1.0, -(-seq_tokens_mean // limits.block_size))
-    p99_blocks = max(1.0, -(-seq_tokens_p99 // limits.block_size))
+    mean_blocks = max(1.0, -(-seqs.private_mean // limits.block_size))
+    p99_blocks = max(1.0, -(-seqs.private_p99 // limits.block_size))
+    room = max(blocks - seqs.shared_blocks, 0)
     return Fit(
         precision=precision,
         weight_bytes=weights,
@@ -169,27 +182,27 @@ def fit(
         kv_blocks=int(blocks),
         kv_tokens=int(tokens),
         max_model_len=int(min(model_context_limit(cfg, limits), tokens)),
-        seqs_at_mean=int(blocks // mean_blocks),
-        seqs_at_p99=int(blocks // p99_blocks),
-        batch_target=min(limits.max_num_seqs, math.ceil(crossover_tokens(device, precision))),
+        seqs_at_mean=int(room // mean_blocks),
+        seqs_at_p99=int(room // p99_blocks),
+        batch_target=min(limits.max_num_seqs, math.ceil(crossover_tokens(device, precision))) if seqs.decodes else 1,
         pool_from_memory=from_memory,
     )
 
 
 def choose_precision(
-    shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, mean: float, p99: float
+    shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, seqs: Footprint = Footprint()
 ) -> tuple[str, int]:
     """What question 1 picks: the native precision if it leaves headroom, else the first quantized one that
     does, else the smallest tensor-parallel group (of native weights) that does."""
     native = native_precision(device)
     for p in (native, *quant_order(device)):
-        if fit(shape, cfg, device, limits, p, mean, p99).headroom:
+        if fit(shape, cfg, device, limits, p, seqs).headroom:
             return p, 1
     tp = 2
     while tp < 64:
         group = replace(device, memory_bytes=device.memory_bytes * tp, bytes_per_s=device.bytes_per_s * tp,
                         flops={k: v * tp for k, v in device.flops.items()})  # fmt: skip
-        if fit(shape, cfg, group, limits, native, mean, p99).headroom:
+        if fit(shape, cfg, group, limits, native, seqs).headroom:
             break
         tp *= 2
     return native, tp

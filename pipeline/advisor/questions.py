@@ -11,6 +11,7 @@ from prefixflow.pipeline.advisor.memory import (
     HEADROOM,
     EngineLimits,
     Fit,
+    Footprint,
     choose_precision,
     crossover_tokens,
     native_precision,
@@ -18,7 +19,7 @@ from prefixflow.pipeline.advisor.memory import (
 from prefixflow.pipeline.advisor.roofline import ModelShape
 from prefixflow.pipeline.advisor.sharing import Sharing
 from prefixflow.pipeline.advisor.template_order import OrderFlag
-from prefixflow.pipeline.advisor.workload import Workload
+from prefixflow.pipeline.advisor.workload import Dist, Workload
 from prefixflow.pipeline.config import JobConfig
 
 SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and ordering for
@@ -53,6 +54,7 @@ class Facts:
     workload: Workload
     sharing: Sharing
     flag: OrderFlag | None
+    seqs: Footprint
     settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
 
     @property
@@ -71,14 +73,13 @@ def q1_fit(f: Facts) -> Answer:
     q = "Does the model fit with headroom?"
     evidence = [f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
                 f"on {f.device.name} (limit {HEADROOM:.0%})"]  # fmt: skip
-    if n.pool_from_memory:
+    if n.pool_from_memory and f.seqs.decodes:
         evidence.append(f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
                         "compute-bound); the KV pool left over should hold them")  # fmt: skip
     evidence += [f"{p}: weights {x.weight_bytes / GB:.1f} GB, KV pool {x.kv_pool_bytes / GB:.1f} GB = "
                  f"{x.kv_tokens:,} tokens = {x.seqs_at_mean:,} sequences of the mean size"
                  for p, x in f.fits.items() if x.fits]  # fmt: skip
-    mean, p99 = f.workload.seq_sizes()
-    precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, mean, p99)
+    precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
     f.settings.update(quantization=quant, tensor_parallel_size=tp)
     if n.headroom:
@@ -133,13 +134,11 @@ def q3_output_lengths(f: Facts) -> Answer:
     cap = w.output_cap
     evidence = [f"max_tokens per row: p50 {cap.p50}, p90 {cap.p90}, max {cap.max} (spread {cap.cv:.2f})"
                 if cap.n else "no row sets max_tokens: rows run until EOS or the context limit"]
-    measured = f.workload.pilot.output_tokens if f.workload.pilot else []
-    if measured:
-        from prefixflow.pipeline.advisor.workload import Dist
-
-        d = Dist.of(measured)
+    pilot = f.workload.pilot
+    if pilot is not None and pilot.output_tokens:
+        d = Dist.of(pilot.output_tokens)
         evidence.append(f"pilot: generated p50 {d.p50}, p90 {d.p90}, max {d.max} tokens (spread {d.cv:.2f}); "
-                        f"finish reasons {f.workload.pilot.finish_reasons}")  # fmt: skip
+                        f"finish reasons {pilot.finish_reasons}")  # fmt: skip
         verdict = "yes" if d.cv >= VARIABLE_CV or cap.cv >= VARIABLE_CV else "no"
     elif cap.cv >= VARIABLE_CV or w.unbounded_rows:
         verdict = "yes"
@@ -161,8 +160,8 @@ def q4_fragmentation(f: Facts) -> Answer:
     contiguous = x.kv_tokens // ctx
     paged = x.seqs_at_mean
     evidence = [f"KV pool {x.kv_tokens:,} tokens ({x.precision} weights): reserving max_model_len {ctx:,} per "
-                f"sequence (contiguous cache) fits {contiguous:,} sequences; paged blocks of the sample's mean "
-                f"size fit {paged:,} (p99 size: {x.seqs_at_p99:,})", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
+                f"sequence (contiguous cache) fits {contiguous:,} sequences; paged, with shared heads stored once, "
+                f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
     capped = contiguous < f.limits.max_num_seqs
     verdict = "yes" if capped and paged >= PAGING_GAIN * max(contiguous, 1) else "no"
     seqs = max(1, min(paged, MAX_SEQS_CAP))

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.rows import RowPreparer, derived_id
 
@@ -25,14 +26,15 @@ class TokenizerOnlyModel:
         self.tokenizer = card.tokenizer
         self.max_model_len = max_model_len
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return str(self.card.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
 
 
 @dataclass(frozen=True)
 class PlannedRequest:
-    """One engine request: its prompt tokens, its output cap (None: until EOS or the context limit) and
-    the sampled row it serves. Label scoring makes one request per label, map_reduce one per chunk."""
+    """One prompt for the engine: its tokens, its output cap (None: until EOS or the context limit) and the
+    sampled row it serves. map_reduce makes one per chunk; label scoring one per row, which the engine
+    runs once per label (``Rendered.suffixes``)."""
 
     tokens: list[int]
     max_tokens: int | None
@@ -50,15 +52,20 @@ class Rendered:
     prompt_tokens: list[int] = field(default_factory=list)  # per good row (map_reduce: sum of chunks)
     max_tokens: list[int | None] = field(default_factory=list)  # per good row
     chunks_per_row: list[int] = field(default_factory=list)  # 1, or the map_reduce chunk count
+    suffixes: list[list[int]] = field(default_factory=list)  # label scoring: each label's tokens
+
+    @property
+    def engine_requests(self) -> int:
+        return len(self.requests) * max(1, len(self.suffixes))
 
 
 def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> Rendered:
     """Prepare every sampled row; bad rows are counted by error class, as a run would write them."""
-    prep = RowPreparer(cfg, model, set())
+    prep = RowPreparer(cfg, cast(Engine, model), set())  # preparing rows uses no generation method
     scoring = cfg.task == "label" and cfg.label.mode == "score"
     choices = [model.tokenizer.encode(cfg.label.choice_prefix + lb, add_special_tokens=False)
                for lb in cfg.label.labels] if scoring else []  # fmt: skip
-    out = Rendered([], len(sample.rows), 0)
+    out = Rendered([], len(sample.rows), 0, suffixes=choices)
     errors: Counter[str] = Counter()
     for i, s in enumerate(sample.rows):
         base = {"id": derived_id(s.relpath, s.row_index)}
@@ -75,10 +82,7 @@ def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> 
         if p.prompt is not None:
             out.prompt_tokens.append(len(p.prompt))
             out.chunks_per_row.append(1)
-            if scoring:
-                out.requests += [PlannedRequest(p.prompt + c, 1, i, "score") for c in choices]
-            else:
-                out.requests.append(PlannedRequest(p.prompt, limit, i, "generate"))
+            out.requests.append(PlannedRequest(p.prompt, 1 if scoring else limit, i, "score" if scoring else "generate"))
         else:
             out.prompt_tokens.append(sum(len(c) for c in p.chunks))
             out.chunks_per_row.append(len(p.chunks))

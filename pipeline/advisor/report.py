@@ -14,6 +14,8 @@ GB = 1e9
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
     if seconds < 120:
         return f"{seconds:.3g} s"
     if seconds < 7200:
@@ -23,6 +25,10 @@ def _duration(seconds: float) -> str:
 
 def _hours(h: float) -> str:
     return "<0.01" if h < 0.01 else f"{h:,.3g}"
+
+
+def _span(lo: str, hi: str) -> str:
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def engine_settings(advice: Advice) -> dict[str, Any]:
@@ -84,8 +90,8 @@ def print_advice(console: Console, advice: Advice) -> None:
     for a in advice.answers:
         color = {"yes": "green", "no": "cyan", "likely": "green"}.get(a.verdict, "dim")
         console.print(f"{a.number}. {a.question} [{color}]{a.verdict.upper()}[/]")
-        for e in a.evidence:
-            console.print(f"   - {e}", soft_wrap=True, markup=False)
+        for line in a.evidence:
+            console.print(f"   - {line}", soft_wrap=True, markup=False)
         console.print(f"   -> {a.recommendation}", soft_wrap=True, markup=False)
 
     console.print("\n[bold]Recommended engine settings[/] (job config `engine:` section)")
@@ -102,9 +108,10 @@ def print_advice(console: Console, advice: Advice) -> None:
         tp = f" TP{e.devices_per_lane}" if e.devices_per_lane > 1 else ""
         by = "mem" if e.bound_by == "memory bandwidth" else "flops"
         t.add_row(e.device, e.precision + tp, f"{_duration(e.lower_bound_s)} ({by})",
-                  f"{_duration(e.expected_s[0])}-{_duration(e.expected_s[1])}", _hours(e.gpu_hours_lower),
-                  f"{_hours(e.gpu_hours_expected[0])}-{_hours(e.gpu_hours_expected[1])}")  # fmt: skip
+                  _span(_duration(e.expected_s[0]), _duration(e.expected_s[1])), _hours(e.gpu_hours_lower),
+                  _span(_hours(e.gpu_hours_expected[0]), _hours(e.gpu_hours_expected[1])))  # fmt: skip
     console.print(t)
     sources = dict.fromkeys((e.efficiency, e.efficiency_source) for e in advice.estimates)
     for (lo, hi), src in sources:
-        console.print(f"  expected = bound / efficiency {lo:.2f}-{hi:.2f}: {src}", soft_wrap=True, markup=False)
+        console.print(f"  expected = bound / efficiency {_span(f'{lo:.2g}', f'{hi:.2g}')}: {src}", soft_wrap=True,
+                      markup=False)  # fmt: skip

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ModelShape:
     tie_word_embeddings: bool = False
 
     @classmethod
-    def from_config(cls, cfg: dict) -> ModelShape:
+    def from_config(cls, cfg: dict[str, Any]) -> ModelShape:
         heads = int(cfg["num_attention_heads"])
         return cls(
             hidden_size=int(cfg["hidden_size"]),

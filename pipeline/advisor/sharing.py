@@ -20,7 +20,7 @@ import numpy as np
 class SharedHead:
     tokens: int  # length of the shared head
     rows: int  # sampled rows whose prompts start with it
-    requests: int
+    prompts: int
     preview: str  # the head's text, shortened
 
 
@@ -83,28 +83,39 @@ def block_cache_min_tokens(prompts: Sequence[Sequence[int]], block_size: int) ->
 
 def analyze(
     prompts: Sequence[Sequence[int]], rows: Sequence[int], block_size: int,
-    decode: Callable[[list[int]], str] | None = None, top: int = 5,
+    decode: Callable[[list[int]], str] | None = None, top: int = 5, suffixes: Sequence[Sequence[int]] = (),
 ) -> Sharing:  # fmt: skip
-    """Sharing of ``prompts`` (one per request; ``rows[i]`` is the sampled row request i serves)."""
+    """Sharing of the job's requests: one per prompt (``rows[i]``: the sampled row prompt i serves), or with
+    ``suffixes`` (label scoring) one per prompt and suffix, ``prompt + suffix``, never built as lists.
+
+    A prompt's suffixed requests run next to each other in prefix order: the first shares with its
+    predecessor what the bare prompts share, the others the whole prompt plus their common prefix with
+    the previous suffix. ``cached_tokens`` lists requests prompt by prompt, suffixes in the given order."""
     arrays = [np.asarray(p, dtype=">u4") for p in prompts]
     keys = [a.tobytes() for a in arrays]  # big-endian bytes sort like the token lists, at memcmp speed
     order = sorted(range(len(prompts)), key=keys.__getitem__)
     adj = [0] + [_lcp_arrays(arrays[a], arrays[b]) for a, b in zip(order, order[1:])]  # with the predecessor
-    cached = [0] * len(prompts)
-    total = distinct = block_min = 0
-    deepest = 0
+    ends = [list(x) for x in suffixes] or [[]]
+    s_order = sorted(range(len(ends)), key=lambda j: ends[j])
+    s_adj = [0] + [lcp(ends[a], ends[b]) for a, b in zip(s_order, s_order[1:])]
+    k_ends = len(ends)
+    cached = [0] * (len(prompts) * k_ends)
+    total = distinct = block_min = deepest = 0
     for k, i in enumerate(order):
-        n = len(prompts[i])
-        shared = min(adj[k], n - 1) if n else 0
-        reuse = (shared // block_size) * block_size
-        cached[i] = reuse
-        total += n
-        distinct += n - adj[k]
-        block_min += n - reuse
-        nxt = min(adj[k + 1], n - 1) if k + 1 < len(order) and n else 0
-        deepest = max(deepest, shared // block_size, nxt // block_size)
+        size = len(prompts[i])
+        nxt = adj[k + 1] if k + 1 < len(order) else 0
+        for rank, j in enumerate(s_order):
+            n = size + len(ends[j])
+            common = min(adj[k], size) if rank == 0 else size + s_adj[rank]
+            reuse = (min(common, n - 1) // block_size) * block_size if n else 0
+            cached[i * k_ends + j] = reuse
+            total += n
+            distinct += n - common
+            block_min += n - reuse
+            later = size + s_adj[rank + 1] if rank + 1 < k_ends else min(nxt, size)
+            deepest = max(deepest, reuse // block_size, min(later, n - 1) // block_size)
     heads = _heads([prompts[i] for i in order], [rows[i] for i in order], adj, block_size, decode, top)
-    return Sharing(len(prompts), total, distinct, block_min, block_size, cached, deepest, heads)
+    return Sharing(len(cached), total, distinct, block_min, block_size, cached, deepest, heads)
 
 
 def _heads(
@@ -113,7 +124,6 @@ def _heads(
 ) -> list[SharedHead]:  # fmt: skip
     """Branching points of the trie (LCP intervals) that add at least one full block over their parent,
     ranked by the tokens they save (head length x (rows - 1))."""
-    new_row = np.cumsum([1] + [int(rows[j] != rows[j - 1]) for j in range(1, len(rows))]) if rows else []
     found: list[tuple[int, int, int, int]] = []  # (depth, left, right, parent depth)
     stack: list[tuple[int, int]] = [(0, 0)]
     for i in range(1, len(ordered) + 1):
@@ -126,9 +136,11 @@ def _heads(
                 found.append((depth, left, i - 1, parent))
         if not stack or stack[-1][0] < cur:
             stack.append((max(cur, 0), left))
+    # rank by tokens saved per prompt, then count the distinct rows of the best few exactly
+    found.sort(key=lambda f: f[0] * (f[2] - f[1]), reverse=True)
     scored = []
-    for depth, left, right, _ in found:
-        n_rows = int(new_row[right] - new_row[left]) + 1
+    for depth, left, right, _ in found[: 8 * top]:
+        n_rows = len(set(rows[left : right + 1]))
         if n_rows >= 2:
             scored.append((depth * (n_rows - 1), depth, n_rows, right - left + 1, left))
     scored.sort(reverse=True)

@@ -29,8 +29,9 @@ class OrderFlag:
 
 def _names(node: nodes.Node) -> set[str]:
     """Row values a node reads (find_all looks below the node only, so a bare ``{{ x }}`` is checked too)."""
-    found = [node] if isinstance(node, nodes.Name) else []
-    return {n.name for n in [*found, *node.find_all(nodes.Name)] if n.ctx == "load"}
+    found: list[nodes.Name] = [node] if isinstance(node, nodes.Name) else []
+    found += node.find_all(nodes.Name)
+    return {n.name for n in found if n.ctx == "load"}
 
 
 def _segments(template: nodes.Template) -> list[tuple[str, str | set[str]]]:
@@ -47,8 +48,8 @@ def _segments(template: nodes.Template) -> list[tuple[str, str | set[str]]]:
         elif isinstance(node, (nodes.If, nodes.For, nodes.With, nodes.FilterBlock)):
             out.append(("variable", _names(node) or {"<block>"}))
         else:
-            for child in node.iter_child_nodes():
-                walk(child)
+            for inner in node.iter_child_nodes():
+                walk(inner)
 
     walk(template)
     return out

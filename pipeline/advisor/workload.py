@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prefixflow.pipeline.advisor.memory import Footprint
 from prefixflow.pipeline.advisor.render import Rendered
 from prefixflow.pipeline.advisor.sharing import Sharing
 
@@ -83,10 +84,11 @@ class Workload:
     pilot: PilotResult | None = None
     notes: list[str] = field(default_factory=list)
 
-    def seq_sizes(self) -> tuple[float, float]:
-        """Mean and 99th-percentile tokens per sequence (prompt + expected output)."""
-        sizes = sorted(p + o for p, o, _ in self.requests) or [1]
-        return sum(sizes) / len(sizes), float(sizes[min(len(sizes) - 1, int(0.99 * len(sizes)))])
+    def footprint(self, shared_blocks: int) -> Footprint:
+        """Each running sequence's own KV (prompt + expected output - prefix-cache hits): mean and p99."""
+        sizes = sorted(p + o - c for p, o, c in self.requests) or [1]
+        return Footprint(sum(sizes) / len(sizes), float(sizes[min(len(sizes) - 1, int(0.99 * len(sizes)))]),
+                         shared_blocks, self.output_source != "scoring")  # fmt: skip
 
     @property
     def projected(self) -> dict[str, int]:
@@ -134,17 +136,20 @@ def build_workload(
                      f"{UNBOUNDED_OUTPUT_GUESS} output tokens assumed for them (measure with --pilot N)")  # fmt: skip
     requests: list[tuple[int, int, int]] = []
     outputs: list[int] = []
-    for req, cached in zip(rendered.requests, sharing.cached_tokens):
-        n = len(req.tokens)
-        if req.kind == "score":
-            out = 1
-        elif req.max_tokens is None:
-            out = round(unbounded_guess)
-        else:
-            out = round(req.max_tokens * ratio)
-        out = max(1, min(out, max_model_len - n)) if max_model_len > n else 1
-        requests.append((n, out, min(cached, n - 1)))
-        outputs.append(out)
+    ends = [len(s) for s in rendered.suffixes] or [0]
+    cached = iter(sharing.cached_tokens)  # prompt by prompt, suffixes in order (sharing.analyze)
+    for req in rendered.requests:
+        for extra in ends:
+            n = len(req.tokens) + extra
+            if req.kind == "score":
+                out = 1
+            elif req.max_tokens is None:
+                out = round(unbounded_guess)
+            else:
+                out = round(req.max_tokens * ratio)
+            out = max(1, min(out, max_model_len - n)) if max_model_len > n else 1
+            requests.append((n, out, min(next(cached), n - 1)))
+            outputs.append(out)
     return Workload(
         total_rows=total_rows,
         sampled_rows=rendered.rows,

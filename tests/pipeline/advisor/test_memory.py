@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prefixflow.pipeline.advisor.devices import DEVICES, cpu_device, get_device
-from prefixflow.pipeline.advisor.memory import EngineLimits, fit, weight_bytes
+from prefixflow.pipeline.advisor.memory import EngineLimits, Footprint, fit, weight_bytes
 from prefixflow.pipeline.advisor.roofline import ModelShape
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "models"
@@ -45,7 +45,7 @@ def test_llama_1b_weight_bytes_per_precision() -> None:
 
 def test_llama_8b_kv_pool_on_h200() -> None:
     shape, cfg = _preset("llama-3.1-8b")
-    f = fit(shape, cfg, DEVICES["h200"], EngineLimits(), "bf16", 1000, 2000)
+    f = fit(shape, cfg, DEVICES["h200"], EngineLimits(), "bf16", Footprint(1000, 2000))
     # activations of a 4096-token step: 4096 x (3*4096 + 48*128 + 3*14336) x 2 bytes = 503,316,480,
     # plus float32 logits and softmax of 256 rows: 256 x 128,256 x 8 = 262,668,288
     pool = int(141e9 * 0.9) - 16_060_522_496 - (503_316_480 + 262_668_288) - 2**30
@@ -56,16 +56,29 @@ def test_llama_8b_kv_pool_on_h200() -> None:
     assert f.seqs_at_mean == 51_975 // 63 == 825  # 1,000 tokens -> 63 blocks
     assert f.seqs_at_p99 == 51_975 // 125 == 415
     assert f.headroom
+    # a head of 1,000 tokens shared by every sequence is stored once: 62 blocks off the pool, and each
+    # sequence keeps only its own 1,000 - 992 = 8 tokens plus its output
+    shared = fit(shape, cfg, DEVICES["h200"], EngineLimits(), "bf16", Footprint(8 + 16, 8 + 16, shared_blocks=62))
+    assert shared.seqs_at_mean == (51_975 - 62) // 2 == 25_956
+
+
+def test_prefill_only_jobs_need_no_decode_batch() -> None:
+    shape, cfg = _preset("llama-3.1-8b")
+    decoding = fit(shape, cfg, DEVICES["l4"], EngineLimits(), "bf16", Footprint(5000, 6000))
+    scoring = fit(shape, cfg, DEVICES["l4"], EngineLimits(), "bf16", Footprint(5000, 6000, decodes=False))
+    assert decoding.seqs_at_mean == 1764 // 313 == 5 and decoding.batch_target == 256
+    assert decoding.kv_limited and not decoding.headroom
+    assert scoring.batch_target == 1 and scoring.headroom
 
 
 def test_llama_1b_kv_pool_on_l4_and_a_configured_pool() -> None:
     shape, cfg = _preset("llama-3.2-1b")
-    f = fit(shape, cfg, DEVICES["l4"], EngineLimits(max_num_seqs=64, block_size=32), "bf16", 100, 100)
+    f = fit(shape, cfg, DEVICES["l4"], EngineLimits(max_num_seqs=64, block_size=32), "bf16", Footprint(100, 100))
     act = 4096 * (3 * 2048 + 48 * 64 + 3 * 8192) * 2 + 64 * 128_256 * 8
     assert f.kv_pool_bytes == int(24e9 * 0.9) - 2_471_628_800 - act - 2**30 == 17_712_138_240
     assert f.kv_blocks == 17_712_138_240 // (32_768 * 32) == 16_891
     assert f.max_model_len == 131_072
-    tight = fit(shape, cfg, DEVICES["l4"], EngineLimits(kv_cache_memory_bytes=2**30), "bf16", 100, 100)
+    tight = fit(shape, cfg, DEVICES["l4"], EngineLimits(kv_cache_memory_bytes=2**30), "bf16", Footprint(100, 100))
     assert tight.kv_tokens == 2**30 // 32_768 == 32_768 and tight.max_model_len == 32_768
     assert not tight.pool_from_memory
 
@@ -73,7 +86,7 @@ def test_llama_1b_kv_pool_on_l4_and_a_configured_pool() -> None:
 def test_cpu_uses_the_engines_default_pool_and_float32() -> None:
     shape, cfg = _preset("llama-3.2-1b")
     cpu = cpu_device()
-    f = fit(shape, cfg, cpu, EngineLimits(), "fp32", 100, 100)
+    f = fit(shape, cfg, cpu, EngineLimits(), "fp32", Footprint(100, 100))
     assert f.weight_bytes == 1_235_814_400 * 4
     assert f.kv_pool_bytes == 512 * 2**20
     assert f.kv_tokens == 512 * 2**20 // (32_768 * 2)  # float32 KV: 64 KiB per token
