@@ -18,9 +18,11 @@ _EXPORTS = {
     "ModelSource": "prefixflow.engine.model_source",
     "RequestOutput": "prefixflow.engine.outputs",
     "SamplingParams": "prefixflow.engine.sampling_params",
+    "StructuredOutputs": "prefixflow.engine.structured",
     "TokenLogprob": "prefixflow.engine.outputs",
     "describe_model": "prefixflow.engine.model_identity",
     "inspect_model": "prefixflow.engine.model_card",
+    "structured_outputs_error": "prefixflow.engine.structured",
 }
 
 __all__ = [
@@ -33,7 +35,9 @@ __all__ = [
     "inspect_model",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputs",
     "TokenLogprob",
+    "structured_outputs_error",
 ]
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
     from prefixflow.engine.outputs import RequestOutput, TokenLogprob
     from prefixflow.engine.sampling_params import SamplingParams
     from prefixflow.engine.stats import EngineStats
+    from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 
 
 def __getattr__(name: str) -> Any:

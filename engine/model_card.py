@@ -8,14 +8,15 @@ so nothing here imports torch or reads a weight tensor.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefixflow.engine.model_identity import ModelNotFoundError
 
-class ModelNotFoundError(ValueError):
-    """The model argument names nothing the engine can load."""
+__all__ = ["ModelCard", "ModelNotFoundError", "hf_precision", "inspect_model"]
 
 
 @dataclass(frozen=True)
@@ -46,32 +47,21 @@ class ModelCard:
 def inspect_model(model: str) -> ModelCard:
     """Config and tokenizer of ``model`` (HF directory, GGUF file, embedded model or preset), no weights.
 
-    Raises ``ModelNotFoundError`` (a ValueError naming what is accepted) when ``model`` names nothing
-    loadable. A preset's tokenizer is the one the engine would train for it (deterministic), so no
-    random weights are built.
+    Resolved by ``locate_model`` like loading is, so it raises the same ``ModelNotFoundError`` (a
+    ValueError naming what is accepted). A preset's tokenizer is the one the engine trains for it
+    (deterministic), so no random weights are built.
     """
-    from prefixflow.engine import embedded, presets
+    from prefixflow.engine.model_identity import locate_model
 
-    text = str(model)
-    path = Path(text).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return _gguf(path)
-    if path.is_dir():
-        if (path / "config.json").exists():
-            return _hf_dir(path)
-        if any(path.glob("*.gguf")):
-            return _gguf(path)
-        raise ModelNotFoundError(f"{path} has neither config.json (Hugging Face) nor a .gguf file")
-    if text in embedded.EMBEDDED_MODELS:
-        found = embedded.resolve_embedded(text)
-        assert found is not None
-        return _gguf(found)
-    if text in presets.available_presets():
-        return _preset(text)
-    raise ModelNotFoundError(
-        f"model {text!r} is not a directory, a .gguf file, a preset ({', '.join(presets.available_presets())}) "
-        f"or an embedded model ({', '.join(embedded.EMBEDDED_MODELS)})"
-    )
+    location = locate_model(model)
+    if location.kind == "hf":
+        assert location.path is not None
+        return _hf_dir(location.path)
+    if location.kind == "gguf":
+        assert location.path is not None
+        return _gguf(location.path)
+    assert location.preset is not None
+    return _preset(location.preset)
 
 
 def _hf_dir(path: Path) -> ModelCard:
@@ -104,13 +94,14 @@ def hf_precision(cfg: dict[str, Any]) -> str:
 
 def _gguf(path: Path) -> ModelCard:
     """Parsing a GGUF file's metadata takes seconds (its vocabulary is thousands of small fields), so the
-    card is cached beside the tokenizer the engine caches, keyed by the file's head-and-tail digest."""
-    from prefixflow.engine.gguf.files import find_gguf_file, head_tail_digest
+    card is cached beside the tokenizer the engine caches, under the same content key."""
     from prefixflow.engine.gguf.tokenizer import cached_tokenizer
+    from prefixflow.engine.model_identity import gguf_digests
 
-    file = find_gguf_file(path)
-    key = head_tail_digest(file)
-    card_file = _gguf_card_dir() / f"{key[:32]}.json"
+    file = path
+    digests = gguf_digests(file)
+    key = f"{digests['header']}/{digests['weights'][file.name]}"  # the loader's tokenizer cache key
+    card_file = _gguf_card_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     tokenizer: Any = cached_tokenizer(key)
     if tokenizer is not None and card_file.is_file():
         saved = json.loads(card_file.read_text())

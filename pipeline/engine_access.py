@@ -14,13 +14,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prefixflow.pipeline.errors import JobConfigError
 
 if TYPE_CHECKING:
-    from prefixflow.engine import EngineConfig, SamplingParams, describe_model, inspect_model
+    from prefixflow.engine import (
+        EngineConfig,
+        SamplingParams,
+        StructuredOutputs,
+        describe_model,
+        inspect_model,
+        structured_outputs_error,
+    )
     from prefixflow.pipeline.spec import JobSpec
 
-__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "Tokenizer", "describe_model", "inspect_model",
-           "open_engine"]  # fmt: skip
+__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
+           "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "inspect_model")
+FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
+          "structured_outputs_error", "inspect_model")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -14,14 +14,13 @@ _EXPORTS = {
     "SUPPORTED_ARCHITECTURES": "prefixflow.engine.gguf.metadata",
     "SUPPORTED_TYPES": "prefixflow.engine.gguf.tensors",
     "find_gguf_file": "prefixflow.engine.gguf.files",
-    "is_gguf_path": "prefixflow.engine.gguf.files",
     "load_gguf_source": "prefixflow.engine.gguf.loader",
 }
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "find_gguf_file", "is_gguf_path", "load_gguf_source"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "SUPPORTED_TYPES", "find_gguf_file", "load_gguf_source"]
 
 if TYPE_CHECKING:
-    from prefixflow.engine.gguf.files import find_gguf_file, is_gguf_path
+    from prefixflow.engine.gguf.files import find_gguf_file
     from prefixflow.engine.gguf.loader import load_gguf_source
     from prefixflow.engine.gguf.metadata import SUPPORTED_ARCHITECTURES
     from prefixflow.engine.gguf.tensors import SUPPORTED_TYPES
