@@ -61,7 +61,7 @@ class Rendered:
 
 def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> Rendered:
     """Prepare every sampled row; bad rows are counted by error class, as a run would write them."""
-    prep = RowPreparer(cfg, cast(Engine, model), set())  # preparing rows uses no generation method
+    prep = RowPreparer(cfg, cast(Engine, model), {})  # preparing rows uses no generation method
     scoring = cfg.task == "label" and cfg.label.mode == "score"
     choices = [model.tokenizer.encode(cfg.label.choice_prefix + lb, add_special_tokens=False)
                for lb in cfg.label.labels] if scoring else []  # fmt: skip
