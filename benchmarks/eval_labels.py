@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.common import environment, print_table, setup_threads, write_json
 from benchmarks.label_metrics import label_metrics
+from prefixflow.pipeline.config import LabelConfig
 
 MODEL = "smollm2-135m-instruct"
 DATA = Path(__file__).parent / "data"
@@ -79,7 +80,8 @@ SETS = (
         Style("plain", "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is", "off", " "),
     )),
 )  # fmt: skip
-CONTENT_FREE = ("N/A", "", "[MASK]")
+CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. 2021's three, each also measured alone
+DEFAULT_CONTENT_FREE = LabelConfig().content_free  # the pipeline's default
 
 
 def read_jsonl(name: str) -> list[dict]:
@@ -148,7 +150,8 @@ def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm
     elif method == "batch":
         bias = reference_bias(scores)
     else:
-        keys = [f"cf:{v}" for v in CONTENT_FREE] if method == "contextual" else [method]
+        keys = {"contextual": [f"cf:{v}" for v in DEFAULT_CONTENT_FREE],
+                "contextual-3": [f"cf:{v}" for v in CONTENT_FREE]}.get(method, [method])  # fmt: skip
         bias = reference_bias([per_label(*raw["refs"][k]) for k in keys if k in raw["refs"]])
     return [calibrated_probs(s, bias) for s in scores]
 
@@ -158,8 +161,9 @@ METHODS = (
     ("raw (before issue 14)", "none", "sum", False),
     ("none + case", "none", "sum", True),
     ("contextual", "contextual", "sum", False),
-    ("contextual + case", "contextual", "sum", True),
+    ("contextual + case (default)", "contextual", "sum", True),
     ("contextual + case, mean", "contextual", "mean", True),
+    ("contextual N/A,'',[MASK] + case", "contextual-3", "sum", True),
     ("contextual 'N/A' only + case", "cf:N/A", "sum", True),
     ("contextual '' only + case", "cf:", "sum", True),
     ("contextual '[MASK]' only + case", "cf:[MASK]", "sum", True),

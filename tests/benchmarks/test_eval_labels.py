@@ -29,11 +29,11 @@ def test_eval_labels_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     styles = result["sets"]["tickets"]
     assert set(styles) == {s.name for s in eval_labels.SETS[0].styles}
-    chat = styles["chat"]
-    assert {"raw (before issue 14)", "contextual + case", "permutation average + case"} <= set(chat["methods"])
+    default = "contextual + case (default)"
+    assert {"raw (before issue 14)", default, "permutation average + case"} <= set(styles["chat"]["methods"])
     for res in styles.values():
         for m in res["methods"].values():
             assert m["n"] == 8 and 0 <= m["accuracy"] <= 1 and sum(m["predicted"]) == 8
-        # the pipeline's default job end to end equals the offline "contextual + case" evaluation
-        assert res["pipeline_default"]["predicted"] == res["methods"]["contextual + case"]["predicted"]
-        assert res["pipeline_default"]["ece"] == pytest.approx(res["methods"]["contextual + case"]["ece"], abs=1e-6)
+        # the pipeline's default job end to end equals the offline evaluation of the default method
+        assert res["pipeline_default"]["predicted"] == res["methods"][default]["predicted"]
+        assert res["pipeline_default"]["ece"] == pytest.approx(res["methods"][default]["ece"], abs=1e-6)
