@@ -89,7 +89,8 @@ def _device(spec: JobSpec, gpu: str) -> Device:
     except ValueError as exc:
         raise JobConfigError(f"--gpu: {exc}") from exc
     dtype = str(spec.config.engine.get("dtype") or "auto")
-    return dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
+    device = dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
+    return device.group(int(spec.config.engine.get("tensor_parallel_size") or 1))  # the job's own TP group
 
 
 def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:
