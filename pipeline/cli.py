@@ -124,12 +124,15 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(
             json.dumps(
-                {**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"]}
+                {**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"]}
             )
         )
         return 0
-    console.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
-                  f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
+    console.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
+                  f"fingerprint {record.fingerprint_hash}")  # fmt: skip
+    if summary.foreign_files:
+        console.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
+                      "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
     print_summary(console, summary)
     console.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"

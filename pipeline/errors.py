@@ -23,6 +23,15 @@ class OutputStateError(PipelineError):
     """The output root cannot hold a run (a file, unwritable, an unreadable fingerprint record)."""
 
 
+class OutputBusy(PipelineError):
+    """Another live process holds the output in a way this command cannot share (a --new-run while a job
+    writes it, or a job while a --new-run replaces it); the message names the holder."""
+
+
+class RunSuperseded(PipelineError):
+    """A --new-run replaced the output's run while this process was writing it; nothing more is committed."""
+
+
 class OutputNotPrepared(PipelineError):
     """run_shard/finalize was called before prepare_output wrote the job fingerprint."""
 
