@@ -174,7 +174,7 @@ def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     elif template is None:
         text = as_text(row.get(cfg.prompt_column or ""), f"column {cfg.prompt_column!r}")
     else:
-        text = render_template(template, ctx)
+        text = render_template(template, ctx, cfg.template_limits)
     return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 

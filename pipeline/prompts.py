@@ -7,37 +7,28 @@ makes a missing column a clear per-row error instead of a silently empty prompt.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 import jinja2
 from jinja2 import meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from prefixflow.pipeline.config import TemplateLimits
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import (
     BAD_TYPE,
     EMPTY_PROMPT,
     NULL_PROMPT,
     TEMPLATE_ERROR,
+    TEMPLATE_LIMIT,
     UNDECODABLE_TEXT,
     RowError,
 )
-
-_ENV = ImmutableSandboxedEnvironment(
-    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
-)
-
-
-@lru_cache(maxsize=64)
-def compile_template(source: str) -> jinja2.Template:
-    """Compile once per process; raises jinja2.TemplateSyntaxError on bad syntax."""
-    return _ENV.from_string(source)
+from prefixflow.pipeline.sandbox import ENV, TemplateLimitExceeded, compile_template, render_limited
 
 
 def template_columns(source: str) -> set[str]:
     """Names the template reads from the row (so only those columns are loaded)."""
-    return set(meta.find_undeclared_variables(_ENV.parse(source)))
+    return set(meta.find_undeclared_variables(ENV.parse(source)))
 
 
 def static_prefix(source: str | None) -> str:
@@ -62,11 +53,14 @@ def as_text(value: Any, what: str) -> str:
     return value
 
 
-def render_template(source: str, row: dict[str, Any]) -> str:
-    """Render one row; every failure (missing column, sandbox violation, runtime error) is a RowError."""
+def render_template(source: str, row: dict[str, Any], limits: TemplateLimits | None = None) -> str:
+    """Render one row within ``limits`` (sandbox.py); every failure (missing column, sandbox violation,
+    runtime error, a limit) is a RowError."""
     context = {k: _decoded(v) for k, v in row.items()}
     try:
-        return compile_template(source).render(**context)
+        return render_limited(compile_template(source), context, limits or TemplateLimits())
+    except TemplateLimitExceeded as exc:
+        raise RowError(TEMPLATE_LIMIT, f"template stopped: {exc}") from exc
     except jinja2.UndefinedError as exc:
         raise RowError(TEMPLATE_ERROR, f"template references a missing value: {exc}") from exc
     except Exception as exc:  # SecurityError, TypeError in filters, ...

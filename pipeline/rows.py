@@ -147,7 +147,7 @@ class RowPreparer:
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
             ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
-        return render_template(self.template, ctx)
+        return render_template(self.template, ctx, self.cfg.template_limits)
 
     def encode(self, user_text: str) -> list[int]:
         check_nonempty(user_text)
@@ -233,6 +233,7 @@ class RowPreparer:
 
     def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
         """The reduce step's prompt, or None when the joined summaries are still too long."""
-        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)})
+        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)},
+                               self.cfg.template_limits)  # fmt: skip
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None

@@ -172,7 +172,7 @@ def _check_output_root(spec: JobSpec, layout: Layout) -> None:
     fs, root = layout.store.fs, layout.store.root
     try:
         is_file = fs.info(root).get("type") == "file"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         is_file = False
     except Exception as exc:  # an unreachable endpoint, refused credentials: one line, no traceback
         raise storage_failure(layout, exc) from exc
