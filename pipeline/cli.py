@@ -135,6 +135,9 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if summary.foreign_files:
         console.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
                       "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
+    if summary.replaced_runs:
+        console.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
+                      "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
     print_summary(console, summary)
     console.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"

@@ -45,6 +45,7 @@ class RunSummary:
     shards_in_progress: list[str] = field(default_factory=list)
     run_id: str = ""
     foreign_files: list[str] = field(default_factory=list)  # in data/ but written by no run (status only)
+    replaced_runs: list[str] = field(default_factory=list)  # data/ folders of replaced runs, not yet removed
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,7 +68,7 @@ class RunSummary:
 
 def summarize_layout(
     layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
-    foreign: list[str] | None = None,
+    foreign: list[str] | None = None, replaced: list[str] | None = None,
 ) -> RunSummary:  # fmt: skip
     """Totals of ``layout``'s run from its ``markers``."""
     done = {m.shard_id for m in markers}
@@ -94,6 +95,7 @@ def summarize_layout(
         shards_in_progress=sorted(staged - done),
         run_id=layout.run_id,
         foreign_files=foreign or [],
+        replaced_runs=replaced or [],
     )
 
 
@@ -146,5 +148,7 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     except Exception:
         planned = None
     markers, foreign = _unlisted_data(layout)
-    others = [f"data/{n}" for n in root.store.list_dir(root.path("data")) if n not in (record.run_id, *record.retired_runs)]
-    return summarize_layout(layout, output, planned, markers, others + foreign), record
+    folders = [n for n in root.store.list_dir(root.path("data")) if n != record.run_id]
+    others = [f"data/{n}" for n in folders if n not in record.retired_runs]
+    replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
+    return summarize_layout(layout, output, planned, markers, others + foreign, replaced), record

@@ -58,7 +58,7 @@ def test_a_crash_inside_new_run_never_lets_the_old_rows_count(tmp_path: Path, ti
     assert sorted(rows["id"]) == sorted(ids) and set(rows["output_tokens"]) == {3}
 
 
-def test_sigkill_right_after_the_new_run_record_then_rerun(tmp_path: Path, tiny_llm) -> None:
+def test_sigkill_right_after_the_new_run_record_then_rerun(tmp_path: Path, tiny_llm, capsys) -> None:
     """The same with a real SIGKILL at the riskiest point: new record written, old run not yet removed."""
     ids, out = _setup(tmp_path, tiny_llm)
     job_b = write_job(tmp_path / "b.yaml", JOB_B)
@@ -71,6 +71,8 @@ def test_sigkill_right_after_the_new_run_record_then_rerun(tmp_path: Path, tiny_
     record = json.loads((out / "_prefixflow.json").read_text())
     assert record["fingerprint_hash"] == load_job(str(tmp_path / "in"), str(out), "tiny", JOB_B).fingerprint_hash()
     assert set(_committed(out)["output_tokens"]) == {12}  # only the old run's rows are visible, still whole
+    assert main(["status", str(out)]) == 0
+    assert "hold rows of a replaced run" in capsys.readouterr().err
     assert main(cli_args(tmp_path / "in", out, job_b)) == 0
     rows = _committed(out)
     assert sorted(rows["id"]) == sorted(ids) and set(rows["output_tokens"]) == {3}
