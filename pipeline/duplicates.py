@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,12 +14,12 @@ from prefixflow.pipeline.spec import JobSpec
 
 
 def duplicate_index(spec: JobSpec) -> bytes:
-    """Parquet bytes of every (file, row) whose id repeats an earlier one. Reads only the id column."""
+    """Parquet bytes of every (file, row) whose id repeats an id seen earlier in (file, row) order, with
+    the row that used it first (so the error row can name it). Reads only the id column."""
     col = spec.config.id_column
     store, files = list_inputs(spec.input, spec.config.storage)
-    seen: set[str] = set()
-    dup_files: list[str] = []
-    dup_rows: list[int] = []
+    seen: dict[str, tuple[str, int]] = {}
+    dups: dict[str, list[Any]] = {"source_file": [], "row_index": [], "first_file": [], "first_row": []}
     for f in files:
         try:
             pf = pq.ParquetFile(store.fs.open(f.path, "rb"))
@@ -32,22 +33,25 @@ def duplicate_index(spec: JobSpec) -> bytes:
                 continue
             key = str(v)
             if key in seen:
-                dup_files.append(f.relpath)
-                dup_rows.append(i)
+                for name, value in zip(dups, (f.relpath, i, *seen[key])):
+                    dups[name].append(value)
             else:
-                seen.add(key)
-    table = pa.table(
-        {"source_file": pa.array(dup_files, pa.string()), "row_index": pa.array(dup_rows, pa.int64())}
-    )
+                seen[key] = (f.relpath, i)
+    types = {"source_file": pa.string(), "row_index": pa.int64(), "first_file": pa.string(), "first_row": pa.int64()}
+    table = pa.table({name: pa.array(values, types[name]) for name, values in dups.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
 
 
-def load_duplicates(layout: Layout, relpath: str) -> set[tuple[str, int]]:
-    """The duplicate rows of one input file, from the run's index (empty without an id column)."""
+def load_duplicates(layout: Layout, relpath: str) -> dict[tuple[str, int], tuple[str, int] | None]:
+    """(file, row) of each repeated id in ``relpath`` -> (file, row) of its first use (None in an index
+    written by an older prefixflow); empty without an id column."""
     if not layout.store.exists(layout.duplicates):
-        return set()
+        return {}
     table = pq.read_table(io.BytesIO(layout.store.read_bytes(layout.duplicates)))
-    return {(f, r) for f, r in zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist())
-            if f == relpath}  # fmt: skip
+    files, rows = table.column("source_file").to_pylist(), table.column("row_index").to_pylist()
+    firsts: list[tuple[str, int] | None] = [None] * len(files)
+    if "first_file" in table.column_names:
+        firsts = list(zip(table.column("first_file").to_pylist(), table.column("first_row").to_pylist()))
+    return {(f, r): first for f, r, first in zip(files, rows, firsts) if f == relpath}

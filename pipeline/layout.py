@@ -8,6 +8,7 @@
     OUTPUT/_commits/<run>/<shard>.json               commit marker, created exclusively: the commit point
     OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts only
     OUTPUT/_manifest.json                            totals, written by finalize
+    OUTPUT/_batch_input/requests-<digest>.parquet    an OpenAI Batch run's requests (batch_run.py)
 
 Everything a run writes sits below a folder named by its run id, so a marker, a staged part or a data file
 of another run can never be taken for this run's, and a replaced run is removed folder by folder.
@@ -26,9 +27,11 @@ RECORD_FILE = "_prefixflow.json"
 MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
+BATCH_INPUT_DIR = "_batch_input"  # an OpenAI Batch run's converted requests (batch_run.py)
 RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids")  # each holds one folder per run id
-# Entries a root may hold before its run record exists (a concurrent first start writes them).
-PRE_RECORD = (RECORD_FILE, LEASES_DIR)
+# Entries a root may hold before its run record exists: what a concurrent first start writes, and the
+# requests table an OpenAI Batch run converts into its own state folder before its run starts.
+PRE_RECORD = (RECORD_FILE, LEASES_DIR, BATCH_INPUT_DIR)
 
 
 @dataclass(frozen=True)
