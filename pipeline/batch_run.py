@@ -100,7 +100,7 @@ def prepare_batch(
     requests = parse_batch(data, input)
     name = f"requests-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
     state = results.rstrip("/") + STATE_SUFFIX
-    spec = load_job(f"{state}/input/{name}", state, model, job_data, **overrides)
+    spec = load_job(f"{state}/{BATCH_INPUT_DIR}/{name}", state, model, job_data, **overrides)
     layout = output_layout(spec)
     _check_results_owner(results, layout, storage, new_run)
     record = read_run_record(layout)

@@ -116,7 +116,7 @@ class Store:
     def copy(self, src: str, dst: str) -> None:
         """Place the bytes of ``src`` at ``dst`` (idempotent: same bytes each time)."""
         if self.is_local:
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            _ensure_dir(os.path.dirname(dst))
             try:
                 os.link(src, dst)
             except FileExistsError:
@@ -163,13 +163,26 @@ class Store:
 
     def _local_tmp(self, path: str, data: bytes) -> str:
         folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
+        _ensure_dir(folder)
         tmp = f"{folder}/.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         return tmp
+
+
+def _ensure_dir(folder: str) -> None:
+    """``os.makedirs(folder, exist_ok=True)``, also while another process removes a parent: makedirs then
+    raises FileExistsError for a folder that vanished between its own mkdir and its check."""
+    for _ in range(5):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            return
+        except FileExistsError:
+            if os.path.exists(folder) and not os.path.isdir(folder):
+                raise
+    os.makedirs(folder, exist_ok=True)
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

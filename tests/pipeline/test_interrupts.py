@@ -12,7 +12,9 @@ from prefixflow.pipeline.cli import main
 from tests.pipeline.support import cli_args, job, start_cli, wait_for_hook, write_dataset, write_job
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)]
+)
 def test_interrupt_says_how_to_resume_and_the_rerun_completes(tmp_path: Path, sig: int, code: int) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=6, row_group_size=3)
     job_file = write_job(tmp_path / "job.yaml", job("generate", output={"shard_rows": 3, "flush_rows": 2}))

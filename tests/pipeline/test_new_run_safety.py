@@ -58,6 +58,7 @@ def test_a_crash_inside_new_run_never_lets_the_old_rows_count(tmp_path: Path, ti
     assert sorted(rows["id"]) == sorted(ids) and set(rows["output_tokens"]) == {3}
 
 
+@pytest.mark.slow  # a subprocess; the in-process crash test above covers the same window in the default run
 def test_sigkill_right_after_the_new_run_record_then_rerun(tmp_path: Path, tiny_llm, capsys) -> None:
     """The same with a real SIGKILL at the riskiest point: new record written, old run not yet removed."""
     ids, out = _setup(tmp_path, tiny_llm)
