@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jinja2
-from jinja2 import meta
+from jinja2 import meta, nodes
 
 from prefixflow.pipeline.config import TemplateLimits
 from prefixflow.pipeline.engine_access import Engine
@@ -24,6 +24,12 @@ from prefixflow.pipeline.errors import (
     RowError,
 )
 from prefixflow.pipeline.sandbox import ENV, TemplateLimitExceeded, compile_template, render_limited
+from prefixflow.pipeline.template_cells import BlankCellPrinted, NullCellPrinted, cell_value
+
+
+def parse_template(source: str) -> nodes.Template:
+    """The template's syntax tree (the advisor reads which text is static and which comes from the row)."""
+    return ENV.parse(source)
 
 
 def template_columns(source: str) -> set[str]:
@@ -55,12 +61,19 @@ def as_text(value: Any, what: str) -> str:
 
 def render_template(source: str, row: dict[str, Any], limits: TemplateLimits | None = None) -> str:
     """Render one row within ``limits`` (sandbox.py); every failure (missing column, sandbox violation,
-    runtime error, a limit) is a RowError."""
-    context = {k: _decoded(v) for k, v in row.items()}
+    runtime error, a limit) is a RowError.
+
+    A null or blank cell the template prints is a ``null_prompt`` / ``empty_prompt`` row error, unless
+    the template handles it (see ``template_cells``)."""
+    context = {k: cell_value(k, _decoded(v)) for k, v in row.items()}
     try:
         return render_limited(compile_template(source), context, limits or TemplateLimits())
     except TemplateLimitExceeded as exc:
         raise RowError(TEMPLATE_LIMIT, f"template stopped: {exc}") from exc
+    except NullCellPrinted as exc:
+        raise RowError(NULL_PROMPT, str(exc)) from exc
+    except BlankCellPrinted as exc:
+        raise RowError(EMPTY_PROMPT, str(exc)) from exc
     except jinja2.UndefinedError as exc:
         raise RowError(TEMPLATE_ERROR, f"template references a missing value: {exc}") from exc
     except Exception as exc:  # SecurityError, TypeError in filters, ...

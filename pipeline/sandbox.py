@@ -22,6 +22,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from prefixflow.pipeline.config import TemplateLimits
+from prefixflow.pipeline.template_cells import is_none
 
 _CHECK_EVERY = 256  # trace events between clock reads
 _PADDING = {"center", "ljust", "rjust", "zfill", "expandtabs"}  # str methods that allocate what they are told
@@ -61,6 +62,7 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
 
 
 ENV = LimitedSandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+ENV.tests["none"] = is_none  # a null cell is a MissingCell, and still `is none` (template_cells.py)
 
 
 @lru_cache(maxsize=64)

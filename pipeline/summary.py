@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import lease
 from prefixflow.pipeline.config import StorageConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.label_watch import collapse_warning
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.run_record import (
@@ -46,6 +48,8 @@ class RunSummary:
     run_id: str = ""
     foreign_files: list[str] = field(default_factory=list)  # in data/ but written by no run (status only)
     replaced_runs: list[str] = field(default_factory=list)  # data/ folders of replaced runs, not yet removed
+    label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
+    label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,14 +72,18 @@ class RunSummary:
 
 def summarize_layout(
     layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
-    foreign: list[str] | None = None, replaced: list[str] | None = None,
+    num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
 ) -> RunSummary:  # fmt: skip
-    """Totals of ``layout``'s run from its ``markers``."""
+    """Totals of ``layout``'s run from its ``markers``; ``num_labels`` (how many labels a label job
+    lists) enables the label-collapse check."""
     done = {m.shard_id for m in markers}
     classes: dict[str, int] = {}
+    labels: dict[str, int] = {}
     for m in markers:
         for k, v in m.errors_by_class.items():
             classes[k] = classes.get(k, 0) + v
+        for k, v in m.label_counts.items():
+            labels[k] = labels.get(k, 0) + v
     staged = set(layout.store.list_dir(layout.staging()))
     pending = [s for s in planned if s not in done] if planned is not None else []
     return RunSummary(
@@ -96,7 +104,14 @@ def summarize_layout(
         run_id=layout.run_id,
         foreign_files=foreign or [],
         replaced_runs=replaced or [],
+        label_counts=dict(sorted(labels.items())),
+        label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
     )
+
+
+def listed_labels(job: Mapping[str, Any]) -> int:
+    """How many labels a job config (as the run record stores it) lists; 0 unless it is a label job."""
+    return len(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else 0
 
 
 def _unlisted_data(layout: Layout) -> tuple[list[commits.CommitMarker], list[str]]:
@@ -124,7 +139,7 @@ def finalize(spec: JobSpec) -> RunSummary:
         for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
         planned = [s.shard_id for s in plan_shards(spec)]
-        summary = summarize_layout(layout, spec.output, planned, markers)
+        summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
         manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
         layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
@@ -151,4 +166,7 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     folders = [n for n in root.store.list_dir(root.path("data")) if n != record.run_id]
     others = [f"data/{n}" for n in folders if n not in record.retired_runs]
     replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
-    return summarize_layout(layout, output, planned, markers, others + foreign, replaced), record
+    recorded = record.spec.get("job", {})
+    num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
+    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced)
+    return summary, record
