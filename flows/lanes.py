@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -116,10 +117,13 @@ def _run_shards(
     failures: dict[str, str] = {}
     if group is not None and group.ordinals:
         report.gpus = list(group.ordinals)
-        pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
+        # the engine's `cuda` device for this thread; a tensor-parallel engine's ranks take the
+        # group's consecutive ordinals from here
+        pin_thread_to_gpu(group.ordinals[0])
     llm = _load_engine(spec)
     try:
-        for outcome in run_shards(spec, pending, llm):
+        warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
+        for outcome in run_shards(spec, pending, llm, warn=warn):
             shard_id = outcome.shard.shard_id
             if outcome.result is None:
                 failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
@@ -129,6 +133,9 @@ def _run_shards(
             _log_shard(logger, lane, outcome.result)
             fail_once_after_commit(lane, shard_id)
     finally:
+        close = getattr(llm, "close", None)
+        if close is not None:
+            close()  # a tensor-parallel engine's worker processes leave now, not at collection
         del llm
         gc.collect()
     return failures
