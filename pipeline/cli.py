@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from prefixflow.pipeline.config import StorageConfig
-from prefixflow.pipeline.errors import PipelineError
+from prefixflow.pipeline.errors import JobConfigError, PipelineError
 from prefixflow.pipeline.job_flags import (
     DEFAULT_MODEL,
     add_job_flags,
@@ -57,6 +57,9 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
     add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    from prefixflow.pipeline.advisor.cli import add_advise_flags
+
+    add_advise_flags(plan)
     status = sub.add_parser("status", help="progress and totals of a run, finished or not")
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
@@ -145,25 +148,39 @@ def cmd_plan_batch(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
     from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.planning import describe_shards, plan_shards
 
+    advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
+        if advising:
+            raise JobConfigError("--advise reads Parquet input with a job config; for an OpenAI Batch file, "
+                                 "`plan` lists its requests")  # fmt: skip
         return cmd_plan_batch(args, console)
     spec = _spec(args, "")
-    infos = describe_shards(spec, plan_shards(spec))
-    num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
-    broken = [i.shard.error for i in infos if i.shard.error]
+    shards = plan_shards(spec)
+    broken = [s.error for s in shards if s.error]
     if args.json:
+        infos = describe_shards(spec, shards)
         rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
                  "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
                  "error": i.shard.error} for i in infos]  # fmt: skip
-        print(json.dumps({"shards": rows, "num_rows": num_rows}))
+        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards)}
+        if advising:
+            run_advice(spec, args, console, plan)
+        else:
+            print(json.dumps(plan))
+    elif advising:  # the advice counts tokens for real; the per-shard listing would only bury it
+        console.print(f"[bold]{len(shards)} shards, {sum(s.num_rows for s in shards)} rows[/]")
+        run_advice(spec, args, console, None)
     else:
+        infos = describe_shards(spec, shards)
         for i in infos:
             note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
             console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
-        console.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
+        console.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
+                      f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
     for error in broken:  # a plan that cannot run as given does not pass
         console.print(f"[red]error:[/] {error}", soft_wrap=True)
     return 2 if broken else 0
