@@ -97,8 +97,9 @@ def _note_replaced(spec: JobSpec, console: Console) -> None:
     prefixflow's demo job): say so rather than replace it silently."""
     try:
         record = read_run_record(output_layout(spec))
+        fingerprint = record.fingerprint_hash if record is not None else None
     except PipelineError:
-        record = {"fingerprint_hash": "unreadable"}
-    if record is not None and record["fingerprint_hash"] != spec.fingerprint_hash():
+        fingerprint = "unreadable"
+    if fingerprint is not None and fingerprint != spec.fingerprint_hash():
         console.print(f"[yellow]note:[/] replacing the earlier demo run in {spec.output} (its settings differ)",
                       soft_wrap=True)  # fmt: skip
