@@ -1,20 +1,23 @@
 """prefixflow's data pipeline: Parquet in (local or any fsspec URL), prompts to the engine, exactly-once
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
+from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
     JobConfigError,
+    OutputBusy,
     OutputNotPrepared,
     OutputStateError,
     PipelineError,
+    RunSuperseded,
     ShardError,
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
-from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import (
     ProgressSink,
     ShardOutcome,
@@ -34,11 +37,14 @@ __all__ = [
     "JobConfig",
     "JobConfigError",
     "JobSpec",
+    "OutputBusy",
     "OutputNotPrepared",
     "OutputStateError",
     "PipelineError",
     "ProgressSink",
+    "RunRecord",
     "RunSummary",
+    "RunSuperseded",
     "Shard",
     "ShardError",
     "ShardInfo",
@@ -46,11 +52,13 @@ __all__ = [
     "ShardResult",
     "describe_shards",
     "finalize",
+    "hold_output",
     "is_committed",
     "load_job",
     "open_engine",
     "plan_shards",
     "prepare_output",
+    "record_prediction",
     "run_shard",
     "run_shards",
     "status",

@@ -5,15 +5,19 @@ Scale-out belongs to flows/; this is the one-lane path, and it shares every step
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
-from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.rows import check_max_tokens
+from prefixflow.pipeline.run_record import check_output, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
@@ -23,35 +27,47 @@ def run_local(
     spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
     console: Console | None = None,
 ) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
-    """Every shard of the job, one after another; a failing shard is reported, the others still run."""
+    """Every shard of the job, one after another; a failing shard is reported, the others still run.
+
+    Everything that can fail on a bad job (model, engine settings, columns, output root) fails before
+    the run record is written: the engine is loaded first when any shard is left to run."""
     console = console or Console(stderr=True)
     shards = plan_shards(spec)
-    prepare_output(spec, new_run=new_run)
-    todo = [s for s in shards if not is_committed(spec, s)]
-    console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
-                  f"{len(shards) - len(todo)} already committed")  # fmt: skip
-    failures: list[ShardError] = []
-    if todo:
-        owned = llm is None
-        llm = llm or open_engine(spec)
-        mode = "off" if progress is False else "bar" if progress else "auto"
-        try:
-            with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
-                                 console=console) as bar:  # fmt: skip
-                for outcome in run_shards(spec, todo, llm, progress=bar):
-                    if outcome.error is not None:
-                        failures.append(outcome.error)
-                        console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
-        finally:
-            close = getattr(llm, "close", None) if owned else None
-            if close is not None:
-                close()  # tensor-parallel worker processes leave with the run
-    return finalize(spec), failures
+    check_output(spec, new_run)
+    owned = llm is None
+    if llm is None and any(not is_committed(spec, s) for s in shards):
+        llm = open_engine(spec)
+    try:
+        if llm is not None:
+            check_max_tokens(spec.config, llm.max_model_len)
+        failures: list[ShardError] = []
+        with hold_output(spec):
+            prepare_output(spec, new_run=new_run)
+            todo = [s for s in shards if not is_committed(spec, s)]
+            console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
+                          f"{len(shards) - len(todo)} already committed")  # fmt: skip
+            if todo:
+                record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
+                llm = llm or open_engine(spec)
+                mode = "off" if progress is False else "bar" if progress else "auto"
+                with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
+                                     engine_stats=getattr(llm, "stats", None), console=console) as bar:  # fmt: skip
+                    for outcome in run_shards(spec, todo, llm, progress=bar):
+                        if outcome.error is not None:
+                            failures.append(outcome.error)
+                            console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
+            return finalize(spec), failures
+    finally:
+        close = getattr(llm, "close", None) if owned else None
+        if close is not None:
+            close()  # tensor-parallel worker processes leave with the run
 
 
 def print_summary(console: Console, summary: RunSummary) -> None:
     """The closing summary: the table, then where the rows are (unwrapped, so it can be copied)."""
     console.print(summary_table(summary))
+    if summary.predicted_vs_measured:
+        console.print(comparison_table(summary.predicted_vs_measured))
     console.print(f"results: {summary.data_glob}   read with polars.scan_parquet({summary.data_glob!r})",
                   soft_wrap=True, markup=False)  # fmt: skip
 
@@ -86,6 +102,16 @@ def summary_table(summary: RunSummary) -> Table:
         t.add_row(k, Text(v))
     if summary.label_warning:
         t.add_row(Text("warning", style="bold yellow"), Text(summary.label_warning, style="yellow"))
+    return t
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> Table:
+    """What the advisor predicted when the run started (docs/advisor.md) next to what the run measured."""
+    t = Table(title="predicted vs measured (plan --advise)")
+    for col in ("metric", "predicted", "measured", ""):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(Text(str(r["metric"])), Text(str(r["predicted"])), Text(str(r["measured"])), Text(str(r["verdict"])))
     return t
 
 

@@ -44,10 +44,10 @@ class MissingCell(jinja2.StrictUndefined):
     def is_null(self) -> bool:
         return self._cell_value is None
 
-    # StrictUndefined makes these raise; a missing cell answers them (so `if`, `==` and `is none` work).
     def __bool__(self) -> bool:  # type: ignore[override]
         return False
 
+    # StrictUndefined types these as raising (-> Never); a MissingCell compares as its cell's value.
     def __eq__(self, other: object) -> bool:  # type: ignore[override]
         if isinstance(other, MissingCell):
             return other._cell_value == self._cell_value

@@ -14,6 +14,8 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from collections.abc import Iterator  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -61,3 +63,28 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
                 "triton was imported without TRITON_INTERPRET before tests/conftest.py could import it "
                 "interpreted, so its functions compile instead of interpreting on this CPU-only machine"
             )
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on a free loopback port, reached over HTTP; dummy credentials in the env."""
+    from moto.server import ThreadedMotoServer
+
+    saved = {
+        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
