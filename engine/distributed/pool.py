@@ -151,6 +151,7 @@ class WorkerPool:
                     continue
                 if message is not None and message[0] == "hello":
                     continue
+                self._procs[i].join(REPORT_GRACE_S)  # its pipe closed: let it finish exiting
                 failure = self._describe(i, message[1] if message and message[0] == "error" else None)
                 self._kill()
                 raise TensorParallelError(f"tensor-parallel startup failed: {failure}")
