@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from benchmarks.common import environment, write_json
 from prefixflow.engine.distributed.group import ParallelGroup
 from prefixflow.engine.distributed.pool import WorkerPool
 
@@ -65,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 512])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    rows = []
     for t, s in measure(args.world, args.hidden, args.tokens, args.repeats, args.device).items():
         mib = t * args.hidden * 4 / 2**20
+        rows.append({"tokens": t, "hidden": args.hidden, "mib": mib, "median_us": 1e6 * s})
         print(f"all-reduce [{t}, {args.hidden}] float32 ({mib:.2f} MiB) over {args.world} ranks: {1e6 * s:.0f} us")
+    write_json(args.json, {"benchmark": "allreduce_probe", "args": vars(args), "environment": environment(), "rows": rows})
     return 0
 
 
