@@ -66,7 +66,7 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
-    demo = sub.add_parser("demo", help="summarize and label a small bundled dataset end to end")
+    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end")
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
