@@ -41,6 +41,7 @@ def test_killed_worker_is_a_clear_error_within_the_bound(llama_dir):
     assert_processes_gone([worker])
 
 
+@pytest.mark.slow
 def test_killed_worker_between_calls(llama_dir):
     """Killed while idle: the next call fails at its first step instead of hanging."""
     llm = LLM(str(llama_dir), **OPTIONS)
