@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import fields
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any, cast
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.llm_engine import LLMEngine
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
 from prefixflow.engine.request import RequestSpec
+from prefixflow.engine.sample_groups import SampleGroups
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.stats import EngineStats
 
@@ -34,40 +37,109 @@ class LLM:
         self.engine = LLMEngine(self.config, model)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        # prompts taken from a non-list iterable per refill (see generate_stream)
+        self.stream_window = max(256, 4 * self.config.max_num_seqs)
 
     def generate(
         self,
-        prompts: Sequence[Prompt] | Prompt,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        request_ids: Sequence[str] | None = None,
+        prompts: Iterable[Prompt] | Prompt,
+        params: SamplingParams | Iterable[SamplingParams] | None = None,
+        request_ids: Iterable[str] | None = None,
     ) -> list[RequestOutput]:
-        """All outputs, in input order."""
+        """All outputs, in input order (one per prompt; ``outputs`` holds its ``n`` samples)."""
         outputs = list(self.generate_stream(prompts, params, request_ids))
         return sorted(outputs, key=lambda o: o.index)
 
     def generate_stream(
         self,
-        prompts: Sequence[Prompt] | Prompt,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        request_ids: Sequence[str] | None = None,
+        prompts: Iterable[Prompt] | Prompt,
+        params: SamplingParams | Iterable[SamplingParams] | None = None,
+        request_ids: Iterable[str] | None = None,
     ) -> Iterator[RequestOutput]:
-        """Yield each output as soon as its request finishes (errors first)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        n = len(prompts)
-        param_list = self._broadcast_params(params, n)
-        ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
-        if len(ids) != n:
-            raise ValueError(f"{len(ids)} request_ids for {n} prompts")
-        specs: list[RequestSpec] = []
-        for i, (prompt, p) in enumerate(zip(prompts, param_list)):
-            token_ids, problem = self._tokenize(prompt)
-            problem = problem or self.engine.validate(token_ids, p)
-            if problem:
-                yield self.engine.error_output(i, ids[i], token_ids, problem)
-            else:
-                specs.append(RequestSpec(i, ids[i], token_ids, p))
-        yield from self._run(specs)
+        """Yield each prompt's output as soon as it (every one of its samples) finishes; errors first.
+
+        A list (any ``Sequence``) is prefix-sorted as a whole. Any other iterable (a generator, a
+        file reader) is consumed lazily, ``stream_window`` prompts at a time, topping the engine up
+        whenever fewer than ``max_num_seqs`` requests are left, so memory stays bounded however long
+        the input is; prefix order then holds within each window.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+            prompts = [cast(Prompt, prompts)]
+        if isinstance(prompts, Sequence):
+            listed = cast(Sequence[Prompt], prompts)
+            n = len(listed)
+            param_list: Iterable[SamplingParams] = self._broadcast_params(params, n)
+            ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
+            if len(ids) != n:
+                raise ValueError(f"{len(ids)} request_ids for {n} prompts")
+            yield from self._run_prompts(zip(listed, param_list, ids), window=None)
+            return
+        param_iter = itertools.repeat(params or SamplingParams()) if params is None or isinstance(
+            params, SamplingParams) else iter(params)  # fmt: skip
+        id_iter = (str(i) for i in itertools.count()) if request_ids is None else (str(r) for r in request_ids)
+        yield from self._run_prompts(zip(prompts, param_iter, id_iter), window=self.stream_window)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or to a
+        list of conversations, through the model's chat template; outputs in input order. A
+        conversation the template cannot render comes back as an error output."""
+        one = bool(messages) and isinstance(messages[0], Mapping)
+        conversations: list[Any] = [messages] if one else list(messages)
+        texts: list[str | None] = []
+        problems: dict[int, str] = {}
+        for i, conversation in enumerate(conversations):
+            try:
+                texts.append(self.apply_chat_template(list(conversation), add_generation_prompt))
+            except Exception as exc:
+                texts.append(None)
+                problems[i] = f"cannot apply the chat template: {exc}"
+        token_ids = [self.tokenizer.encode(t, add_special_tokens=False) if t is not None else [] for t in texts]
+        outs = self.generate(token_ids, params)
+        return [self.engine.error_output(i, out.request_id, [], problems[i]) if i in problems
+                else replace(out, prompt=texts[i]) for i, out in enumerate(outs)]  # fmt: skip
+
+    def _run_prompts(
+        self, items: Iterable[tuple[Prompt, SamplingParams, str]], window: int | None
+    ) -> Iterator[RequestOutput]:
+        """Feed (prompt, params, id) items to the engine (all at once, or ``window`` at a time) and
+        yield per-prompt outputs as they finish."""
+        engine, groups = self.engine, SampleGroups()
+        source = enumerate(items)
+        engine.abort_all()  # a stream abandoned half-way must not leak into this call
+        exhausted = False
+        try:
+            while True:
+                if not exhausted and (window is None or engine.num_unfinished() < self.config.max_num_seqs):
+                    batch = list(source) if window is None else list(itertools.islice(source, window))
+                    exhausted = window is None or len(batch) < window
+                    specs = []
+                    for i, (prompt, p, rid) in batch:
+                        token_ids, problem = self._tokenize(prompt)
+                        problem = problem or self.engine.validate(token_ids, p)
+                        text = prompt if isinstance(prompt, str) else None
+                        if problem:
+                            yield replace(engine.error_output(i, rid, token_ids, problem), prompt=text)
+                        else:
+                            specs += groups.expand(i, rid, token_ids, p, text)
+                    if self.config.ordering == "prefix":
+                        specs.sort(key=lambda s: s[0].prompt_token_ids)  # lexicographic = depth-first over the trie
+                    for spec, group, j in specs:
+                        groups.track(engine.add_request(spec), group, j)
+                if not engine.has_unfinished():
+                    if exhausted:
+                        return
+                    continue
+                for key, out in engine.step().items():
+                    done = groups.finish(key, out)
+                    if done is not None:
+                        yield done
+        finally:
+            engine.abort_all()  # the caller stopped early (break, exception): free every block
 
     def score_choices(
         self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+MAX_N = 128  # samples per prompt; far beyond it, one request per sample is the better shape
+
 
 def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -31,10 +33,22 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: sampled token only; k: sampled plus top-k
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Penalties, as vLLM and the OpenAI API define them: ``repetition_penalty`` (> 0, 1 = off) divides
+    # positive logits (multiplies negative ones) of every token already in the prompt or the output;
+    # ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]) subtract a constant, and a multiple of
+    # the count, from the logits of tokens already in the output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1  # samples per prompt; they share the prompt's KV blocks (see LLM.generate)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -66,6 +80,14 @@ class SamplingParams:
             return f"seed must be an integer or None, got {self.seed!r}"
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             return f"stop must be non-empty strings, got {self.stop!r}"
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _finite_number(value) or not -2.0 <= value <= 2.0:
+                return f"{name} must be in [-2, 2], got {value!r}"
+        if not _finite_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            return f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}"
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            return f"n must be an integer in [1, {MAX_N}], got {self.n!r}"
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             return f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
         return None
