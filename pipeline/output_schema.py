@@ -26,6 +26,10 @@ BASE_FIELDS = [
 ]
 
 
+SAMPLE = pa.struct([pa.field("text", pa.string()), pa.field("finish_reason", pa.string()),
+                    pa.field("output_tokens", pa.int64())])  # fmt: skip
+
+
 def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
     """Base columns, then label columns for label jobs, then the input columns the job keeps."""
     fields = list(BASE_FIELDS)
@@ -34,6 +38,8 @@ def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
         fields.append(
             pa.field("label_probs", pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels]))
         )
+    if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:
+        fields.append(pa.field("samples", pa.list_(SAMPLE)))  # every sample; `output` is the first
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:
         if name in taken:
