@@ -149,7 +149,8 @@ class LLM:
         Every choice of a prompt is one request ``prompt + choice``; with prefix ordering they run
         next to each other and share the prompt's KV blocks through the prefix cache. Pass a list as
         ``usage`` to receive, per prompt, ``{"tokens": ..., "cached_tokens": ...}`` summed over its
-        choice requests (the engine's own accounting of what the prefix cache served).
+        choice requests (the engine's own accounting of what the prefix cache served) and
+        ``"choice_tokens"``: how many tokens each choice was scored over (for per-token averages).
         """
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
@@ -157,8 +158,10 @@ class LLM:
         specs: list[RequestSpec] = []
         owner: dict[int, tuple[int, int]] = {}
         greedy = SamplingParams(max_tokens=1)
+        prompt_lens = [0] * len(prompts)
         for i, (prompt, opts) in enumerate(zip(prompts, choices)):
             prompt_ids, problem = self._tokenize(prompt)
+            prompt_lens[i] = len(prompt_ids)
             if not problem and not opts:
                 problem = "no choices given"
             for j, choice in enumerate(opts):
@@ -179,7 +182,11 @@ class LLM:
             if problem:
                 results[i] = problem
         keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
-        counts = [{"tokens": 0, "cached_tokens": 0} for _ in prompts]
+        counts: list[dict[str, Any]] = [
+            {"tokens": 0, "cached_tokens": 0, "choice_tokens": [0] * len(c)} for c in choices
+        ]
+        for index, (i, j) in owner.items():
+            counts[i]["choice_tokens"][j] = len(specs[index].prompt_token_ids) - prompt_lens[i]
         for out in self._run(keep):
             i, j = owner[out.index]
             scores = results[i]
