@@ -95,4 +95,6 @@ def test_output_columns_match_the_reserved_names() -> None:
     from prefixflow.pipeline.output_schema import output_schema
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
-    assert output_schema(cfg, None).names == list(OUTPUT_COLUMNS)
+    assert output_schema(cfg, None).names == [c for c in OUTPUT_COLUMNS if c != "samples"]
+    several = parse_job_config({"template": "x", "sampling": {"n": 2}})  # samples only with n
+    assert set(output_schema(several, None).names) | set(output_schema(cfg, None).names) == set(OUTPUT_COLUMNS)
