@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any, cast
 
+from prefixflow.engine.call_streams import CallStreams
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.llm_engine import LLMEngine
 from prefixflow.engine.model_source import ModelSource
@@ -35,6 +36,7 @@ class LLM:
         name = model.name if isinstance(model, ModelSource) else str(model)
         self.config = EngineConfig(model=name, **options)
         self.engine = LLMEngine(self.config, model)
+        self._streams = CallStreams(self.engine)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         # prompts taken from a non-list iterable per refill (see generate_stream)
@@ -199,17 +201,10 @@ class LLM:
         return results
 
     def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
+        """This call's requests only: other calls' streams on this LLM may be open at the same time."""
         if self.config.ordering == "prefix":
             specs = sorted(specs, key=lambda s: s.prompt_token_ids)  # lexicographic = depth-first over the prefix trie
-        engine = self.engine
-        engine.abort_all()  # a stream abandoned half-way must not leak into this call
-        for spec in specs:
-            engine.add_request(spec)
-        try:
-            while engine.has_unfinished():
-                yield from engine.step().values()
-        finally:
-            engine.abort_all()  # the caller stopped early (break, exception): free every block
+        return self._streams.run(specs)
 
     def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):

@@ -50,14 +50,23 @@ class LLMEngine:
         self._stepping = False
         self._deferred_aborts: set[int] = set()
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
-        """Why this request can never run, or None. Checked before it joins the queue."""
-        problem = params.validation_error()
+    def validate(self, prompt_ids: list[int], params: object) -> str | None:
+        """Why this request can never run, or None. Checked before it joins the queue, against this
+        model (vocabulary, context limit); never raises, so a bad request is an error output."""
+        try:
+            return self._problem(prompt_ids, params)
+        except Exception as exc:  # a value odd enough to break a check is still only this request's
+            return f"invalid request: {exc!r}"
+
+    def _problem(self, prompt_ids: list[int], params: object) -> str | None:
+        if not isinstance(params, SamplingParams):
+            return f"params must be a SamplingParams, got {type(params).__name__}"
+        vocab = self.model_cfg.vocab_size
+        problem = params.validation_error(vocab)
         if problem:
             return f"invalid sampling parameters: {problem}"
         if not prompt_ids:
             return "empty prompt"
-        vocab = self.model_cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             return f"prompt has token ids outside the vocabulary [0, {vocab})"
         n = len(prompt_ids)
