@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any, cast
@@ -108,40 +109,45 @@ class LLM:
     def _run_prompts(
         self, items: Iterable[tuple[Prompt, SamplingParams, str]], window: int | None
     ) -> Iterator[RequestOutput]:
-        """Feed (prompt, params, id) items to the engine (all at once, or ``window`` at a time) and
-        yield per-prompt outputs as they finish."""
-        engine, groups = self.engine, SampleGroups()
+        """Feed (prompt, params, id) items to the engine, all at once (``window`` None) or ``window``
+        at a time whenever fewer than ``max_num_seqs`` of this call's requests are left, and yield
+        per-prompt outputs as they finish. Each window is one owned stream (``CallStreams``)."""
+        groups = SampleGroups()
         source = enumerate(items)
-        engine.abort_all()  # a stream abandoned half-way must not leak into this call
-        exhausted = False
+        streams: deque[Iterator[RequestOutput]] = deque()
+        in_flight, exhausted = 0, False
         try:
             while True:
-                if not exhausted and (window is None or engine.num_unfinished() < self.config.max_num_seqs):
+                if not exhausted and (window is None or in_flight < self.config.max_num_seqs):
                     batch = list(source) if window is None else list(itertools.islice(source, window))
                     exhausted = window is None or len(batch) < window
-                    specs = []
+                    specs: list[RequestSpec] = []
                     for i, (prompt, p, rid) in batch:
                         token_ids, problem = self._tokenize(prompt)
                         problem = problem or self.engine.validate(token_ids, p)
                         text = prompt if isinstance(prompt, str) else None
                         if problem:
-                            yield replace(engine.error_output(i, rid, token_ids, problem), prompt=text)
+                            yield replace(self.engine.error_output(i, rid, token_ids, problem), prompt=text)
                         else:
                             specs += groups.expand(i, rid, token_ids, p, text)
-                    if self.config.ordering == "prefix":
-                        specs.sort(key=lambda s: s[0].prompt_token_ids)  # lexicographic = depth-first over the trie
-                    for spec, group, j in specs:
-                        groups.track(engine.add_request(spec), group, j)
-                if not engine.has_unfinished():
-                    if exhausted:
-                        return
+                    if specs:
+                        streams.append(self._run(specs))
+                        in_flight += len(specs)
                     continue
-                for key, out in engine.step().items():
-                    done = groups.finish(key, out)
-                    if done is not None:
-                        yield done
+                if not streams:
+                    return
+                try:
+                    out = next(streams[0])
+                except StopIteration:
+                    streams.popleft()
+                    continue
+                in_flight -= 1
+                done = groups.finish(out)
+                if done is not None:
+                    yield done
         finally:
-            engine.abort_all()  # the caller stopped early (break, exception): free every block
+            for stream in streams:
+                stream.close()  # the caller stopped early: abort only this call's requests
 
     def score_choices(
         self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None

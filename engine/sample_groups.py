@@ -25,40 +25,44 @@ from prefixflow.engine.sampling_params import SamplingParams
 class SampleGroup:
     """The samples of one prompt, as they finish."""
 
+    index: int
     n: int
     prompt: str | None
     done: dict[int, RequestOutput] = field(default_factory=dict)
 
 
 class SampleGroups:
-    """Expands prompts into per-sample requests and folds finished samples back per prompt."""
+    """Expands prompts into per-sample requests and folds finished samples back per prompt.
+
+    Each sample request gets an internal ``index`` unique within the call (the caller's indexes
+    and request ids need not be); outputs get the caller's index back."""
 
     def __init__(self) -> None:
-        self._by_key: dict[int, tuple[SampleGroup, int]] = {}
+        self._samples: dict[int, tuple[SampleGroup, int]] = {}
+        self._next = 0
 
     def expand(
         self, index: int, request_id: str, prompt_ids: list[int], params: SamplingParams, prompt: str | None
-    ) -> list[tuple[RequestSpec, SampleGroup, int]]:
-        group = SampleGroup(params.n, prompt)
-        if params.n == 1:
-            return [(RequestSpec(index, request_id, prompt_ids, params), group, 0)]
-        out = []
+    ) -> list[RequestSpec]:
+        group = SampleGroup(index, params.n, prompt)
+        specs = []
         for j in range(params.n):
-            seed = None if params.seed is None else sample_seed(params.seed, j)
-            out.append((RequestSpec(index, request_id, prompt_ids, replace(params, n=1, seed=seed)), group, j))
-        return out
+            p = params
+            if params.n > 1:
+                p = replace(params, n=1, seed=None if params.seed is None else sample_seed(params.seed, j))
+            self._samples[self._next] = (group, j)
+            specs.append(RequestSpec(self._next, request_id, prompt_ids, p))
+            self._next += 1
+        return specs
 
-    def track(self, key: int, group: SampleGroup, sample: int) -> None:
-        self._by_key[key] = (group, sample)
-
-    def finish(self, key: int, out: RequestOutput) -> RequestOutput | None:
+    def finish(self, out: RequestOutput) -> RequestOutput | None:
         """Record a finished sample; return the prompt's output once all its samples are in."""
-        group, sample = self._by_key.pop(key)
+        group, sample = self._samples.pop(out.index)
         group.done[sample] = out
         if len(group.done) < group.n:
             return None
         if group.n == 1:
-            return out if group.prompt is None else replace(out, prompt=group.prompt)
+            return replace(out, index=group.index, prompt=group.prompt)
         return combine(group)
 
 
@@ -70,6 +74,7 @@ def combine(group: SampleGroup) -> RequestOutput:
     firsts = [o.time_to_first_token for o in outs if o.time_to_first_token is not None]
     return replace(
         first,
+        index=group.index,
         samples=samples,
         prompt=group.prompt,
         num_output_tokens=sum(o.num_output_tokens for o in outs),
