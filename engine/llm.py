@@ -252,12 +252,8 @@ class LLM:
     def stats(self) -> EngineStats:
         return self.engine.stats
 
-    def fingerprint(self) -> dict:
-        """What decides this engine's outputs: used by the pipeline to refuse mixing runs."""
-        return {
-            "model": self.config.model,
-            "identity": self.engine.source.identity,
-            "dtype": str(self.engine.runner.dtype),
-            "max_model_len": self.max_model_len,
-            "seed": self.config.seed,
-        }
+    @property
+    def model_identity(self) -> dict[str, Any]:
+        """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
+        model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
+        return dict(self.engine.model_identity)

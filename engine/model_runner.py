@@ -17,7 +17,7 @@ from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContex
 from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import StepInputs, build_step_inputs
-from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
+from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 
@@ -122,9 +122,12 @@ class ModelRunner:
         return max(budget, 0)
 
     @torch.inference_mode()
-    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+    def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:
         """Run the step's forward pass, sample the rows that reached their last token and sum the
-        requested prompt log-probs. A request whose sampling fails is reported in ``errors``."""
+        requested prompt log-probs. A request whose sampling fails is reported in ``errors``.
+
+        ``masks`` hands over the structured-output bitmask for the sampled rows; it is taken only after
+        the forward pass was issued, so filling it overlaps the model."""
         begin = time.perf_counter()
         step = build_step_inputs(scheduled, self.cfg.block_size)
         self.last_prepare_s = time.perf_counter() - begin
@@ -133,7 +136,8 @@ class ModelRunner:
         out = ModelOutput()
         if step.sample_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(step.sample_rows, device=dev)])
-            sampled = sample_batch(logits, step.sample_requests, self.eos_ids)
+            bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
+            sampled = sample_batch(logits, step.sample_requests, self.eos_ids, bitmask)
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors
         if step.score_rows:
             score_logits = self.model.compute_logits(hidden[torch.tensor(step.score_rows, device=dev)])

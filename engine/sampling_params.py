@@ -6,6 +6,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from prefixflow.engine.structured.params import StructuredOutputs
+
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # temperatures under this sample as greedy (dividing by them overflows the logits)
 MAX_N = 128  # samples per prompt; far beyond it, one request per sample is the better shape
@@ -41,6 +43,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: sampled token only; k: sampled plus top-k
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, choice, grammar)
     # Penalties, as vLLM and the OpenAI API define them: ``repetition_penalty`` (> 0, 1 = off) divides
     # positive logits (multiplies negative ones) of every token already in the prompt or the output;
     # ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]) subtract a constant, and a multiple of
@@ -114,4 +117,19 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 return f"{name} must be true or false, got {getattr(self, name)!r}"
+        return self._structured_error()
+
+    def _structured_error(self) -> str | None:
+        """Malformed constraints; whether one compiles is the engine's check (it needs the grammar engine)."""
+        if self.structured is None:
+            return None
+        if not isinstance(self.structured, StructuredOutputs):
+            return f"structured must be a StructuredOutputs, got {type(self.structured).__name__}"
+        problem = self.structured.validation_error()
+        if problem:
+            return f"structured: {problem}"
+        if self.ignore_eos:
+            return "ignore_eos cannot be combined with structured: the grammar decides where the output ends"
+        if self.min_tokens:
+            return "min_tokens cannot be combined with structured: the grammar decides where the output ends"
         return None

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.json_columns import shape_of
 
 BASE_FIELDS = [
     pa.field("id", pa.string(), nullable=False),
@@ -31,13 +32,16 @@ SAMPLE = pa.struct([pa.field("text", pa.string()), pa.field("finish_reason", pa.
 
 
 def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
-    """Base columns, then label columns for label jobs, then the input columns the job keeps."""
+    """Base columns, then label columns for label jobs (``extracted`` for extract jobs), then the input
+    columns the job keeps."""
     fields = list(BASE_FIELDS)
     if cfg.task == "label":
         fields.append(pa.field("label", pa.string()))
         fields.append(
             pa.field("label_probs", pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels]))
         )
+    if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
+        fields.append(pa.field("extracted", shape_of(cfg.schema).type))
     if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:
         fields.append(pa.field("samples", pa.list_(SAMPLE)))  # every sample; `output` is the first
     taken = {f.name for f in fields}

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.constraints import job_constraint
 from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
@@ -74,6 +75,7 @@ class RowPreparer:
             except ValueError as exc:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
+        self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
         self.template = cfg.effective_template()
         self.reserve = 1
         if cfg.task == "label" and cfg.label.mode == "score":
@@ -81,6 +83,10 @@ class RowPreparer:
                 len(self.tok.encode(cfg.label.choice_prefix + lb, add_special_tokens=False))
                 for lb in cfg.label.labels
             )
+
+    def constrained_labels(self) -> tuple[str, ...]:
+        """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
+        return tuple(self.cfg.label.choice_prefix + lb for lb in self.cfg.label.labels)
 
     # -- ids and sampling -------------------------------------------------------------------
     def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
@@ -103,6 +109,7 @@ class RowPreparer:
 
     def params(self, row: dict[str, Any]) -> Any:
         values = dict(self.cfg.sampling)
+        values["structured"] = self.constraint  # built once per shard: the engine caches its grammar
         for name, col in self.cfg.sampling_columns.items():
             value = row.get(col)
             if value is None:

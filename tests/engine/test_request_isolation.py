@@ -169,10 +169,10 @@ def test_a_sampling_failure_of_one_request_is_its_error(llm, monkeypatch):
 
     real = sampler.sample
 
-    def sample(logits, requests, eos_ids):  # type: ignore[no-untyped-def]
+    def sample(logits, requests, *args):  # type: ignore[no-untyped-def]
         if any(r.params.seed == 666 for r in requests):
             raise IndexError("injected sampling fault")
-        return real(logits, requests, eos_ids)
+        return real(logits, requests, *args)
 
     monkeypatch.setattr(sampler, "sample", sample)
     cursed = SamplingParams(max_tokens=4, temperature=1.0, seed=666)
