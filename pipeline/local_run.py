@@ -8,10 +8,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
+from prefixflow.pipeline.read_hint import polars_hint
 from prefixflow.pipeline.run_record import prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
@@ -20,7 +22,7 @@ from prefixflow.pipeline.summary import RunSummary, finalize
 
 def run_local(
     spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
-    console: Console | None = None,
+    console: Console | None = None, progress_interval: float | None = None,
 ) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
     """Every shard of the job, one after another; a failing shard is reported, the others still run."""
     console = console or Console(stderr=True)
@@ -34,7 +36,7 @@ def run_local(
         llm = llm or open_engine(spec)
         mode = "off" if progress is False else "bar" if progress else "auto"
         with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
-                             console=console) as bar:  # fmt: skip
+                             console=console, log_every_s=progress_interval) as bar:  # fmt: skip
             for outcome in run_shards(spec, todo, llm, progress=bar):
                 if outcome.error is not None:
                     failures.append(outcome.error)
@@ -42,10 +44,11 @@ def run_local(
     return finalize(spec), failures
 
 
-def print_summary(console: Console, summary: RunSummary) -> None:
-    """The closing summary: the table, then where the rows are (unwrapped, so it can be copied)."""
+def print_summary(console: Console, summary: RunSummary, storage: StorageConfig | None = None) -> None:
+    """The closing summary: the table, then where the rows are and the polars call that reads them,
+    with the storage options it needs (unwrapped, so it can be copied)."""
     console.print(summary_table(summary))
-    console.print(f"results: {summary.data_glob}   read with polars.scan_parquet({summary.data_glob!r})",
+    console.print(f"results: {summary.data_glob}   read with {polars_hint(summary.data_glob, storage)}",
                   soft_wrap=True, markup=False)  # fmt: skip
 
 
