@@ -160,6 +160,20 @@ class LLM:
         choice requests (the engine's own accounting of what the prefix cache served) and
         ``"choice_tokens"``: how many tokens each choice was scored over (for per-token averages).
         """
+        results: list[list[float] | str] = [[] for _ in choices]
+        counts: list[dict[str, Any]] = [{} for _ in choices]
+        for i, scores, use in self.score_choices_stream(prompts, choices):
+            results[i], counts[i] = scores, use
+        if usage is not None:
+            usage[:] = counts
+        return results
+
+    def score_choices_stream(
+        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]]
+    ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]:
+        """``score_choices`` one prompt at a time: ``(prompt index, scores or error message, usage)`` as
+        soon as every choice of that prompt is scored (errors first), so a caller can report each
+        prompt's result while the rest of the batch is still running."""
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
         results: list[list[float] | str] = [[0.0] * len(c) for c in choices]
@@ -189,12 +203,18 @@ class LLM:
                 specs.append(RequestSpec(len(specs), f"{i}:{j}", full, greedy, score_from=len(prompt_ids)))
             if problem:
                 results[i] = problem
-        keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
         counts: list[dict[str, Any]] = [
             {"tokens": 0, "cached_tokens": 0, "choice_tokens": [0] * len(c)} for c in choices
         ]
         for index, (i, j) in owner.items():
             counts[i]["choice_tokens"][j] = len(specs[index].prompt_token_ids) - prompt_lens[i]
+        for i, result in enumerate(results):
+            if isinstance(result, str):
+                yield i, result, counts[i]
+        keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
+        left = [0] * len(prompts)
+        for spec in keep:
+            left[owner[spec.index][0]] += 1
         for out in self._run(keep):
             i, j = owner[out.index]
             scores = results[i]
@@ -202,9 +222,9 @@ class LLM:
             scores[j] = out.metadata["score"]
             counts[i]["tokens"] += out.num_prompt_tokens
             counts[i]["cached_tokens"] += out.num_cached_tokens
-        if usage is not None:
-            usage[:] = counts
-        return results
+            left[i] -= 1
+            if left[i] == 0:
+                yield i, scores, counts[i]
 
     def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
         """This call's requests only: other calls' streams on this LLM may be open at the same time."""

@@ -88,6 +88,10 @@ class Engine(Protocol):
         self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]], usage: list[Any] | None = None
     ) -> list[list[float] | str]: ...
 
+    def score_choices_stream(
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]]
+    ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]: ...
+
 
 def open_engine(spec: JobSpec) -> Engine:
     """Load ``spec.model`` with the job's engine settings; a lane loads it once and reuses it for many

@@ -79,3 +79,21 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path: Path) -> None:
     assert lines and "\x1b" not in res.stderr
     assert lines[-1].startswith(f"prefixflow progress: {ROWS}/{ROWS} rows (100%)")
     assert all(re.search(r"rows/s .* tok/s .* prefix hit .* ETA", ln) for ln in lines)
+
+
+def test_label_rows_count_up_before_the_scoring_batch_finishes(tmp_path: Path) -> None:
+    """The issue's case: label mode sat at 0/N until a whole scoring batch finished. Here the whole
+    shard is one scoring batch (flush_rows = rows); rows must be counted while the engine is still
+    scoring the batch: some frame shows 0 < k < N rows next to fewer processed tokens than the
+    batch needs in all (if rows only arrived after the batch, every such frame would show the final
+    token count). Only the order of events decides this, not timing."""
+    write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TERM": "xterm", "PREFIXFLOW_PROGRESS_REFRESH": "0"}
+    code, screen = _run_in_pty(_argv(tmp_path, _job_file(tmp_path, "label", flush_rows=ROWS), "out"), env)
+    assert code == 0, screen[-3000:]
+    frames = [(int(m.group(1)), int(m.group(2).replace(",", "")))
+              for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens", screen)]  # fmt: skip
+    assert frames and frames[-1][0] == ROWS
+    final_tokens = frames[-1][1]
+    early = {rows for rows, tokens in frames if 0 < rows < ROWS and tokens < final_tokens}
+    assert len(early) >= ROWS // 2, frames
