@@ -84,6 +84,7 @@ def batch_inference(
     flush_rows: int | None = None,
     flush_seconds: float | None = None,
     engine: dict[str, Any] | None = None,
+    tensor_parallel_size: int | None = None,
     endpoint_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
     new_run: bool = False,
@@ -110,13 +111,16 @@ def batch_inference(
     when missing), waiting while every device is held by another lane or flow, and fails if the
     Prefect API cannot grant them; `concurrency_limit=None` runs without. Ray lanes rely on Ray's
     `num_gpus` scheduling. Shards that still fail leave the flow Failed, after the summary,
-    naming each uncommitted shard.
+    naming each uncommitted shard. With `tensor_parallel_size=N` (or `engine.tensor_parallel_size`
+    in the job) each lane's engine spans N GPUs: a lane takes N GPUs (`gpus_per_lane` defaults to N;
+    Ray lanes ask for `num_gpus=N`) and the default lane count is the visible GPUs divided by N.
     """
     overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
     logger = get_run_logger()
     started = time.time()
-    with make_task_runner(ray_address, lanes or max(1, visible_gpus())) as runner:
-        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address))
+    tp = engine_tensor_parallel_size(input, model, job, overrides)
+    with make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
+        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp)
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
             # the flow process may have no GPU while Ray lanes do: pin the device so the job
             # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
@@ -152,6 +156,15 @@ def batch_inference(
             "Run the flow again with the same output to resume; committed shards are kept."
         )
     return {**metrics, "lanes": [_lane_row(report) for report in reports]}
+
+
+def engine_tensor_parallel_size(
+    input: str, model: str, job: str | dict[str, Any] | None, overrides: dict[str, Any]
+) -> int:
+    """The tensor-parallel size the lanes' engines will run with (from the flag or the job's engine
+    settings), read before the lanes are laid out because it decides how many GPUs each one takes."""
+    spec = load_job(input, "", model, job, **overrides)
+    return int(spec.config.engine.get("tensor_parallel_size") or 1)
 
 
 def _submit_lanes(

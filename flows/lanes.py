@@ -117,7 +117,9 @@ def _run_shards(
     failures: dict[str, str] = {}
     if group is not None and group.ordinals:
         report.gpus = list(group.ordinals)
-        pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
+        # the engine's `cuda` device for this thread; a tensor-parallel engine's ranks take the
+        # group's consecutive ordinals from here
+        pin_thread_to_gpu(group.ordinals[0])
     llm = _load_engine(spec)
     try:
         warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
@@ -131,6 +133,9 @@ def _run_shards(
             _log_shard(logger, lane, outcome.result)
             fail_once_after_commit(lane, shard_id)
     finally:
+        close = getattr(llm, "close", None)
+        if close is not None:
+            close()  # a tensor-parallel engine's worker processes leave now, not at collection
         del llm
         gc.collect()
     return failures

@@ -34,14 +34,20 @@ def run_local(
                   f"{len(shards) - len(todo)} already committed")  # fmt: skip
     failures: list[ShardError] = []
     if todo:
+        owned = llm is None
         llm = llm or open_engine(spec)
         mode = "off" if progress is False else "bar" if progress else "auto"
-        with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
-                             console=console, log_every_s=progress_interval) as bar:  # fmt: skip
-            for outcome in run_shards(spec, todo, llm, progress=bar):
-                if outcome.error is not None:
-                    failures.append(outcome.error)
-                    console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
+        try:
+            with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
+                                 console=console, log_every_s=progress_interval) as bar:  # fmt: skip
+                for outcome in run_shards(spec, todo, llm, progress=bar):
+                    if outcome.error is not None:
+                        failures.append(outcome.error)
+                        console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
+        finally:
+            close = getattr(llm, "close", None) if owned else None
+            if close is not None:
+                close()  # tensor-parallel worker processes leave with the run
     return finalize(spec), failures
 
 

@@ -31,6 +31,7 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "truncate_side": ("summarize", "truncate_side"),
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
+    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
@@ -49,6 +50,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "ordering": "admission order: scheduling only",
     "enforce_eager": "CUDA graphs replay the same kernels",
     "tensor_parallel_size": "how the same weights are split over devices",
+    "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
 }
 
 

@@ -28,8 +28,8 @@ class LinearMethod:
             )
         target.data[row_offset : row_offset + rows].copy_(tensor)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, layer.weight, layer.bias)
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return nn.functional.linear(x, layer.weight, bias)
 
 
 class Linear(nn.Module):
@@ -63,4 +63,4 @@ class Linear(nn.Module):
         self.method.load_shard(self, param, tensor, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x)
+        return self.method.apply(self, x, self.bias)

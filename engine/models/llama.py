@@ -13,9 +13,12 @@ import torch
 from torch import nn
 
 from prefixflow.engine.attention import AttentionBackend
+from prefixflow.engine.distributed.context import TensorParallel, single_rank
+from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.models.linear import Linear
 from prefixflow.engine.models.norm import RMSNorm
+from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
 from prefixflow.kernels import KernelBackend
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -32,17 +35,22 @@ class StepContext:
 
 class Attention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        backend: AttentionBackend,
+        tp: TensorParallel,
     ) -> None:
         super().__init__()
         self.ops, self.backend = ops, backend
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(
-            cfg.hidden_size, [q_size, kv_size, kv_size], bias=cfg.attention_bias, dtype=dtype
-        )
+        shard, d = tp.layout.attention, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, d
+        q = Partition(shard.q_heads.start * d, shard.q_heads.end * d, cfg.num_heads * d)
+        kv = Partition(shard.kv_heads.start * d, shard.kv_heads.end * d, cfg.num_kv_heads * d)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q, kv, kv], bias=cfg.attention_bias, dtype=dtype)
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=o_bias, dtype=dtype)
+        self.o_proj = RowParallelLinear(q, cfg.hidden_size, tp.group, bias=o_bias, dtype=dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -64,11 +72,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, tp: TensorParallel) -> None:
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, dtype=dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
+        inter = tp.layout.intermediate
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], dtype=dtype)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp.group, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
@@ -77,11 +86,16 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        backend: AttentionBackend,
+        tp: TensorParallel,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, dtype, ops, backend)
-        self.mlp = MLP(cfg, dtype, ops)
+        self.self_attn = Attention(cfg, dtype, ops, backend, tp)
+        self.mlp = MLP(cfg, dtype, ops, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
@@ -103,18 +117,29 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """The decoder, or with ``tp`` one rank's slice of it: its heads, its intermediate columns, its
+    vocabulary rows. Every rank returns the same hidden states; ``compute_logits`` returns the full
+    logits on rank 0 only (None on the others)."""
+
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, attention: AttentionBackend
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        attention: AttentionBackend,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, ops, attention) for _ in range(cfg.num_layers))
+        self.tp = tp = tp or single_rank(cfg)
+        self.embed_tokens = VocabParallelEmbedding(tp.layout.vocab, cfg.hidden_size, tp.group, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, ops, attention, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.lm_head = (
-            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+            None
+            if cfg.tie_word_embeddings
+            else ColumnParallelLinear(cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype)
         )
-        self.embed_tokens.weight.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
@@ -123,8 +148,10 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
-            return nn.functional.linear(hidden, self.embed_tokens.weight).float()
-        logits: torch.Tensor = self.lm_head(hidden)
-        return logits.float()
+            local = nn.functional.linear(hidden, self.embed_tokens.weight)
+        else:
+            local = self.lm_head(hidden)
+        return gather_logits(local, self.tp.layout.vocab, self.tp.group)
