@@ -13,7 +13,7 @@ from prefect.task_runners import TaskRunner
 
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
-from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metrics
+from prefixflow.flows.reporting import ShardProgress, publish_summary, publish_throughput, run_metrics
 from prefixflow.flows.slots import DEFAULT_LIMIT
 from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
@@ -58,6 +58,7 @@ def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float) -> di
     `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(spec).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
+    publish_throughput(spec)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
     if metrics.get("label_warning"):

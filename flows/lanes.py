@@ -18,7 +18,16 @@ from prefixflow.flows.devices import DeviceGroup
 from prefixflow.flows.faults import fail_once_after_commit
 from prefixflow.flows.slots import lane_devices
 from prefixflow.flows.task_runners import pin_thread_to_gpu
-from prefixflow.pipeline import Engine, JobSpec, Shard, ShardResult, is_committed, open_engine, run_shards
+from prefixflow.pipeline import (
+    Engine,
+    JobSpec,
+    ProgressDisplay,
+    Shard,
+    ShardResult,
+    is_committed,
+    open_engine,
+    run_shards,
+)
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
 # (lazy module attributes) race, and loading in turn also bounds the host-memory peak.
@@ -123,15 +132,21 @@ def _run_shards(
     llm = _load_engine(spec)
     try:
         warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
-        for outcome in run_shards(spec, pending, llm, warn=warn):
-            shard_id = outcome.shard.shard_id
-            if outcome.result is None:
-                failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
-                logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
-                continue
-            report.results.append(outcome.result)
-            _log_shard(logger, lane, outcome.result)
-            fail_once_after_commit(lane, shard_id)
+        devices = len(group.ordinals) if group is not None and group.ordinals else None
+        # the lane's heartbeat in the Prefect log: a plain progress line every PREFIXFLOW_PROGRESS_INTERVAL s
+        heartbeat = ProgressDisplay(sum(s.num_rows for s in pending), mode="log", engine_stats=llm.stats,
+                                    emit=functools.partial(logger.info, "lane %d progress: %s", lane))  # fmt: skip
+        with heartbeat:
+            for outcome in run_shards(spec, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}",
+                                      devices=devices):  # fmt: skip
+                shard_id = outcome.shard.shard_id
+                if outcome.result is None:
+                    failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
+                    logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
+                    continue
+                report.results.append(outcome.result)
+                _log_shard(logger, lane, outcome.result)
+                fail_once_after_commit(lane, shard_id)
     finally:
         close = getattr(llm, "close", None)
         if close is not None:

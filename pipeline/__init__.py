@@ -14,6 +14,7 @@ from prefixflow.pipeline.errors import (
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
+from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.run_record import prepare_output
 from prefixflow.pipeline.shard_execution import (
     ProgressSink,
@@ -51,7 +52,17 @@ __all__ = [
     "open_engine",
     "plan_shards",
     "prepare_output",
+    "ProgressDisplay",
     "run_shard",
     "run_shards",
     "status",
+    "throughput_markdown",
 ]
+
+
+def throughput_markdown(spec: JobSpec) -> str:
+    """The run's usage and throughput over time as Markdown (for the flow's artifact)."""
+    from prefixflow.pipeline.run_record import output_layout
+    from prefixflow.pipeline.throughput_report import markdown_report
+
+    return markdown_report(spec.output, output_layout(spec))

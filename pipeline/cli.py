@@ -219,21 +219,25 @@ def _sizes_text(sizes: list[int]) -> str:
 
 
 def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from prefixflow.pipeline.layout import Layout
     from prefixflow.pipeline.local_run import print_summary
+    from prefixflow.pipeline.storage import Store
     from prefixflow.pipeline.summary import status
+    from prefixflow.pipeline.throughput_report import throughput_table, usage
+    from prefixflow.pipeline.throughput_series import load_series, summary_of
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))
     summary, record = status(args.output.rstrip("/"), storage)
+    series = load_series(Layout(Store.open(args.output.rstrip("/"), storage)))
     if args.json:
-        print(
-            json.dumps(
-                {**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"]}
-            )
-        )
+        print(json.dumps({**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"],
+                          "usage": usage(summary.as_dict(), series), "throughput": summary_of(series)}))  # fmt: skip
         return 0
     out.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
                   f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
     print_summary(out, summary, storage)
+    if series:
+        out.print(throughput_table(series))
     out.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"
     )

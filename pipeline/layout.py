@@ -6,6 +6,8 @@
     OUTPUT/_commits/<shard>.json                 commit marker, created exclusively: the commit point
     OUTPUT/data/<shard>/part-<attempt>-N.parquet published copies of committed parts only
     OUTPUT/_manifest.json                        totals, written by finalize
+    OUTPUT/_metrics/throughput/<lane>-<attempt>.json   throughput over time per lane attempt
+    OUTPUT/_throughput.svg (.png)                tok/s over time, written by finalize
 
 Readers glob ``OUTPUT/data/**/*.parquet``: data/ only ever receives parts listed in a marker, under
 names fixed by that marker, so every input row appears there at most once, and exactly once after
@@ -21,7 +23,8 @@ from prefixflow.pipeline.storage import Store
 FINGERPRINT_FILE = "_prefixflow.json"
 MANIFEST_FILE = "_manifest.json"
 DATA_DIR = "data"
-OWNED = (FINGERPRINT_FILE, MANIFEST_FILE, "_ids", "_staging", "_commits", DATA_DIR)
+OWNED = (FINGERPRINT_FILE, MANIFEST_FILE, "_ids", "_staging", "_commits", DATA_DIR, "_metrics", "_throughput.svg",
+         "_throughput.png")  # fmt: skip
 
 
 @dataclass(frozen=True)

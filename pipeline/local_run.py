@@ -80,6 +80,8 @@ def summary_table(summary: RunSummary) -> Table:
         ),
         ("prefix-cache hit rate", f"{summary.prefix_hit_rate:.1%}"),
         ("shard time", f"{summary.elapsed_s:.1f} s"),
+        ("usage", f"prompt {summary.prompt_tokens:,} tokens (cached {summary.cached_tokens:,}), output "
+                  f"{summary.output_tokens:,} tokens, {summary.device_seconds:,.1f} device-seconds"),
     ]
     if summary.shards_in_progress:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))

@@ -17,6 +17,8 @@ from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.run_record import output_layout, read_run_record
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.throughput_report import usage, write_charts
+from prefixflow.pipeline.throughput_series import load_series, summary_of
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class RunSummary:
     shards_in_progress: list[str] = field(default_factory=list)
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
+    device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,6 +96,7 @@ def summarize_layout(
         shards_in_progress=sorted(staged - done),
         label_counts=dict(sorted(labels.items())),
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
+        device_seconds=round(sum(s.device_seconds for s in load_series(layout)), 3),
     )
 
 
@@ -108,7 +112,10 @@ def finalize(spec: JobSpec) -> RunSummary:
         commits.publish(layout, marker)
     planned = [s.shard_id for s in plan_shards(spec)]
     summary = summarize_layout(layout, spec.output, planned, listed_labels(asdict(spec.config)))
-    manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
+    series = load_series(layout)
+    charts = [layout.rel(p) for p in write_charts(layout, series)]
+    manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash(),
+                "usage": usage(summary.as_dict(), series), "throughput": summary_of(series), "charts": charts}  # fmt: skip
     layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
 
