@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefixflow.pipeline.config import StorageConfig
-from prefixflow.pipeline.errors import PipelineError
+from prefixflow.pipeline.errors import JobConfigError, PipelineError
 from prefixflow.pipeline.job_flags import (
     DEFAULT_MODEL,
     add_job_flags,
@@ -90,6 +90,9 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    from prefixflow.pipeline.advisor.cli import add_advise_flags
+
+    add_advise_flags(plan)
     status = sub.add_parser("status", help="progress and totals of a run, finished or not",
                             description=STATUS_DESCRIPTION)  # fmt: skip
     status.add_argument("output", help="the run's output folder or s3:// URL")
@@ -180,28 +183,42 @@ def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
     from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.planning import describe_shards, plan_shards
 
+    advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
+        if advising:
+            raise JobConfigError("--advise reads Parquet input with a job config; for an OpenAI Batch file, "
+                                 "`plan` lists its requests")  # fmt: skip
         return cmd_plan_batch(args, out, err)
     spec = _spec(args, "")
-    infos = describe_shards(spec, plan_shards(spec))
-    num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
-    broken = [i.shard.error for i in infos if i.shard.error]
+    shards = plan_shards(spec)
+    broken = [s.error for s in shards if s.error]
     target = spec.config.output.shard_rows
-    sizes = [i.shard.num_rows for i in infos if not i.shard.error]
+    sizes = [s.num_rows for s in shards if not s.error]
     if args.json:
+        infos = describe_shards(spec, shards)
         rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
                  "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
                  "error": i.shard.error} for i in infos]  # fmt: skip
-        print(json.dumps({"shards": rows, "num_rows": num_rows, "shard_rows": target, "shard_sizes": sizes}))
+        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards), "shard_rows": target, "shard_sizes": sizes}
+        if advising:
+            run_advice(spec, args, out, plan)
+        else:
+            print(json.dumps(plan))
+    elif advising:  # the advice counts tokens for real; the per-shard listing would only bury it
+        out.print(f"[bold]{len(shards)} shards, {sum(s.num_rows for s in shards)} rows[/]")
+        run_advice(spec, args, out, None)
     else:
+        infos = describe_shards(spec, shards)
         for i in infos:
             note = f"  [red]{escape(i.shard.error)}[/]" if i.shard.error else ""
             out.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end} ({i.shard.num_rows} rows)  "
                       f"~{i.est_tokens} tokens{note}")  # fmt: skip
-        out.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
+        out.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
+                  f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
         out.print(f"shard_rows {target}: effective shard sizes {_sizes_text(sizes)} (shards are cut at Parquet "
                   "row-group boundaries, so sizes are whole row groups; a row group over twice the target is split)")  # fmt: skip
     for error in broken:  # a plan that cannot run as given does not pass

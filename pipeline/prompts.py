@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2 import meta
+from jinja2 import meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from prefixflow.pipeline.engine_access import Engine
@@ -35,6 +35,11 @@ _ENV.tests["none"] = is_none  # a null cell is a MissingCell, and still `is none
 def compile_template(source: str) -> jinja2.Template:
     """Compile once per process; raises jinja2.TemplateSyntaxError on bad syntax."""
     return _ENV.from_string(source)
+
+
+def parse_template(source: str) -> nodes.Template:
+    """The template's syntax tree (the advisor reads which text is static and which comes from the row)."""
+    return _ENV.parse(source)
 
 
 def template_columns(source: str) -> set[str]:

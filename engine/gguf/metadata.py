@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from gguf import GGUFReader, GGUFValueType
+
+if TYPE_CHECKING:  # torch-free at run time: the advisor reads GGUF metadata without loading torch
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -47,7 +49,7 @@ def architecture(reader: GGUFReader) -> str:
     return arch
 
 
-def build_hf_config(reader: GGUFReader, dtype: torch.dtype) -> dict:
+def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict:
     """Map the ``llama.*`` hyperparameters and tokenizer ids onto HF ``config.json`` field names."""
     arch = architecture(reader)
 

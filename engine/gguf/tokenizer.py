@@ -44,15 +44,24 @@ def build_tokenizer(
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise ValueError(f"GGUF file {str(path)!r} has no tokenizer vocabulary (tokenizer.ggml.tokens)")
     cached = _cache_dir(cache_key) if cache_key else None
-    if cached is not None and (cached / "tokenizer.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(cached))
-    else:
+    tok = cached_tokenizer(cache_key) if cache_key else None
+    if tok is None:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         if cached is not None:
             _save(tok, cached)
     if template is not None:
         tok.chat_template = template
     return tok
+
+
+def cached_tokenizer(cache_key: str) -> object | None:
+    """The tokenizer an earlier ``build_tokenizer`` saved for this file, or None (chat template not set)."""
+    from transformers import AutoTokenizer
+
+    cached = _cache_dir(cache_key)
+    if not (cached / "tokenizer.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(str(cached))
 
 
 def _cache_dir(cache_key: str) -> Path:
