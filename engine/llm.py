@@ -30,7 +30,7 @@ class LLM:
     or call ``close()`` to stop them deterministically.
     """
 
-    def __init__(self, model: str | ModelSource = "tiny", **options) -> None:
+    def __init__(self, model: str | ModelSource = "tiny", **options: Any) -> None:
         known = {f.name for f in fields(EngineConfig)}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -151,7 +151,10 @@ class LLM:
                 stream.close()  # the caller stopped early: abort only this call's requests
 
     def score_choices(
-        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None
+        self,
+        prompts: Sequence[Prompt],
+        choices: Sequence[Sequence[str]],
+        usage: list[dict[str, Any]] | None = None,
     ) -> list[list[float] | str]:
         """Total log-probability of each choice as a continuation of its prompt.
 
@@ -252,23 +255,24 @@ class LLM:
         return ids, None
 
     @staticmethod
-    def _broadcast_params(params, n: int) -> list[SamplingParams]:
+    def _broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):
             return [params] * n
-        params = list(params)
-        if len(params) != n:
-            raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        return params
+        items = list(params)
+        if len(items) != n:
+            raise ValueError(f"{len(items)} SamplingParams for {n} prompts")
+        return items
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         template = getattr(self.tokenizer, "chat_template", None) or self.engine.source.chat_template
         if not template:
             raise ValueError(f"model {self.config.model!r} has no chat template")
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )
+        return text
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes now (garbage collection and interpreter exit do it
@@ -289,3 +293,12 @@ class LLM:
         """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
         model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
         return dict(self.engine.model_identity)
+
+
+def _as_batch(prompts: Sequence[Prompt] | Prompt) -> list[Prompt]:
+    """One prompt (a string or a list of token ids) or a sequence of prompts, as a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if len(prompts) and isinstance(prompts[0], int):
+        return [cast(Sequence[int], prompts)]
+    return list(cast(Sequence[Prompt], prompts))

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefixflow.flows.credentials import with_credentials
 from prefixflow.flows.devices import DeviceGroup
 from prefixflow.flows.faults import fail_once_after_commit
 from prefixflow.flows.slots import lane_devices
@@ -24,6 +25,7 @@ from prefixflow.pipeline import (
     ProgressDisplay,
     Shard,
     ShardResult,
+    hold_output,
     is_committed,
     open_engine,
     run_shards,
@@ -66,6 +68,7 @@ def run_lane(
     limit: str | None = None,
     gpus_per_lane: int = 0,
     local: bool = True,
+    credentials_block: str | None = None,
 ) -> LaneReport:
     """Run `shards` in order on one engine, committing each; skip shards already committed.
 
@@ -75,8 +78,10 @@ def run_lane(
     shard (which makes Prefect retry it, and mark it Failed once retries are exhausted).
     A `local` (thread) lane first takes a free device group of `gpus_per_lane` GPUs (the CPU
     when 0) through the per-device concurrency limits named by the prefix `limit` and pins
-    itself to it; a Ray lane runs on the GPUs Ray gave its task.
+    itself to it; a Ray lane runs on the GPUs Ray gave its task. Storage credentials come from the
+    environment or from the Prefect block `credentials_block`, loaded here.
     """
+    spec = with_credentials(spec, credentials_block)
     logger = get_run_logger()
     report = LaneReport(lane=lane)
     pending = [s for s in shards if not is_committed(spec, s)]
@@ -136,7 +141,7 @@ def _run_shards(
         # the lane's heartbeat in the Prefect log: a plain progress line every PREFIXFLOW_PROGRESS_INTERVAL s
         heartbeat = ProgressDisplay(sum(s.num_rows for s in pending), mode="log", engine_stats=llm.stats,
                                     emit=functools.partial(logger.info, "lane %d progress: %s", lane))  # fmt: skip
-        with heartbeat:
+        with hold_output(spec), heartbeat:  # a --new-run elsewhere is refused while this lane writes
             for outcome in run_shards(spec, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}",
                                       devices=devices):  # fmt: skip
                 shard_id = outcome.shard.shard_id

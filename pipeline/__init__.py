@@ -7,15 +7,17 @@ from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
     JobConfigError,
+    OutputBusy,
     OutputNotPrepared,
     OutputStateError,
     PipelineError,
+    RunSuperseded,
     ShardError,
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
-from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import (
     ProgressSink,
     ShardOutcome,
@@ -35,11 +37,14 @@ __all__ = [
     "JobConfig",
     "JobConfigError",
     "JobSpec",
+    "OutputBusy",
     "OutputNotPrepared",
     "OutputStateError",
     "PipelineError",
     "ProgressSink",
+    "RunRecord",
     "RunSummary",
+    "RunSuperseded",
     "Shard",
     "ShardError",
     "ShardInfo",
@@ -47,6 +52,7 @@ __all__ = [
     "ShardResult",
     "describe_shards",
     "finalize",
+    "hold_output",
     "is_committed",
     "load_job",
     "open_engine",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from prefixflow.pipeline.config import StorageConfig
-from prefixflow.pipeline.errors import JobConfigError, PipelineError
+from prefixflow.pipeline.errors import JobConfigError, PipelineError, storage_problem
+from prefixflow.pipeline.interrupts import INTERRUPTED_HINT, Terminated, interruptible
 from prefixflow.pipeline.job_flags import (
     DEFAULT_MODEL,
     add_job_flags,
@@ -98,7 +100,7 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
-    demo = sub.add_parser("demo", help="summarize and label a small bundled dataset end to end",
+    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end",
                           description=DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
@@ -245,13 +247,19 @@ def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))
     summary, record = status(args.output.rstrip("/"), storage)
-    series = load_series(Layout(Store.open(args.output.rstrip("/"), storage)))
+    series = load_series(Layout(Store.open(args.output.rstrip("/"), storage)).for_run(record.run_id))
     if args.json:
-        print(json.dumps({**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"],
+        print(json.dumps({**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"],
                           "usage": usage(summary.as_dict(), series), "throughput": summary_of(series)}))  # fmt: skip
         return 0
-    out.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
-                  f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
+    out.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
+              f"fingerprint {record.fingerprint_hash}")  # fmt: skip
+    if summary.foreign_files:
+        err.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
+                  "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
+    if summary.replaced_runs:
+        err.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
+                  "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
     print_summary(out, summary, storage)
     if series:
         out.print(throughput_table(series))
@@ -271,28 +279,40 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
     args = build_parser(extra_commands).parse_args(argv)
     err = Console(stderr=True)  # progress, logs, warnings
     out = Console()  # results and reports (`prefixflow plan > plan.txt` keeps the plan)
-    try:
-        if args.command == "run":
-            return cmd_run(args, out, err)
-        if args.command == "plan":
-            return cmd_plan(args, out, err)
-        if args.command == "status":
-            return cmd_status(args, out, err)
-        from prefixflow.pipeline.demo import run_demo
+    with interruptible():
+        try:
+            return _dispatch(args, out, err)
+        except PipelineError as exc:
+            hint = describe_storage_error(exc)
+            message = f"{exc}. Fix: {hint}" if hint else str(exc)
+            err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+            return 2
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (see interruptible)
+            err.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
+            return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+        except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
+            hint = describe_storage_error(exc)
+            if hint is not None:
+                urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
+                message = f"{args.command} {urls}: {hint}"
+            else:
+                message = storage_problem(exc)
+                if message is None:
+                    raise
+            err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+            return 2
 
-        return run_demo(args.workdir, args.model, args.rows, err, report=out)
-    except PipelineError as exc:
-        hint = describe_storage_error(exc)
-        message = f"{exc}. Fix: {hint}" if hint else str(exc)
-        err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
-        return 2
-    except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
-        hint = describe_storage_error(exc)
-        if hint is None:
-            raise
-        urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
-        err.print(f"[red]error:[/] {escape(f'{args.command} {urls}: {hint}')}", soft_wrap=True, highlight=False)
-        return 2
+
+def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.command == "run":
+        return cmd_run(args, out, err)
+    if args.command == "plan":
+        return cmd_plan(args, out, err)
+    if args.command == "status":
+        return cmd_status(args, out, err)
+    from prefixflow.pipeline.demo import run_demo
+
+    return run_demo(args.workdir, args.model, args.rows, err, report=out)
 
 
 if __name__ == "__main__":

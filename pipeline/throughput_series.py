@@ -3,7 +3,7 @@
 Totals hide stalls and tail effects (one lane idle while another finishes its last shard, a long
 scoring batch, a slow S3 write); a series of small intervals shows them. Each lane attempt records
 its own series and rewrites it whole every ``save_every_s`` seconds and at the end (one PUT on S3, a
-rename locally), under ``OUTPUT/_metrics/throughput/<lane>-<attempt>.json``. Intervals with nothing
+rename locally), under ``OUTPUT/_metrics/<run id>/throughput/<lane>-<attempt>.json``. Intervals with nothing
 finished are kept as zeros: they are the stalls.
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 
 from prefixflow.pipeline.layout import Layout
 
-SERIES_DIR = ("_metrics", "throughput")
 DEFAULT_INTERVAL_S = 5.0
 SAVE_EVERY_S = 30.0
 FIELDS = ("rows", "prompt_tokens", "cached_tokens", "output_tokens")
@@ -155,7 +154,7 @@ def saver(layout: Layout) -> Callable[[LaneSeries], None]:
 
     def save(series: LaneSeries) -> None:
         layout.store.write_atomic(
-            layout.path(*SERIES_DIR, f"{series.lane}-{series.attempt}.json"), series.to_json()
+            layout.throughput(f"{series.lane}-{series.attempt}.json"), series.to_json()
         )
 
     return save
@@ -164,8 +163,10 @@ def saver(layout: Layout) -> Callable[[LaneSeries], None]:
 def load_series(layout: Layout) -> list[LaneSeries]:
     """Every lane attempt's series under the output root, oldest first; unreadable files are skipped
     (a series is a report, never a reason to fail)."""
+    if not layout.run_id:
+        return []
     out = []
-    for path in layout.store.list_files(layout.path(*SERIES_DIR)):
+    for path in layout.store.list_files(layout.throughput()):
         if not path.endswith(".json"):
             continue
         try:

@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFReader
 
@@ -26,12 +27,13 @@ def eos_token_ids(reader: GGUFReader) -> tuple[int, ...]:
 
 
 def chat_template(reader: GGUFReader) -> str | None:
-    return field_value(reader, "tokenizer.chat_template", None)
+    value = field_value(reader, "tokenizer.chat_template", None)
+    return None if value is None else str(value)
 
 
 def build_tokenizer(
     reader: GGUFReader, path: Path, template: str | None, cache_key: str | None = None
-) -> object:
+) -> Any:
     """The fast tokenizer transformers builds from the GGUF vocabulary and merges (no hub access).
 
     Building it re-parses the file and converts the vocabulary (about 5 s for a 49k vocabulary), so
@@ -54,7 +56,7 @@ def build_tokenizer(
     return tok
 
 
-def cached_tokenizer(cache_key: str) -> object | None:
+def cached_tokenizer(cache_key: str) -> Any:
     """The tokenizer an earlier ``build_tokenizer`` saved for this file, or None (chat template not set)."""
     from transformers import AutoTokenizer
 
@@ -75,7 +77,7 @@ def _cache_dir(cache_key: str) -> Path:
     return cache_dir() / "gguf-tokenizers" / key
 
 
-def _save(tok: object, target: Path) -> None:
+def _save(tok: Any, target: Path) -> None:
     """Write to a temporary sibling and rename, so a concurrent reader never sees half a tokenizer.
 
     A cache that cannot be written (read-only home, full disk) only costs time, never the load.

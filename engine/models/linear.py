@@ -7,6 +7,8 @@ Merged projections (q|k|v, gate|up) load each checkpoint tensor into its slice b
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -29,7 +31,7 @@ class LinearMethod:
         target.data[row_offset : row_offset + rows].copy_(tensor)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return nn.functional.linear(x, layer.weight, bias)
+        return nn.functional.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
 class Linear(nn.Module):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 
 from prefixflow.engine.models.linear import Linear
-from prefixflow.engine.models.llama import LlamaForCausalLM
+from prefixflow.engine.models.llama import DecoderLayer, LlamaForCausalLM
 
 # checkpoint projection name -> (our merged module, shard index)
 _MERGED = {
@@ -86,7 +87,7 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 def _expected_keys(model: LlamaForCausalLM) -> set[str]:
     keys = {"model.embed_tokens.weight", "model.norm.weight"}
     for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
+        attn = cast(DecoderLayer, layer).self_attn
         for proj in ("q_proj", "k_proj", "v_proj"):
             keys.add(f"{i}.self_attn.{proj}.weight")
             if attn.qkv_proj.bias is not None:
