@@ -147,8 +147,10 @@ class LLM:
                 if done is not None:
                     yield done
         finally:
-            for stream in streams:
-                stream.close()  # the caller stopped early: abort only this call's requests
+            for stream in streams:  # the caller stopped early: abort only this call's requests
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
 
     def score_choices(
         self,
@@ -255,7 +257,7 @@ class LLM:
         return ids, None
 
     @staticmethod
-    def _broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    def _broadcast_params(params: SamplingParams | Iterable[SamplingParams] | None, n: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):

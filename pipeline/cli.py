@@ -292,14 +292,11 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
             return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
         except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
             hint = describe_storage_error(exc)
-            if hint is not None:
-                urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
-                message = f"{args.command} {urls}: {hint}"
-            else:
-                message = storage_problem(exc)
-                if message is None:
-                    raise
-            err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+            urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
+            problem = f"{args.command} {urls}: {hint}" if hint is not None else storage_problem(exc)
+            if problem is None:
+                raise
+            err.print(f"[red]error:[/] {escape(problem)}", soft_wrap=True, highlight=False)
             return 2
 
 

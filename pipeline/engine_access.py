@@ -66,6 +66,8 @@ class Output(Protocol):
     def num_output_tokens(self) -> int: ...
     @property
     def latency(self) -> float: ...
+    @property
+    def samples(self) -> Sequence[Any]: ...  # n > 1: each sample's text, token_ids, finish_reason
 
 
 class Engine(Protocol):
