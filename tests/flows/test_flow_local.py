@@ -86,7 +86,7 @@ def test_two_lanes_exactly_once_with_artifacts(
     assert summary["device_seconds"] > 0
     chart = arts["prefixflow-throughput"].data
     assert "| lane-0 |" in chart and "| lane-1 |" in chart and "data:image/svg+xml;base64," in chart
-    assert len(list((out / "_metrics" / "throughput").glob("lane-*.json"))) == 2
+    assert len(list((out / "_metrics").glob("*/throughput/lane-*.json"))) == 2
     assert (out / "_throughput.svg").read_text().startswith("<svg")
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["usage"]["output_tokens"] == summary["output_tokens"] and manifest["usage"]["device_seconds"] > 0

@@ -19,7 +19,7 @@ def test_a_run_records_and_shows_throughput_and_usage(tmp_path: Path, tiny_llm) 
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert not failures and summary.device_seconds > 0
-    (series_file,) = (tmp_path / "out" / "_metrics" / "throughput").glob("local-*.json")
+    (series_file,) = (tmp_path / "out" / "_metrics").glob("*/throughput/local-*.json")  # _metrics/<run id>/
     series = json.loads(series_file.read_text())
     assert sum(row[2] for row in series["intervals"]) == 12 and series["devices"] == 1
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
