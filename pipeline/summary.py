@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prefixflow.pipeline import commit as commits
@@ -53,6 +53,8 @@ class RunSummary:
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
     device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
+    preemptions: int = 0  # engine preemptions while the committed shards generated
+    predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
 
     @property
     def tokens_per_s(self) -> float:
@@ -110,6 +112,7 @@ def summarize_layout(
         label_counts=dict(sorted(labels.items())),
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
         device_seconds=round(sum(s.device_seconds for s in load_series(layout)), 3),
+        preemptions=sum(m.preemptions for m in markers),
     )
 
 
@@ -144,6 +147,7 @@ def finalize(spec: JobSpec) -> RunSummary:
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
         planned = [s.shard_id for s in plan_shards(spec)]
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
+        summary = with_prediction(layout, summary)
         series = load_series(layout)
         charts = [layout.rel(p) for p in write_charts(layout, series)]
         manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash(),
@@ -176,4 +180,15 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
     summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced)
-    return summary, record
+    return with_prediction(layout, summary), record
+
+
+def with_prediction(layout: Layout, summary: RunSummary) -> RunSummary:
+    """``summary`` with the advisor's prediction for this run set beside what it measured (when the run
+    stored one; see pipeline/advisor/compare.py)."""
+    from prefixflow.pipeline.advisor.compare import compare, read_prediction
+
+    prediction = read_prediction(layout)
+    if prediction is None:
+        return summary
+    return replace(summary, predicted_vs_measured=compare(prediction, summary.as_dict()))
