@@ -70,7 +70,7 @@ __all__ = [
 
 def throughput_markdown(spec: JobSpec) -> str:
     """The run's usage and throughput over time as Markdown (for the flow's artifact)."""
-    from prefixflow.pipeline.run_record import output_layout
+    from prefixflow.pipeline.run_record import current_run
     from prefixflow.pipeline.throughput_report import markdown_report
 
-    return markdown_report(spec.output, output_layout(spec))
+    return markdown_report(spec.output, current_run(spec)[0])
