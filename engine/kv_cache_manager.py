@@ -1,12 +1,35 @@
 """Per-request block tables on top of the block pool, including prefix-cache hits.
 
-Capacity checks happen here so the scheduler never asks the pool for a block it does not have.
+The manager owns every request's block table and block hashes (keyed by ``Request.key``); it reads
+requests but never writes them. Capacity checks happen here so the scheduler never asks the pool for
+a block it does not have.
 """
 
 from __future__ import annotations
 
-from prefixflow.engine.block_pool import Block, BlockPool, chain_hash
+from dataclasses import dataclass, field
+
+from prefixflow.engine.block_pool import Block, BlockPool
 from prefixflow.engine.request import Request
+
+
+@dataclass
+class BlockTable:
+    """The blocks one running request holds, in token order, and the hashes of its full ones."""
+
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The longest run of cached full blocks a waiting request can map in."""
+
+    blocks: list[Block]
+    hashes: list[int]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
 
 
 class KVCacheManager:
@@ -16,48 +39,51 @@ class KVCacheManager:
         self.block_size = block_size
         self.reserve_output_blocks = reserve_output_blocks
         self.pool = BlockPool(num_blocks, enable_caching)
+        self._tables: dict[int, BlockTable] = {}
 
     @property
     def num_blocks(self) -> int:
         return len(self.pool.blocks)
 
+    @property
+    def caching_enabled(self) -> bool:
+        return self.pool.enable_caching
+
+    @property
+    def num_free_uncached_blocks(self) -> int:
+        """Free blocks that can be handed out without evicting any cached prefix."""
+        return self.pool.num_free_uncached
+
+    def block_table(self, req: Request) -> list[int]:
+        """The block ids ``req`` holds (empty when it holds none); read-only for callers."""
+        table = self._tables.get(req.key)
+        return table.block_ids if table is not None else []
+
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def cached_prefix(self, req: Request) -> tuple[list[Block], list[int]]:
-        """Longest run of cached full blocks; never covers the last token (it must produce logits)."""
+    def cached_prefix(self, req: Request) -> CachedPrefix:
+        """Longest run of cached full blocks, within ``req.max_cache_hit_tokens``."""
         if not self.pool.enable_caching:
-            return [], []
+            return CachedPrefix([], [])
         bs = self.block_size
-        limit = (req.num_tokens - 1) // bs
-        if req.score_start is not None:
-            limit = min(limit, (req.score_start - 1) // bs)
         hits: list[Block] = []
         hashes: list[int] = []
         parent = None
-        for i in range(limit):
+        for i in range(req.max_cache_hit_tokens // bs):
             tokens = req.token_ids[i * bs : (i + 1) * bs]
             block = self.pool.lookup(parent, tokens)
             if block is None:
                 break
             hits.append(block)
             parent = block.block_hash
+            assert parent is not None  # a block found by lookup is hashed
             hashes.append(parent)
-        return hits, hashes
-
-    def prompt_block_hashes(self, req: Request) -> list[int]:
-        """Chained hashes of the prompt's full blocks, computed once per request."""
-        if req.prompt_hashes is None:
-            bs, parent, hashes = self.block_size, None, []
-            for i in range(req.num_prompt_tokens // bs):
-                parent = chain_hash(parent, req.prompt_token_ids[i * bs : (i + 1) * bs])
-                hashes.append(parent)
-            req.prompt_hashes = hashes
-        return req.prompt_hashes
+        return CachedPrefix(hits, hashes)
 
     def blocks_reserved(self, req: Request) -> int:
         """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
-        return max(0, self._blocks_for(self.reservation_tokens(req)) - len(req.block_table))
+        return max(0, self._blocks_for(self.reservation_tokens(req)) - len(self.block_table(req)))
 
     def blocks_for_reservation(self, req: Request) -> int:
         return self._blocks_for(self.reservation_tokens(req))
@@ -71,8 +97,7 @@ class KVCacheManager:
     def admit(
         self,
         req: Request,
-        hits: list[Block],
-        hashes: list[int],
+        prefix: CachedPrefix,
         num_new_tokens: int,
         reserved: int | None = None,
     ) -> bool:
@@ -82,46 +107,43 @@ class KVCacheManager:
         its whole prompt plus a decode token: admitting a prompt the pool cannot finish only leads
         to preempting it, or someone else, and computing it again.
         """
-        idle_hits = sum(1 for b in hits if b.ref_count == 0)
-        cached = len(hits) * self.block_size
-        need = self._blocks_for(cached + num_new_tokens) - len(hits)
+        idle_hits = sum(1 for b in prefix.blocks if b.ref_count == 0)
+        cached = len(prefix) * self.block_size
+        need = self._blocks_for(cached + num_new_tokens) - len(prefix)
         if reserved is not None:
-            whole = self._blocks_for(self.reservation_tokens(req)) - len(hits)
+            whole = self._blocks_for(self.reservation_tokens(req)) - len(prefix)
             if whole + idle_hits + reserved > self.pool.num_free:
                 return False
         if need + idle_hits > self.pool.num_free:
             return False
-        for block in hits:
+        for block in prefix.blocks:
             self.pool.acquire(block)
-        req.block_table = [b.block_id for b in hits] + [self.pool.allocate().block_id for _ in range(need)]
-        req.num_computed_tokens = cached
-        if req.num_preemptions == 0:
-            req.num_cached_tokens = cached  # report the first admission's hit, not recompute hits
-        req.block_hashes = list(hashes)
-        req.num_hashed_blocks = len(hits)
+        ids = [b.block_id for b in prefix.blocks] + [self.pool.allocate().block_id for _ in range(need)]
+        self._tables[req.key] = BlockTable(ids, list(prefix.hashes))
         return True
 
     def can_append(self, req: Request, num_new_tokens: int) -> bool:
-        need = self._blocks_for(req.num_computed_tokens + num_new_tokens) - len(req.block_table)
+        need = self._blocks_for(req.num_computed_tokens + num_new_tokens) - len(self.block_table(req))
         return need <= self.pool.num_free
 
     def append(self, req: Request, num_new_tokens: int) -> None:
-        need = self._blocks_for(req.num_computed_tokens + num_new_tokens) - len(req.block_table)
-        req.block_table.extend(self.pool.allocate().block_id for _ in range(max(need, 0)))
+        table = self._tables[req.key]
+        need = self._blocks_for(req.num_computed_tokens + num_new_tokens) - len(table.block_ids)
+        table.block_ids.extend(self.pool.allocate().block_id for _ in range(max(need, 0)))
 
     def commit_computed(self, req: Request) -> None:
         """Hash the blocks that became full with computed tokens, so later requests can hit them."""
+        table = self._tables[req.key]
         bs = self.block_size
-        for i in range(req.num_hashed_blocks, req.num_computed_tokens // bs):
-            parent = req.block_hashes[i - 1] if i else None
-            block = self.pool.blocks[req.block_table[i]]
-            req.block_hashes.append(self.pool.register(block, parent, req.token_ids[i * bs : (i + 1) * bs]))
-        req.num_hashed_blocks = max(req.num_hashed_blocks, req.num_computed_tokens // bs)
+        for i in range(len(table.block_hashes), req.num_computed_tokens // bs):
+            parent = table.block_hashes[i - 1] if i else None
+            block = self.pool.blocks[table.block_ids[i]]
+            table.block_hashes.append(self.pool.register(block, parent, req.token_ids[i * bs : (i + 1) * bs]))
 
     def free(self, req: Request) -> None:
         """Tail blocks first, so the LRU queue evicts a request's suffix before its shared prefix."""
-        for block_id in reversed(req.block_table):
+        table = self._tables.pop(req.key, None)
+        if table is None:
+            return
+        for block_id in reversed(table.block_ids):
             self.pool.release(self.pool.blocks[block_id])
-        req.block_table = []
-        req.block_hashes = []
-        req.num_hashed_blocks = 0

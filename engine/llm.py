@@ -9,6 +9,7 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.llm_engine import LLMEngine
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
+from prefixflow.engine.request import RequestSpec
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.stats import EngineStats
 
@@ -58,15 +59,15 @@ class LLM:
         ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
         if len(ids) != n:
             raise ValueError(f"{len(ids)} request_ids for {n} prompts")
-        jobs = []
+        specs: list[RequestSpec] = []
         for i, (prompt, p) in enumerate(zip(prompts, param_list)):
             token_ids, problem = self._tokenize(prompt)
             problem = problem or self.engine.validate(token_ids, p)
             if problem:
                 yield self.engine.error_output(i, ids[i], token_ids, problem)
             else:
-                jobs.append((i, ids[i], token_ids, p, None))
-        yield from self._run(jobs)
+                specs.append(RequestSpec(i, ids[i], token_ids, p))
+        yield from self._run(specs)
 
     def score_choices(
         self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None
@@ -81,7 +82,8 @@ class LLM:
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
         results: list[list[float] | str] = [[0.0] * len(c) for c in choices]
-        jobs, owner = [], {}
+        specs: list[RequestSpec] = []
+        owner: dict[int, tuple[int, int]] = {}
         greedy = SamplingParams(max_tokens=1)
         for i, (prompt, opts) in enumerate(zip(prompts, choices)):
             prompt_ids, problem = self._tokenize(prompt)
@@ -100,31 +102,33 @@ class LLM:
                     if len(full) >= self.max_model_len
                     else None
                 )
-                owner[len(jobs)] = (i, j)
-                jobs.append((len(jobs), f"{i}:{j}", full, greedy, len(prompt_ids)))
+                owner[len(specs)] = (i, j)
+                specs.append(RequestSpec(len(specs), f"{i}:{j}", full, greedy, score_from=len(prompt_ids)))
             if problem:
                 results[i] = problem
-        keep = [job for job in jobs if not isinstance(results[owner[job[0]][0]], str)]
+        keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
         counts = [{"tokens": 0, "cached_tokens": 0} for _ in prompts]
         for out in self._run(keep):
             i, j = owner[out.index]
-            results[i][j] = out.metadata["score"]
+            scores = results[i]
+            assert not isinstance(scores, str)
+            scores[j] = out.metadata["score"]
             counts[i]["tokens"] += out.num_prompt_tokens
             counts[i]["cached_tokens"] += out.num_cached_tokens
         if usage is not None:
             usage[:] = counts
         return results
 
-    def _run(self, jobs: list) -> Iterator[RequestOutput]:
+    def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
         if self.config.ordering == "prefix":
-            jobs = sorted(jobs, key=lambda job: job[2])  # lexicographic = depth-first over the prefix trie
+            specs = sorted(specs, key=lambda s: s.prompt_token_ids)  # lexicographic = depth-first over the prefix trie
         engine = self.engine
         engine.abort_all()  # a stream abandoned half-way must not leak into this call
-        for index, request_id, token_ids, p, score_start in jobs:
-            engine.add_request(index, request_id, token_ids, p, score_start)
+        for spec in specs:
+            engine.add_request(spec)
         try:
             while engine.has_unfinished():
-                yield from engine.step()
+                yield from engine.step().values()
         finally:
             engine.abort_all()  # the caller stopped early (break, exception): free every block
 

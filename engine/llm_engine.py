@@ -1,8 +1,14 @@
-"""The step loop: schedule, run the model, sample, finish requests. One object per loaded model."""
+"""The step loop: schedule -> execute -> update. One object per loaded model.
+
+The engine owns no request state of its own: the scheduler writes requests, the KV cache manager
+owns block tables, the model runner owns device tensors. This file wires them and turns finished
+requests into ``RequestOutput``s.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.kv_cache_manager import KVCacheManager
@@ -11,11 +17,12 @@ from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_runner import ModelRunner
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
-from prefixflow.engine.request import Request
-from prefixflow.engine.sampler import position_seed, sample
+from prefixflow.engine.request import Request, RequestSpec, Status
+from prefixflow.engine.sampler import position_seed
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.stats import EngineStats
+from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
 from prefixflow.engine.stop_checker import StopChecker
 
 
@@ -33,11 +40,15 @@ class LLMEngine:
         self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
-        self.scheduler = Scheduler(SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.scheduler = Scheduler(
+            SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
+        )
         self.stats = EngineStats()
         self._seed_counter = 0
+        self._stepping = False
+        self._deferred_aborts: set[int] = set()
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
         """Why this request can never run, or None. Checked before it joins the queue."""
@@ -59,87 +70,111 @@ class LLMEngine:
             )
         return None
 
-    def add_request(
-        self,
-        index: int,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        score_start: int | None = None,
-    ) -> Request:
-        seed = params.seed
+    def add_request(self, spec: RequestSpec) -> int:
+        """Queue a validated request; returns its engine-wide key (``step`` results are keyed by it)."""
+        seed = spec.params.seed
         if seed is None:
             seed = position_seed(self.cfg.seed, self._seed_counter)
             self._seed_counter += 1
-        max_tokens = params.max_tokens or (self.max_model_len - len(prompt_ids))
-        req = Request(index, request_id, list(prompt_ids), params, max_tokens, seed, score_start)
+        n = len(spec.prompt_token_ids)
+        if spec.score_from is not None:
+            max_tokens = 0  # a scoring request only computes its prompt
+        else:
+            max_tokens = spec.params.max_tokens or (self.max_model_len - n)
+        req = Request(
+            spec.index, spec.request_id, list(spec.prompt_token_ids), spec.params, max_tokens, seed,
+            spec.score_from,
+        )  # fmt: skip
         self.scheduler.add(req)
         self.stats.requests += 1
-        self.stats.prompt_tokens += len(prompt_ids)
-        return req
+        self.stats.prompt_tokens += n
+        return req.key
+
+    def abort(self, keys: Iterable[int]) -> None:
+        """Drop these requests and free their blocks (after the current step, if one is running)."""
+        if self._stepping:
+            self._deferred_aborts.update(keys)
+        else:
+            self.scheduler.abort(keys)
 
     def abort_all(self) -> int:
         """Drop every queued and running request, returning their blocks to the pool."""
-        dropped = len(self.scheduler.waiting) + len(self.scheduler.running)
-        for req in list(self.scheduler.running):
-            self.scheduler.finish(req)
-        self.scheduler.waiting.clear()
-        return dropped
+        return self.scheduler.abort_all()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> dict[int, RequestOutput]:
+        """One step: schedule, execute, update. Returns the requests that finished, by key."""
         start = time.perf_counter()
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
-            raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
-        host = time.perf_counter() - start
-        result = self.runner.execute(scheduled)
-        host += self.runner.last_prepare_s
-        finished: list[RequestOutput] = []
-        for req, n in scheduled:
-            prompt_part = min(req.num_computed_tokens + n, req.num_prompt_tokens) - req.num_computed_tokens
-            self.stats.computed_prompt_tokens += max(0, prompt_part)
-            req.num_computed_tokens += n
-            self.kv.commit_computed(req)
-            if req.score_start is not None:
-                req.score += result.scores.get(req.index, 0.0)
-                if req.num_computed_tokens == req.num_tokens:
-                    finished.append(self._finish(req, "stop", None))
-        now = time.perf_counter()
-        if result.sample_requests:
-            tokens, logprobs = sample(result.logits, result.sample_requests, self.eos_ids)
-            now = time.perf_counter()
-            for req, token, lp in zip(result.sample_requests, tokens, logprobs):
-                req.token_ids.append(token)
-                if lp is not None:
-                    req.logprobs.append(lp)
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                verdict = self.stop_checker.check(req)
-                if verdict is not None:
-                    finished.append(self._finish(req, *verdict))
+        self._stepping = True
+        try:
+            scheduled = self.scheduler.schedule()
+            if not scheduled:
+                raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+            host = time.perf_counter() - start
+            output = self._execute(scheduled)
+            host += self.runner.last_prepare_s
+            update_start = time.perf_counter()
+            self._count_prompt_work(scheduled)
+            finished = {req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)}
+        finally:
+            self._stepping = False
+            if self._deferred_aborts:
+                self.scheduler.abort(self._deferred_aborts)
+                self._deferred_aborts.clear()
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
         end = time.perf_counter()
-        self.stats.host_s += host + (end - now)  # the device idles while the host does this
+        self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
         return finished
 
-    def _finish(self, req: Request, reason: str, stop_reason) -> RequestOutput:
-        self.scheduler.finish(req)
+    def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+        """Run the step; if it fails, run each request alone so a request-specific failure becomes
+        that request's error. When every request fails alone too, the fault is not any one
+        request's (device, memory): it is raised, so a job stops and can resume, instead of turning
+        every row into an error result."""
+        try:
+            return self.runner.execute(scheduled)
+        except Exception as batch_error:
+            if len(scheduled) == 1:
+                raise
+            merged, failures = ModelOutput(), 0
+            for chunk in scheduled:
+                try:
+                    merged.merge(self.runner.execute(scheduled.only(chunk)))
+                except Exception as exc:
+                    failures += 1
+                    merged.errors[chunk.request.key] = f"model step failed: {exc!r}"
+            if failures == len(scheduled):
+                raise batch_error
+            return merged
+
+    def _count_prompt_work(self, scheduled: SchedulerOutput) -> None:
+        for chunk in scheduled:
+            req = chunk.request
+            done = min(req.num_computed_tokens + chunk.num_tokens, req.num_prompt_tokens)
+            self.stats.computed_prompt_tokens += max(0, done - req.num_computed_tokens)
+
+    def _output(self, req: Request) -> RequestOutput:
+        assert req.status is Status.FINISHED and req.finish_reason is not None
+        if req.finish_reason == "error":
+            return self.error_output(req.index, req.request_id, req.prompt_token_ids, req.error or "error")
+        out_ids = req.output_token_ids
+        try:
+            text = self.stop_checker.final_text(req, req.stop_reason) if out_ids else ""
+        except Exception as exc:
+            return self.error_output(req.index, req.request_id, req.prompt_token_ids, f"detokenizing failed: {exc!r}")
         self.stats.cached_prompt_tokens += req.num_cached_tokens
-        self.stats.output_tokens += req.num_output_tokens if req.score_start is None else 0
+        self.stats.output_tokens += len(out_ids)
         now = time.perf_counter()
-        out_ids = req.output_token_ids if req.score_start is None else []
-        text = self.stop_checker.final_text(req, stop_reason) if out_ids else ""
         return RequestOutput(
             request_id=req.request_id,
             index=req.index,
             text=text,
             token_ids=tuple(out_ids),
-            finish_reason=reason,
+            finish_reason=req.finish_reason,
             prompt_token_ids=tuple(req.prompt_token_ids),
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens,
@@ -147,8 +182,8 @@ class LLMEngine:
             logprobs=tuple(req.logprobs) if req.params.logprobs is not None else None,
             time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             latency=now - req.arrival_time,
-            stop_reason=stop_reason,
-            metadata={"score": req.score} if req.score_start is not None else {},
+            stop_reason=req.stop_reason,
+            metadata={"score": req.prompt_logprob_sum} if req.score_from is not None else {},
         )
 
     def error_output(self, index: int, request_id: str, prompt_ids: list[int], message: str) -> RequestOutput:

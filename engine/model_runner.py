@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -15,19 +14,11 @@ from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import LlamaForCausalLM, StepContext
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.weights import load_weights
-from prefixflow.engine.request import Request
+from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import StepInputs, block_table_array, build_step_inputs
+from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """Logits for the requests that sample this step, and log-prob sums for scoring requests."""
-
-    sample_requests: list[Request]
-    logits: torch.Tensor | None  # [len(sample_requests), vocab] float32
-    scores: dict[int, float]  # request index -> log-prob added this step
 
 
 class ModelRunner:
@@ -36,6 +27,7 @@ class ModelRunner:
     ) -> None:
         self.cfg = cfg
         self.model_cfg = model_cfg
+        self.eos_ids = tuple(source.eos_token_ids)
         self.device = _pick_device(cfg.device)
         self.dtype = _pick_dtype(cfg.dtype, self.device)
         self.attention = AttentionBackend(cfg.attention_backend, self.device)
@@ -128,23 +120,26 @@ class ModelRunner:
         return max(budget, 0)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Request, int]]) -> StepResult:
+    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+        """Run the step's forward pass, sample the rows that reached their last token and sum the
+        requested prompt log-probs. A request whose sampling fails is reported in ``errors``."""
         begin = time.perf_counter()
         step = build_step_inputs(scheduled, self.cfg.block_size)
         self.last_prepare_s = time.perf_counter() - begin
         hidden = self._forward(step)
         dev = self.device
-        logits = None
+        out = ModelOutput()
         if step.sample_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(step.sample_rows, device=dev)])
-        scores: dict[int, float] = {}
+            sampled = sample_batch(logits, step.sample_requests, self.eos_ids)
+            out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors
         if step.score_rows:
             score_logits = self.model.compute_logits(hidden[torch.tensor(step.score_rows, device=dev)])
             lp = torch.log_softmax(score_logits, dim=-1)
             picked = lp.gather(1, torch.tensor(step.score_targets, device=dev)[:, None])[:, 0].tolist()
             for owner, value in zip(step.score_owner, picked):
-                scores[owner] = scores.get(owner, 0.0) + value
-        return StepResult(step.sample_requests, logits, scores)
+                out.prompt_logprobs[owner] = out.prompt_logprobs.get(owner, 0.0) + value
+        return out
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         tables = block_table_array(step.block_tables)

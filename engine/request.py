@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from dataclasses import dataclass, field
 
+from prefixflow.engine.block_pool import chain_hash
+from prefixflow.engine.outputs import FinishReason, TokenLogprob
 from prefixflow.engine.sampling_params import SamplingParams
+
+_KEYS = itertools.count()  # process-wide, so keys never collide between engines or tests
 
 
 class Status(enum.Enum):
@@ -15,12 +20,21 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """Mutable per-request state owned by the scheduler.
+    """Mutable per-request state; after ``add`` only the scheduler writes it.
 
     The one invariant: ``num_computed_tokens`` catches up to ``len(token_ids)``. Decode, chunked
     prefill, prefix-cache hits and resume after preemption are all that rule.
+
+    ``key`` is unique in the process (callers' ``index``/``request_id`` need not be). A request with
+    ``max_tokens == 0`` generates nothing: it finishes once its prompt is computed. ``score_from``
+    asks for the log-probabilities of the prompt tokens from that position on, summed into
+    ``prompt_logprob_sum`` (label scoring is such a prefill-only request).
+
+    State that must survive preemption (everything except the KV it held) lives here; a future
+    per-request sampling state (e.g. a grammar matcher) belongs beside ``token_ids``, and
+    ``reset_computed`` is where anything derived from computed KV is forgotten.
     """
 
     index: int
@@ -29,20 +43,21 @@ class Request:
     params: SamplingParams
     max_tokens: int
     seed: int
-    score_start: int | None = None  # scoring request: sum logprobs of tokens from here on
+    score_from: int | None = None
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
-    num_hashed_blocks: int = 0
-    block_hashes: list[int] = field(default_factory=list)
-    prompt_hashes: list[int] | None = None
     status: Status = Status.WAITING
-    logprobs: list = field(default_factory=list)
-    score: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprob_sum: float = 0.0
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    key: int = field(default_factory=lambda: next(_KEYS), kw_only=True)
+    _prompt_hashes: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -64,8 +79,52 @@ class Request:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
+    def generates(self) -> bool:
+        return self.max_tokens > 0
+
+    @property
     def max_total_tokens(self) -> int:
         """Tokens this request can ever hold in the cache (it never computes its last sample)."""
-        if self.score_start is not None:
+        if not self.generates:
             return self.num_prompt_tokens
         return self.num_prompt_tokens + self.max_tokens - 1
+
+    @property
+    def max_cache_hit_tokens(self) -> int:
+        """A prefix-cache hit may cover at most this many tokens: every position whose logits the
+        request needs (its last token, and the scored prompt positions) must be computed."""
+        limit = self.num_tokens - 1
+        if self.score_from is not None:
+            limit = min(limit, self.score_from - 1)
+        return limit
+
+    def prompt_block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of the prompt's full blocks; a pure function of the prompt, memoized."""
+        if self._prompt_hashes is None or self._prompt_hashes[0] != block_size:
+            parent: int | None = None
+            hashes: list[int] = []
+            for i in range(self.num_prompt_tokens // block_size):
+                parent = chain_hash(parent, self.prompt_token_ids[i * block_size : (i + 1) * block_size])
+                hashes.append(parent)
+            self._prompt_hashes = (block_size, hashes)
+        return self._prompt_hashes[1]
+
+    def reset_computed(self) -> None:
+        """Preempted: its KV is gone, so everything derived from computed positions restarts."""
+        self.num_computed_tokens = 0
+        self.prompt_logprob_sum = 0.0  # a scoring request recomputes, and re-adds, every log-prob
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as a caller describes it, before the engine admits it.
+
+    ``index`` and ``request_id`` label the output; ``score_from`` makes it a scoring request: it
+    generates nothing and reports the summed log-probabilities of its tokens from that position on.
+    """
+
+    index: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    score_from: int | None = None

@@ -1,7 +1,15 @@
 """Token selection: greedy, temperature, top-k, top-p, min-p, with noise that depends only on
-(request seed, token position), so a seeded request draws the same tokens alone or in any batch."""
+(request seed, token position), so a seeded request draws the same tokens alone or in any batch.
+
+``sample_batch`` is what the model runner calls: it samples the whole batch at once and, should that
+fail, each row alone, so a request whose values break sampling becomes that request's error only.
+Per-request logits masks (today: no stop token before ``min_tokens``; a grammar would add its own)
+are applied in ``_apply_masks``, before any row is sampled.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,22 +27,57 @@ def position_seed(seed: int, position: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+@dataclass
+class SampleResult:
+    """Per request key: the chosen token, its log-prob record when asked for, or why it failed."""
+
+    tokens: dict[int, int] = field(default_factory=dict)
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def sample_batch(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> SampleResult:
+    """Sample every row; if the batch fails, retry row by row and report the rows that still fail."""
+    result = SampleResult()
+    try:
+        tokens, logprobs = sample(logits, requests, eos_ids)
+    except Exception:
+        for row, req in enumerate(requests):
+            try:
+                (token,), (lp,) = sample(logits[row : row + 1], [req], eos_ids)
+            except Exception as exc:
+                result.errors[req.key] = f"sampling failed: {exc!r}"
+                continue
+            result.tokens[req.key] = token
+            if lp is not None:
+                result.logprobs[req.key] = lp
+        return result
+    for req, token, lp in zip(requests, tokens, logprobs):
+        result.tokens[req.key] = token
+        if lp is not None:
+            result.logprobs[req.key] = lp
+    return result
+
+
 @torch.inference_mode()
-def sample(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[list[int], list]:
+def sample(
+    logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]
+) -> tuple[list[int], list[TokenLogprob | None]]:
     """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested)."""
     logits = logits.float()
-    _ban_early_stops(logits, requests, eos_ids)
+    _apply_masks(logits, requests, eos_ids)
     tokens = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         picked = _sample_random(logits[rows], [requests[i] for i in random_rows])
         tokens[rows] = picked
-    token_list = tokens.tolist()
+    token_list: list[int] = tokens.tolist()
     return token_list, _logprobs(logits, requests, token_list)
 
 
-def _ban_early_stops(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> None:
+def _apply_masks(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> None:
+    """Per-request bans, in place: stop tokens (EOS unless ignored) until ``min_tokens`` are out."""
     for i, req in enumerate(requests):
         if req.num_output_tokens < req.params.min_tokens:
             banned = list(req.params.stop_token_ids) + ([] if req.params.ignore_eos else list(eos_ids))
@@ -44,12 +87,13 @@ def _ban_early_stops(logits: torch.Tensor, requests: list[Request], eos_ids: tup
 
 def _sample_random(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     dev = logits.device
-    temps = torch.tensor([r.params.temperature for r in requests], device=dev)[:, None]
+    vocab = logits.shape[-1]
+    temps = torch.tensor([float(r.params.temperature) for r in requests], device=dev)[:, None]
     scaled = logits / temps
-    top_k = [r.params.top_k for r in requests]
-    top_p = [r.params.top_p for r in requests]
-    min_p = [r.params.min_p for r in requests]
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+    top_k = [min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in requests]
+    top_p = [float(r.params.top_p) for r in requests]
+    min_p = [float(r.params.min_p) for r in requests]
+    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         scaled = _top_k_top_p(scaled, top_k, top_p)
     probs = torch.softmax(scaled, dim=-1)
     if any(p > 0 for p in min_p):
@@ -63,10 +107,11 @@ def _sample_random(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
 
 
 def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """``top_k`` already clamped to [1, vocab] (a k above the vocabulary keeps every token)."""
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     vocab = scaled.shape[-1]
     ranks = torch.arange(vocab, device=scaled.device)[None, :]
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=scaled.device)[:, None]
+    k = torch.tensor(top_k, device=scaled.device)[:, None]
     sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
@@ -75,18 +120,18 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def _logprobs(logits: torch.Tensor, requests: list[Request], tokens: list[int]) -> list:
+def _logprobs(logits: torch.Tensor, requests: list[Request], tokens: list[int]) -> list[TokenLogprob | None]:
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
-    out: list = [None] * len(requests)
+    out: list[TokenLogprob | None] = [None] * len(requests)
     if not wanted:
         return out
     lp = torch.log_softmax(logits[wanted], dim=-1)
-    k_max = max(requests[i].params.logprobs for i in wanted)
-    top_vals, top_ids = lp.topk(k_max, dim=-1) if k_max else (None, None)
+    k_max = max(requests[i].params.logprobs or 0 for i in wanted)
+    top = lp.topk(k_max, dim=-1) if k_max else None
     for row, i in enumerate(wanted):
-        k = requests[i].params.logprobs
-        top = ()
-        if k:
-            top = tuple(zip(top_ids[row, :k].tolist(), top_vals[row, :k].tolist()))
-        out[i] = TokenLogprob(tokens[i], float(lp[row, tokens[i]]), top)
+        k = requests[i].params.logprobs or 0
+        alternatives: tuple[tuple[int, float], ...] = ()
+        if k and top is not None:
+            alternatives = tuple(zip(top.indices[row, :k].tolist(), top.values[row, :k].tolist()))
+        out[i] = TokenLogprob(tokens[i], float(lp[row, tokens[i]]), alternatives)
     return out

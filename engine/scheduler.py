@@ -4,15 +4,24 @@ Each step first serves running requests (a decode token, or the next chunk of a 
 first; when blocks run out the newest running request gives its blocks back and returns to the
 front of the queue. Only then are waiting requests admitted, in queue order, with their cached
 prefix mapped in. A request that could never fit is rejected before it reaches this queue.
+
+The scheduler is the only writer of request state once a request is added: ``schedule`` decides a
+step, ``update_from_output`` applies what the model produced (computed tokens, sampled tokens,
+log-probs, stops) and returns the requests that finished.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.outputs import FinishReason
 from prefixflow.engine.request import Request, Status
+from prefixflow.engine.step_types import ModelOutput, ScheduledChunk, SchedulerOutput
+from prefixflow.engine.stop_checker import StopChecker
 
 
 @dataclass(frozen=True)
@@ -22,9 +31,10 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, stop_checker: StopChecker) -> None:
         self.limits = limits
         self.kv = kv
+        self.stop_checker = stop_checker
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -35,9 +45,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[tuple[Request, int]]:
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- deciding a step --------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
         budget = self.limits.max_num_batched_tokens
-        out: list[tuple[Request, int]] = []
+        out: list[ScheduledChunk] = []
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
@@ -51,16 +65,16 @@ class Scheduler:
                     break
             else:
                 self.kv.append(req, n)
-                out.append((req, n))
+                out.append(ScheduledChunk(req, n, self.kv.block_table(req)))
                 budget -= n
                 i += 1
                 continue
             break
         if not preempted:
             budget = self._admit(out, budget)
-        return out
+        return SchedulerOutput(out)
 
-    def _admit(self, out: list[tuple[Request, int]], budget: int) -> int:
+    def _admit(self, out: list[ScheduledChunk], budget: int) -> int:
         """Admit waiting requests in queue order, but hold back one whose next uncached block is
         being computed right now by another request: it will hit the cache a step later instead of
         computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent).
@@ -70,6 +84,7 @@ class Scheduler:
         in_flight = self._blocks_in_flight()
         if not self.waiting:
             return budget
+        bs = self.kv.block_size
         reserved = sum(self.kv.blocks_reserved(r) for r in self.running)
         held: list[Request] = []
         held_need = 0  # blocks the held requests will allocate beyond the prefix they wait for
@@ -79,52 +94,123 @@ class Scheduler:
                 break
             scanned += 1
             req = self.waiting.popleft()
-            hits, hashes = self.kv.cached_prefix(req)
-            pending = self.kv.prompt_block_hashes(req)[len(hits) :]
-            own_blocks = self.kv.blocks_for_reservation(req) - len(hits)
+            prefix = self.kv.cached_prefix(req)
+            pending = req.prompt_block_hashes(bs)[len(prefix) :]
+            own_blocks = self.kv.blocks_for_reservation(req) - len(prefix)
             if in_flight and pending and pending[0] in in_flight:
                 held.append(req)
                 held_need += own_blocks - sum(1 for h in pending if h in in_flight)
                 continue
-            if held and self.kv.pool.num_free_uncached - reserved - held_need < own_blocks:
+            if held and self.kv.num_free_uncached_blocks - reserved - held_need < own_blocks:
                 held.append(req)  # it would evict what the held requests are about to reuse
                 break
-            n = min(req.num_tokens - len(hits) * self.kv.block_size, budget)
-            if not self.kv.admit(req, hits, hashes, n, reserved if self.running else None):
+            cached = len(prefix) * bs
+            n = min(req.num_tokens - cached, budget)
+            if not self.kv.admit(req, prefix, n, reserved if self.running else None):
                 held.append(req)
                 break
+            req.num_computed_tokens = cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = cached  # report the first admission's hit, not recompute hits
             req.status = Status.RUNNING
             self.running.append(req)
             reserved += self.kv.blocks_reserved(req)
-            out.append((req, n))
+            out.append(ScheduledChunk(req, n, self.kv.block_table(req)))
             budget -= n
-            if self.kv.pool.enable_caching:
+            if self.kv.caching_enabled:
                 in_flight.update(pending)
         self.waiting.extendleft(reversed(held))
         return budget
 
     def _blocks_in_flight(self) -> set[int]:
         """Hashes of full prompt blocks that running requests have not finished computing."""
-        if not self.kv.pool.enable_caching:
+        if not self.kv.caching_enabled:
             return set()
         bs = self.kv.block_size
         pending: set[int] = set()
         for req in self.running:
             if req.num_computed_tokens < req.num_prompt_tokens:
-                pending.update(self.kv.prompt_block_hashes(req)[req.num_computed_tokens // bs :])
+                pending.update(req.prompt_block_hashes(bs)[req.num_computed_tokens // bs :])
         return pending
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv.free(req)
-        req.num_computed_tokens = 0
-        req.score = 0.0  # a scoring request recomputes, and re-adds, every log-prob
+        req.reset_computed()
         req.status = Status.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def finish(self, req: Request) -> None:
+    # -- applying a step's results ----------------------------------------------------------------
+    def update_from_output(self, scheduled: SchedulerOutput, output: ModelOutput) -> list[Request]:
+        """Advance every scheduled request by what the step computed; return those that finished.
+
+        A request named in ``output.errors``, or whose stop check fails, finishes with
+        ``finish_reason="error"``; the others are not affected.
+        """
+        finished: list[Request] = []
+        now = time.perf_counter()
+        for chunk in scheduled:
+            req = chunk.request
+            if req.status is not Status.RUNNING:
+                continue  # aborted after it was scheduled
+            error = output.errors.get(req.key)
+            if error is not None:
+                finished.append(self.finish(req, "error", error=error))
+                continue
+            req.num_computed_tokens += chunk.num_tokens
+            self.kv.commit_computed(req)
+            if req.score_from is not None:
+                req.prompt_logprob_sum += output.prompt_logprobs.get(req.key, 0.0)
+            if not req.generates:
+                if req.num_computed_tokens == req.num_tokens:
+                    finished.append(self.finish(req, "stop"))
+                continue
+            token = output.sampled.get(req.key)
+            if token is None:
+                continue  # a prefill chunk that has not reached the last prompt token
+            req.token_ids.append(token)
+            logprob = output.logprobs.get(req.key)
+            if logprob is not None:
+                req.logprobs.append(logprob)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            try:
+                verdict = self.stop_checker.check(req)
+            except Exception as exc:  # e.g. a tokenizer that cannot decode: this request only
+                finished.append(self.finish(req, "error", error=f"stop check failed: {exc!r}"))
+                continue
+            if verdict is not None:
+                finished.append(self.finish(req, verdict[0], verdict[1]))
+        return finished
+
+    def finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+    ) -> Request:
         self.running.remove(req)
         self.kv.free(req)
         req.status = Status.FINISHED
+        req.finish_reason, req.stop_reason, req.error = reason, stop_reason, error
+        return req
+
+    def abort(self, keys: Iterable[int]) -> int:
+        """Drop the given requests wherever they are, returning their blocks; how many were found."""
+        wanted = set(keys)
+        dropped = [r for r in self.running if r.key in wanted]
+        for req in dropped:
+            self.running.remove(req)
+            self.kv.free(req)
+        if any(r.key in wanted for r in self.waiting):
+            dropped += [r for r in self.waiting if r.key in wanted]
+            self.waiting = deque(r for r in self.waiting if r.key not in wanted)
+        for req in dropped:
+            req.status = Status.FINISHED
+        return len(dropped)
+
+    def abort_all(self) -> int:
+        return self.abort([r.key for r in self.running] + [r.key for r in self.waiting])

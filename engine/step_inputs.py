@@ -7,10 +7,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prefixflow.engine.request import Request
+from prefixflow.engine.step_types import SchedulerOutput
 
 
 @dataclass
 class StepInputs:
+    """One flat varlen batch. Request b owns rows ``query_start_loc[b]:query_start_loc[b+1]``.
+
+    ``sample_rows`` are the rows whose logits pick a next token (one per request that reached its last
+    token); ``score_rows``/``score_targets``/``score_owner`` are the prompt positions whose
+    log-probability of the following token a request asked for (``Request.score_from``).
+    """
+
     token_ids: np.ndarray
     positions: np.ndarray
     slot_mapping: np.ndarray
@@ -21,26 +29,29 @@ class StepInputs:
     sample_requests: list[Request] = field(default_factory=list)
     score_rows: list[int] = field(default_factory=list)
     score_targets: list[int] = field(default_factory=list)
-    score_owner: list[int] = field(default_factory=list)
+    score_owner: list[int] = field(default_factory=list)  # Request.key of each score row
 
     @property
     def decode_only(self) -> bool:
         return len(self.token_ids) == len(self.seq_lens) and not self.score_rows
 
 
-def build_step_inputs(scheduled: list[tuple[Request, int]], block_size: int) -> StepInputs:
+def build_step_inputs(scheduled: SchedulerOutput, block_size: int) -> StepInputs:
     """One pass over the scheduled requests. Decode rows (one token) stay in plain Python ints, which
     is cheaper than a numpy call per request; prefill chunks compute their slots with numpy."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
-    starts, seq_lens, tables = [0], [], []
-    step = StepInputs(np.empty(0), np.empty(0), np.empty(0), np.empty(0), np.empty(0), [])
+    starts: list[int] = [0]
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    empty = np.empty(0)
+    step = StepInputs(empty, empty, empty, empty, empty, [])
     bs = block_size
-    for req, n in scheduled:
+    for chunk in scheduled:
+        req, n, table = chunk.request, chunk.num_tokens, chunk.block_table
         begin, end = req.num_computed_tokens, req.num_computed_tokens + n
         base = starts[-1]
-        table = req.block_table
         if n == 1:
             ids.append(req.token_ids[begin])
             pos.append(begin)
@@ -53,12 +64,12 @@ def build_step_inputs(scheduled: list[tuple[Request, int]], block_size: int) -> 
         starts.append(base + n)
         seq_lens.append(end)
         tables.append(table)
-        if req.score_start is not None:
-            for q in range(max(begin, req.score_start - 1), min(end, req.num_tokens - 1)):
+        if req.score_from is not None:
+            for q in range(max(begin, req.score_from - 1), min(end, req.num_tokens - 1)):
                 step.score_rows.append(base + q - begin)
                 step.score_targets.append(req.token_ids[q + 1])
-                step.score_owner.append(req.index)
-        elif end == req.num_tokens:
+                step.score_owner.append(req.key)
+        if req.generates and end == req.num_tokens:
             step.sample_rows.append(base + n - 1)
             step.sample_requests.append(req)
     step.token_ids = np.array(ids, dtype=np.int64)

@@ -4,6 +4,7 @@ produces its final text, truncated at a stop string."""
 from __future__ import annotations
 
 from prefixflow.engine.request import Request
+from prefixflow.engine.utf8_tail import trim_incomplete_utf8
 
 
 class StopChecker:
@@ -31,13 +32,15 @@ class StopChecker:
         return None
 
     def final_text(self, req: Request, stop_reason: str | int | None) -> str:
+        """The output text, cut at a stop string; a character left incomplete by the last token
+        (max_tokens hit inside an emoji) is dropped rather than shown as U+FFFD."""
         text = self._decode(req)
         if isinstance(stop_reason, str):
             cut = text.find(stop_reason)
             if cut >= 0:
                 keep = cut + (len(stop_reason) if req.params.include_stop_str_in_output else 0)
-                text = text[:keep]
-        return text
+                return text[:keep]
+        return trim_incomplete_utf8(text, self.tokenizer, req.output_token_ids, req.params.skip_special_tokens)
 
     def _decode(self, req: Request) -> str:
         return self.tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
+from prefixflow.pipeline.job_flags import add_job_flags, add_new_run_flag, overrides_from_args
 
 SERVE_HELP = "serve a job as a scheduled Prefect deployment (needs prefect)"
 
@@ -25,13 +25,6 @@ EPILOG = """examples:
   prefixflow serve --interval 3600 --input data/ --output out/ --model tiny --lanes 2
   prefixflow serve --work-pool gpu-pool --cron "0 * * * *" --input data/ --output out/
 A scheduled run resumes into the same OUTPUT: committed shards are skipped, new input rows run."""
-
-
-def _kv(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    return key, yaml.safe_load(value)
 
 
 def _positive_seconds(text: str) -> float:
@@ -52,24 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     job = p.add_argument_group("job (as in `prefixflow run`)")
-    job.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
-    job.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
-    job.add_argument("--model", default="smollm2-135m-instruct", help="preset, HF folder or .gguf file")
-    job.add_argument("--job", help="job config YAML (see configs/jobs/)")
-    job.add_argument("--id-column", help="column with unique row ids")
-    job.add_argument("--prompt-column", help="column used verbatim as the prompt")
-    job.add_argument("--max-tokens", type=int, help="output length limit per row")
-    job.add_argument("--shard-rows", type=int, help="rows per shard (part of the job fingerprint)")
-    job.add_argument("--flush-rows", type=int, help="write a part file every N finished rows")
-    job.add_argument("--flush-seconds", type=float, help="... or every T seconds")
-    job.add_argument(
-        "--engine", type=_kv, action="append", default=[], metavar="KEY=VALUE", help="engine setting"
-    )
-    job.add_argument("--endpoint-url", help="S3-compatible endpoint URL")
-    job.add_argument("--storage-option", type=_kv, action="append", default=[], metavar="KEY=VALUE")
-    job.add_argument(
-        "--new-run", action="store_true", help="every run discards a run with another fingerprint"
-    )
+    add_job_flags(job)
+    add_new_run_flag(job)
 
     lanes = p.add_argument_group("engine lanes")
     lanes.add_argument("--lanes", type=int, help="number of engine lanes (default: one per GPU, 1 on CPU)")
@@ -107,15 +84,7 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
         "output": args.output,
         "model": args.model,
         "job": args.job,
-        "id_column": args.id_column,
-        "prompt_column": args.prompt_column,
-        "max_tokens": args.max_tokens,
-        "shard_rows": args.shard_rows,
-        "flush_rows": args.flush_rows,
-        "flush_seconds": args.flush_seconds,
-        "engine": dict(args.engine) or None,
-        "endpoint_url": args.endpoint_url,
-        "storage_options": dict(args.storage_option) or None,
+        **overrides_from_args(args),
         "new_run": args.new_run or None,
         "lanes": args.lanes,
         "gpus_per_lane": args.gpus_per_lane,

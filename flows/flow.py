@@ -17,6 +17,7 @@ from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metri
 from prefixflow.flows.slots import DEFAULT_LIMIT
 from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
+    DEFAULT_MODEL,
     JobSpec,
     ShardInfo,
     describe_shards,
@@ -25,8 +26,7 @@ from prefixflow.pipeline import (
     plan_shards,
     prepare_output,
 )
-
-DEFAULT_MODEL = "smollm2-135m-instruct"  # the same default as `prefixflow run`
+from prefixflow.pipeline.job_flags import job_overrides
 
 
 class ShardsFailed(RuntimeError):
@@ -103,28 +103,16 @@ def batch_inference(
     `num_gpus` scheduling. Shards that still fail leave the flow Failed, after the summary,
     naming each uncommitted shard.
     """
+    overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
     logger = get_run_logger()
     started = time.time()
-    overrides = {
-        "id_column": id_column,
-        "prompt_column": prompt_column,
-        "max_tokens": max_tokens,
-        "shard_rows": shard_rows,
-        "flush_rows": flush_rows,
-        "flush_seconds": flush_seconds,
-        "engine": engine,
-        "endpoint_url": endpoint_url,
-        "storage_options": storage_options,
-    }
     with make_task_runner(ray_address, lanes or max(1, visible_gpus())) as runner:
         layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address))
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
             # the flow process may have no GPU while Ray lanes do: pin the device so the job
             # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
             overrides["engine"] = {**(engine or {}), "device": "cuda"}
-        spec, infos = plan_job(
-            input, output, model, job, new_run, {k: v for k, v in overrides.items() if v is not None}
-        )
+        spec, infos = plan_job(input, output, model, job, new_run, overrides)
         groups = [[info.shard for info in group] for group in deal_shards(infos, layout.lanes)]
         logger.info(
             "%d shards on %d lanes (%s, %d GPU(s) per lane)",

@@ -17,7 +17,7 @@ from prefixflow.flows.devices import DeviceGroup
 from prefixflow.flows.faults import fail_once_after_commit
 from prefixflow.flows.slots import lane_devices
 from prefixflow.flows.task_runners import pin_thread_to_gpu
-from prefixflow.pipeline import JobSpec, Shard, ShardResult, is_committed, open_engine, run_shard
+from prefixflow.pipeline import Engine, JobSpec, Shard, ShardResult, is_committed, open_engine, run_shards
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
 # (lazy module attributes) race, and loading in turn also bounds the host-memory peak.
@@ -119,23 +119,22 @@ def _run_shards(
         pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
     llm = _load_engine(spec)
     try:
-        for shard in pending:
-            try:
-                result = run_shard(spec, shard, llm)
-            except Exception as exc:  # noqa: BLE001 - one bad shard must not stop the lane
-                failures[shard.shard_id] = f"{type(exc).__name__}: {exc}"
-                logger.error("lane %d: shard %s failed: %s", lane, shard.shard_id, failures[shard.shard_id])
+        for outcome in run_shards(spec, pending, llm):
+            shard_id = outcome.shard.shard_id
+            if outcome.result is None:
+                failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
+                logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
                 continue
-            report.results.append(result)
-            _log_shard(logger, lane, result)
-            fail_once_after_commit(lane, shard.shard_id)
+            report.results.append(outcome.result)
+            _log_shard(logger, lane, outcome.result)
+            fail_once_after_commit(lane, shard_id)
     finally:
-        llm = None
+        del llm
         gc.collect()
     return failures
 
 
-def _load_engine(spec: JobSpec) -> Any:
+def _load_engine(spec: JobSpec) -> Engine:
     """`open_engine`, one lane at a time per process. A module-level function, so cloudpickle sends
     Ray only a reference to it (the lock itself cannot be pickled)."""
     with _ENGINE_LOAD_LOCK:

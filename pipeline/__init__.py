@@ -2,7 +2,7 @@
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
 from prefixflow.pipeline.config import JobConfig
-from prefixflow.pipeline.engine_access import open_engine
+from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
@@ -12,13 +12,23 @@ from prefixflow.pipeline.errors import (
     PipelineError,
     ShardError,
 )
+from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.run_record import prepare_output
-from prefixflow.pipeline.shard_execution import ProgressSink, ShardResult, is_committed, run_shard
+from prefixflow.pipeline.shard_execution import (
+    ProgressSink,
+    ShardOutcome,
+    ShardResult,
+    is_committed,
+    run_shard,
+    run_shards,
+)
 from prefixflow.pipeline.spec import JobSpec, load_job
 from prefixflow.pipeline.summary import RunSummary, finalize, status
 
 __all__ = [
+    "DEFAULT_MODEL",
+    "Engine",
     "FingerprintMismatch",
     "InputError",
     "JobConfig",
@@ -32,6 +42,7 @@ __all__ = [
     "Shard",
     "ShardError",
     "ShardInfo",
+    "ShardOutcome",
     "ShardResult",
     "describe_shards",
     "finalize",
@@ -41,5 +52,6 @@ __all__ = [
     "plan_shards",
     "prepare_output",
     "run_shard",
+    "run_shards",
     "status",
 ]

@@ -8,15 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-import yaml
 from rich.console import Console
 
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.errors import PipelineError
+from prefixflow.pipeline.job_flags import (
+    DEFAULT_MODEL,
+    add_job_flags,
+    add_new_run_flag,
+    add_storage_flags,
+    overrides_from_args,
+)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+if TYPE_CHECKING:
+    from prefixflow.pipeline.spec import JobSpec
+
 EPILOG = """examples:
   prefixflow demo
   prefixflow plan --input data/docs/ --job configs/jobs/summarize.yaml
@@ -32,37 +40,6 @@ Rerunning with different settings (or another model or dtype) is refused: the jo
 A bad row becomes an error row (see the error_class column); an unreadable file fails only its shard."""
 
 
-def _kv(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    return key, yaml.safe_load(value)
-
-
-def _add_storage(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)")
-    p.add_argument("--storage-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec storage option (repeatable), e.g. anon=true, key=..., secret=...")  # fmt: skip
-
-
-def _add_job(p: argparse.ArgumentParser, need_output: bool) -> None:
-    p.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
-    if need_output:
-        p.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"preset (tiny, {DEFAULT_MODEL}), HF folder or .gguf file (default: {DEFAULT_MODEL})")  # fmt: skip
-    p.add_argument("--job", help="job config YAML (see configs/jobs/summarize.yaml, label.yaml)")
-    p.add_argument("--id-column", help="column with unique row ids (default: file path + row index)")
-    p.add_argument("--prompt-column", help="column used verbatim as the prompt")
-    p.add_argument("--max-tokens", type=int, help="output length limit per row")
-    p.add_argument("--shard-rows", type=int, help="rows per shard (part of the job fingerprint)")
-    p.add_argument("--flush-rows", type=int, help="write a part file every N finished rows")
-    p.add_argument("--flush-seconds", type=float, help="... or every T seconds")
-    p.add_argument("--engine", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                   help="engine setting (repeatable), e.g. max_num_seqs=64")  # fmt: skip
-    _add_storage(p)
-
-
 def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The run/plan/status/demo parser; ``extra_commands`` (name -> help) are listed in --help only
     (flows.cli passes `serve`, which it handles itself)."""
@@ -73,18 +50,16 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG, description=RUN_DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    _add_job(run, need_output=True)
-    run.add_argument("--new-run", action="store_true",
-                     help="discard an earlier run with a different job fingerprint in OUTPUT and start over "
-                          "(a run with the same fingerprint is resumed, not discarded)")  # fmt: skip
+    add_job_flags(run, need_output=True)
+    add_new_run_flag(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
-    _add_job(plan, need_output=False)
+    add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     status = sub.add_parser("status", help="progress and totals of a run, finished or not")
     status.add_argument("output", help="the run's output folder or s3:// URL")
-    _add_storage(status)
+    add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
     demo = sub.add_parser("demo", help="summarize and label a small bundled dataset end to end")
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
@@ -95,22 +70,10 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     return parser
 
 
-def _storage_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if args.endpoint_url:
-        out["endpoint_url"] = args.endpoint_url
-    if args.storage_option:
-        out["storage_options"] = dict(args.storage_option)
-    return out
-
-
-def _spec(args: argparse.Namespace, output: str):
+def _spec(args: argparse.Namespace, output: str) -> JobSpec:
     from prefixflow.pipeline.spec import load_job
 
-    overrides = {"id_column": args.id_column, "prompt_column": args.prompt_column, "max_tokens": args.max_tokens,
-                 "shard_rows": args.shard_rows, "flush_rows": args.flush_rows, "flush_seconds": args.flush_seconds,
-                 "engine": dict(args.engine) or None, **_storage_overrides(args)}  # fmt: skip
-    return load_job(args.input, output, args.model, args.job, **overrides)
+    return load_job(args.input, output, args.model, args.job, **overrides_from_args(args))
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -135,25 +98,28 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
     spec = _spec(args, "")
     infos = describe_shards(spec, plan_shards(spec))
-    rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
-             "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
-             "error": i.shard.error} for i in infos]  # fmt: skip
+    num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
+    broken = [i.shard.error for i in infos if i.shard.error]
     if args.json:
-        print(json.dumps({"shards": rows, "num_rows": sum(r["num_rows"] for r in rows)}))
-        return 0
-    for r in rows:
-        note = f"  [red]{r['error']}[/]" if r["error"] else ""
-        console.print(f"{r['shard_id']}  rows {r['rows'][0]}-{r['rows'][1]}  ~{r['est_tokens']} tokens{note}")
-    console.print(f"[bold]{len(rows)} shards, {sum(r['num_rows'] for r in rows)} rows, "
-                  f"~{sum(r['est_tokens'] for r in rows)} tokens[/]")  # fmt: skip
-    return 0
+        rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
+                 "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
+                 "error": i.shard.error} for i in infos]  # fmt: skip
+        print(json.dumps({"shards": rows, "num_rows": num_rows}))
+    else:
+        for i in infos:
+            note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
+            console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
+        console.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
+    for error in broken:  # a plan that cannot run as given does not pass
+        console.print(f"[red]error:[/] {error}", soft_wrap=True)
+    return 2 if broken else 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from prefixflow.pipeline.local_run import print_summary
     from prefixflow.pipeline.summary import status
 
-    storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_option))
+    storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))
     summary, record = status(args.output.rstrip("/"), storage)
     if args.json:
         print(

@@ -12,8 +12,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 import pyarrow.parquet as pq
 
@@ -35,9 +34,8 @@ class PartInfo:
     tokens: dict[str, int]
     row_keys: list[int] = field(default_factory=list, repr=False)
 
-    def as_marker_entry(self, layout: Layout) -> dict[str, Any]:
-        return {"staged": layout.rel(self.staged), "data": layout.rel(self.data), "rows": self.rows,
-                "error_rows": self.error_rows}  # fmt: skip
+    def marker_part(self, layout: Layout) -> MarkerPart:
+        return MarkerPart(layout.rel(self.staged), layout.rel(self.data), self.rows, self.error_rows)
 
 
 def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[str, int]]:
@@ -86,32 +84,73 @@ def write_part(layout: Layout, shard_id: str, attempt: str, n: int, data: bytes)
     return part_info(layout, shard_id, path, data)
 
 
+@dataclass(frozen=True)
+class MarkerPart:
+    """One part a marker commits: its staged path and its data/ name (both relative to the output root)."""
+
+    staged: str
+    data: str
+    rows: int
+    error_rows: int
+
+
+@dataclass(frozen=True)
+class CommitMarker:
+    """The commit point of one shard: which staged parts hold its rows, and their totals.
+
+    Stored as ``_commits/<shard>.json``; readers of the output trust nothing else."""
+
+    shard_id: str
+    fingerprint: str
+    attempt: str
+    committed_at: float
+    num_rows: int
+    rows: int
+    error_rows: int
+    errors_by_class: dict[str, int]
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    elapsed_s: float
+    parts: tuple[MarkerPart, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> CommitMarker:
+        data = json.loads(blob)
+        parts = tuple(MarkerPart(**p) for p in data.pop("parts"))
+        return cls(**data, parts=parts)
+
+
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
-                 elapsed_s: float, num_rows: int) -> dict[str, Any]:  # fmt: skip
+                 elapsed_s: float, num_rows: int) -> CommitMarker:  # fmt: skip
     classes: dict[str, int] = {}
     for p in parts:
         for k, v in p.errors_by_class.items():
             classes[k] = classes.get(k, 0) + v
-    return {
-        "shard_id": shard_id,
-        "fingerprint": fingerprint,
-        "attempt": attempt,
-        "committed_at": time.time(),
-        "num_rows": num_rows,
-        "rows": sum(p.rows for p in parts),
-        "error_rows": sum(p.error_rows for p in parts),
-        "errors_by_class": dict(sorted(classes.items())),
-        **{c: sum(p.tokens[c] for p in parts) for c in COUNT_COLUMNS},
-        "elapsed_s": elapsed_s,
-        "parts": [p.as_marker_entry(layout) for p in parts],
-    }
+    return CommitMarker(
+        shard_id=shard_id,
+        fingerprint=fingerprint,
+        attempt=attempt,
+        committed_at=time.time(),
+        num_rows=num_rows,
+        rows=sum(p.rows for p in parts),
+        error_rows=sum(p.error_rows for p in parts),
+        errors_by_class=dict(sorted(classes.items())),
+        prompt_tokens=sum(p.tokens["prompt_tokens"] for p in parts),
+        cached_tokens=sum(p.tokens["cached_tokens"] for p in parts),
+        output_tokens=sum(p.tokens["output_tokens"] for p in parts),
+        elapsed_s=elapsed_s,
+        parts=tuple(p.marker_part(layout) for p in parts),
+    )
 
 
-def commit(layout: Layout, shard_id: str, marker: dict[str, Any]) -> dict[str, Any]:
+def commit(layout: Layout, shard_id: str, marker: CommitMarker) -> CommitMarker:
     """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish."""
     hook("commit_begin")
-    blob = json.dumps(marker, indent=1, sort_keys=True).encode()
-    if not layout.store.create_exclusive(layout.marker(shard_id), blob):
+    if not layout.store.create_exclusive(layout.marker(shard_id), marker.to_json()):
         marker = read_marker(layout, shard_id)
     hook("commit_marker")
     publish(layout, marker)
@@ -120,26 +159,26 @@ def commit(layout: Layout, shard_id: str, marker: dict[str, Any]) -> dict[str, A
     return marker
 
 
-def publish(layout: Layout, marker: dict[str, Any]) -> None:
+def publish(layout: Layout, marker: CommitMarker) -> None:
     """Copy every listed part to its data/ name. Idempotent; safe to repeat after a crash."""
     store = layout.store
-    for i, part in enumerate(marker["parts"]):
-        src, dst = layout.path(part["staged"]), layout.path(part["data"])
+    for i, part in enumerate(marker.parts):
+        src, dst = layout.path(part.staged), layout.path(part.data)
         if i == 1:
             hook("publish_mid")
         if store.exists(dst):
             continue
         if not store.exists(src):
             raise RuntimeError(
-                f"committed part {part['staged']} is missing and was never published to {part['data']}"
+                f"committed part {part.staged} is missing and was never published to {part.data}"
             )
         store.copy(src, dst)
 
 
-def read_marker(layout: Layout, shard_id: str) -> dict[str, Any]:
-    return json.loads(layout.store.read_bytes(layout.marker(shard_id)))
+def read_marker(layout: Layout, shard_id: str) -> CommitMarker:
+    return CommitMarker.from_json(layout.store.read_bytes(layout.marker(shard_id)))
 
 
-def list_markers(layout: Layout) -> list[dict[str, Any]]:
+def list_markers(layout: Layout) -> list[CommitMarker]:
     paths = [p for p in layout.store.list_files(layout.commits) if p.endswith(".json")]
-    return [json.loads(layout.store.read_bytes(p)) for p in paths]
+    return [CommitMarker.from_json(layout.store.read_bytes(p)) for p in paths]

@@ -21,8 +21,6 @@ SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
 )  # fmt: skip
-# Engine settings that can change outputs and therefore belong in the job fingerprint.
-ENGINE_OUTPUT_KEYS = ("dtype", "max_model_len", "seed", "block_size", "attention_backend")
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
@@ -68,7 +66,7 @@ class StorageConfig:
     """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores."""
 
     endpoint_url: str | None = None
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,16 +76,17 @@ class JobConfig:
     task: str = "generate"
     id_column: str | None = None
     prompt_column: str | None = None
+    messages_column: str | None = None  # list<struct<role, content>>: the conversation itself
     template: str | None = None
     chat: str = "auto"
     system_prompt: str | None = None
-    sampling: dict = field(default_factory=dict)
-    sampling_columns: dict = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling_columns: dict[str, str] = field(default_factory=dict)
     keep_columns: tuple[str, ...] = ()
     summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
-    engine: dict = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
 
     def effective_template(self) -> str | None:
@@ -100,7 +99,7 @@ def _fail(path: str, message: str) -> JobConfigError:
     return JobConfigError(f"job config: {path}: {message}")
 
 
-def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
+def _check_keys(data: Any, allowed: tuple[str, ...], where: str) -> None:
     if not isinstance(data, dict):
         raise _fail(where or "<root>", f"expected a mapping, got {type(data).__name__}")
     for key in data:
@@ -114,7 +113,7 @@ def _check_keys(data: dict, allowed: tuple[str, ...], where: str) -> None:
 def _choice(value: Any, allowed: tuple[str, ...], path: str) -> str:
     if value not in allowed:
         raise _fail(path, f"{value!r} is not allowed; allowed values: {', '.join(allowed)}")
-    return value
+    return str(value)
 
 
 def _opt_str(value: Any, path: str) -> str | None:
@@ -135,7 +134,7 @@ def _str_list(value: Any, path: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _sub(cls: type, data: Any, where: str) -> dict:
+def _sub(cls: type, data: Any, where: str) -> dict[str, Any]:
     data = {} if data is None else data
     _check_keys(data, tuple(f.name for f in fields(cls)), where)
     return dict(data)
@@ -200,7 +199,7 @@ def _chat(value: Any) -> str:
     return _choice(value, CHAT_MODES, "chat")
 
 
-def _engine(data: Any) -> dict:
+def _engine(data: Any) -> dict[str, Any]:
     d = {} if data is None else data
     if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
         return {}
@@ -214,7 +213,7 @@ def _engine(data: Any) -> dict:
     return dict(d)
 
 
-def parse_job_config(data: dict | None) -> JobConfig:
+def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     """Validate a job config mapping (as loaded from YAML) and build the frozen JobConfig."""
     data = {} if data is None else data
     _check_keys(data, tuple(f.name for f in fields(JobConfig)), "")
@@ -229,6 +228,7 @@ def parse_job_config(data: dict | None) -> JobConfig:
         task=task,
         id_column=_opt_str(data.get("id_column"), "id_column"),
         prompt_column=_opt_str(data.get("prompt_column"), "prompt_column"),
+        messages_column=_opt_str(data.get("messages_column"), "messages_column"),
         template=_opt_str(data.get("template"), "template"),
         chat=_chat(data.get("chat", "auto")),
         system_prompt=_opt_str(data.get("system_prompt"), "system_prompt"),
@@ -247,9 +247,11 @@ def parse_job_config(data: dict | None) -> JobConfig:
                     "rename them in the input or leave them out")  # fmt: skip
     if cfg.prompt_column and cfg.template:
         raise _fail("template", "set either prompt_column or template, not both")
-    if task == "generate" and not (cfg.prompt_column or cfg.template):
+    if cfg.messages_column:
+        _check_messages(cfg)
+    if task == "generate" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         cfg = replace(cfg, prompt_column="prompt")
-    if task == "label" and not (cfg.prompt_column or cfg.template):
+    if task == "label" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         raise _fail("prompt_column", "a label job needs prompt_column (a column) or template (Jinja2)")
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
@@ -258,6 +260,15 @@ def parse_job_config(data: dict | None) -> JobConfig:
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
     return cfg
+
+
+def _check_messages(cfg: JobConfig) -> None:
+    """A messages column is the whole prompt: no template over it, no documents to shorten. A
+    ``prompt_column`` may stand beside it for rows whose messages cell is null."""
+    if cfg.template:
+        raise _fail("template", "set either messages_column or template, not both")
+    if cfg.task == "summarize":
+        raise _fail("messages_column", "applies to generate and label jobs; summarize reads a document column")
 
 
 def _check_template(source: str | None, path: str) -> None:
@@ -271,7 +282,7 @@ def _check_template(source: str | None, path: str) -> None:
         raise _fail(path, f"invalid Jinja2 template: {exc}") from exc
 
 
-def _check_sampling(values: dict) -> None:
+def _check_sampling(values: dict[str, Any]) -> None:
     if not values:
         return
     from prefixflow.pipeline.engine_access import SamplingParams

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
+from prefixflow.pipeline.errors import PipelineError
 from prefixflow.pipeline.local_run import print_summary, run_local
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.run_record import output_layout, read_run_record
+from prefixflow.pipeline.spec import JobSpec, load_job
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
+MAX_ROWS = 24
 
 
-def sample_rows(limit: int = 24) -> list[dict]:
+def sample_rows(limit: int = 24) -> list[dict[str, Any]]:
     text = (DATA / "demo_reviews.jsonl").read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()][:limit]
 
@@ -32,17 +38,36 @@ def write_sample(folder: str, limit: int = 24) -> str:
     return folder
 
 
+def model_folder(model: str, rows: int) -> str:
+    """Where one model's demo results go: presets by name, paths by base name plus a digest of the
+    full path, so two models (or two sample sizes) never share, and so never overwrite, a folder."""
+    name = model
+    if os.sep in model or model.endswith(".gguf") or os.path.exists(model):
+        base = os.path.basename(os.path.normpath(model)).removesuffix(".gguf")
+        digest = hashlib.sha1(os.path.abspath(os.path.expanduser(model)).encode()).hexdigest()[:8]
+        name = f"{base}-{digest}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return name if rows == MAX_ROWS else f"{name}-{rows}rows"
+
+
 def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
+    """Write the sample, then run both demo jobs into WORKDIR/<model>/ (see ``model_folder``).
+
+    Rerunning with the same model resumes (nothing is redone); another model gets its own folder."""
+    rows = max(1, min(rows, MAX_ROWS))
     workdir = os.path.abspath(workdir)
-    data = write_sample(os.path.join(workdir, "input"), max(1, min(rows, 24)))
-    console.print(f"[bold]sample data[/] {data}  ({min(rows, 24)} product reviews)")
+    data = write_sample(os.path.join(workdir, "input" if rows == MAX_ROWS else f"input-{rows}rows"), rows)
+    results = os.path.join(workdir, model_folder(model, rows))
+    console.print(f"[bold]sample data[/] {data}  ({rows} product reviews)")
+    console.print(f"[bold]results[/] {results}  (model {model})", soft_wrap=True)
     from prefixflow.pipeline.engine_access import open_engine
 
     llm = None
     failed = 0
     for name, job_file in JOBS:
         job = str(DATA / job_file)
-        spec = load_job(data, os.path.join(workdir, f"{name}-out"), model, job)
+        spec = load_job(data, os.path.join(results, f"{name}-out"), model, job)
+        _note_replaced(spec, console)
         llm = llm or open_engine(spec)
         console.rule(f"{name} job")
         summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
@@ -58,10 +83,22 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
                 result = (row["output"] or row["error"] or "").strip().replace("\n", " ")[:100]
             console.print(f"  {row['id']}  {row['title']:<14} -> {result}", markup=False, soft_wrap=True)
     console.rule("read the results")
-    summaries = os.path.join(workdir, "summarize-out", "data", "**", "*.parquet")
-    labels = os.path.join(workdir, "label-out", "data", "**", "*.parquet")
+    summaries = os.path.join(results, "summarize-out", "data", "**", "*.parquet")
+    labels = os.path.join(results, "label-out", "data", "**", "*.parquet")
     snippet = (f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
                f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))")  # fmt: skip
     console.print(snippet, markup=False, soft_wrap=True)
-    console.print(f"status: prefixflow status {os.path.join(workdir, 'label-out')}", markup=False)
+    console.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
     return 1 if failed else 0
+
+
+def _note_replaced(spec: JobSpec, console: Console) -> None:
+    """The demo starts over when its own earlier run in this folder has other settings (a newer
+    prefixflow's demo job): say so rather than replace it silently."""
+    try:
+        record = read_run_record(output_layout(spec))
+    except PipelineError:
+        record = {"fingerprint_hash": "unreadable"}
+    if record is not None and record["fingerprint_hash"] != spec.fingerprint_hash():
+        console.print(f"[yellow]note:[/] replacing the earlier demo run in {spec.output} (its settings differ)",
+                      soft_wrap=True)  # fmt: skip

@@ -1,14 +1,22 @@
-"""The only door from the pipeline into the engine: its public facade, imported lazily, and open_engine.
+"""The only door from the pipeline into the engine: its public facade (imported lazily), the ``Engine``
+protocol the pipeline codes against, and ``open_engine``.
 
-Lazy so that planning, status and config validation work without importing torch.
+Lazy so that planning, status and config validation work without importing torch. The protocols name
+exactly what the pipeline uses, so a test double or another engine only has to provide that.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prefixflow.pipeline.errors import JobConfigError
 
 if TYPE_CHECKING:
+    from prefixflow.engine import EngineConfig, SamplingParams, describe_model
     from prefixflow.pipeline.spec import JobSpec
+
+__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "Tokenizer", "describe_model", "open_engine"]
 
 FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model")
 
@@ -21,8 +29,67 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def open_engine(spec: JobSpec) -> Any:
-    """Load ``spec.model`` with the job's engine settings; a lane loads it once and reuses it for many shards."""
+class Tokenizer(Protocol):
+    """The tokenizer calls the pipeline makes (a transformers tokenizer provides them)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class Output(Protocol):
+    """One finished request as the pipeline reads it (``prefixflow.engine.RequestOutput``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def finish_reason(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_cached_tokens(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def latency(self) -> float: ...
+
+
+class Engine(Protocol):
+    """The engine as the pipeline uses it; ``prefixflow.engine.LLM`` is the implementation.
+
+    Prompts always go in as token ids the pipeline counted itself (see rows.py)."""
+
+    @property
+    def tokenizer(self) -> Any: ...  # a Tokenizer; Any because the engine types it as a plain object
+    @property
+    def max_model_len(self) -> int: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+    def generate(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> Sequence[Output]: ...
+
+    def generate_stream(
+        self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], request_ids: Sequence[str]
+    ) -> Iterator[Output]: ...
+
+    def score_choices(
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]], usage: list[Any] | None = None
+    ) -> list[list[float] | str]: ...
+
+
+def open_engine(spec: JobSpec) -> Engine:
+    """Load ``spec.model`` with the job's engine settings; a lane loads it once and reuses it for many
+    shards. Settings the engine rejects while loading (a KV budget too small for one sequence, weights
+    it cannot read) raise JobConfigError with the engine's message, like any other bad job setting."""
     from prefixflow.engine import LLM
 
-    return LLM(model=spec.model, **spec.config.engine)
+    try:
+        llm: Engine = LLM(model=spec.model, **spec.config.engine)
+    except ValueError as exc:  # engine.loader.ModelNotFoundError and EngineConfig/KV-budget checks
+        settings = spec.config.engine or "the default engine settings"
+        raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
+    return llm

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.engine_access import Engine, Output
 from prefixflow.pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
 from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
@@ -20,7 +21,7 @@ from prefixflow.pipeline.rows import Prepared, RowPreparer
 MAX_REDUCE_ROUNDS = 3
 
 
-def _finished(p: Prepared, out: Any, cfg: JobConfig) -> dict[str, Any]:
+def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
     counts = {
         "prompt_tokens": out.num_prompt_tokens,
         "cached_tokens": out.num_cached_tokens,
@@ -51,23 +52,23 @@ def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
     return best[2] if best else None
 
 
-def stream_generate(llm: Any, cfg: JobConfig, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
+def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
     if not rows:
         return
-    outs = llm.generate_stream([p.prompt for p in rows], [p.params for p in rows],
+    outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
                                request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
     for out in outs:
         yield _finished(rows[int(out.request_id)], out, cfg)
 
 
-def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
+def score_labels(llm: Engine, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
     labels = cfg.label.labels
     choices = [cfg.label.choice_prefix + lb for lb in labels]
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         start = time.perf_counter()
         usage: list[dict[str, int]] = []
-        scores = llm.score_choices([p.prompt for p in chunk], [choices] * len(chunk), usage=usage)
+        scores = llm.score_choices([p.prompt_ids for p in chunk], [choices] * len(chunk), usage=usage)
         # Per row: prompt_tokens is the row's own tokenized prompt (counted once, not once per label);
         # cached_tokens is that prompt scaled by the share of the row's scoring tokens (prompt + each
         # label) the prefix cache served; nothing is generated; latency is the batch's wall time, when
@@ -76,8 +77,8 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
         for p, score, use in zip(chunk, scores, usage):
             share = use["cached_tokens"] / use["tokens"] if use["tokens"] else 0.0
             counts = {
-                "prompt_tokens": len(p.prompt),
-                "cached_tokens": round(len(p.prompt) * share),
+                "prompt_tokens": len(p.prompt_ids),
+                "cached_tokens": round(len(p.prompt_ids) * share),
                 "output_tokens": 0,
                 "latency_s": latency,
             }
@@ -92,7 +93,7 @@ def score_labels(llm: Any, cfg: JobConfig, rows: list[Prepared], batch: int) -> 
             yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
 
 
-def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
+def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
     """Summarize each row's chunks, then summarize the joined summaries (re-chunking if still long)."""
     totals = {
         id(p): {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0, "latency_s": 0.0} for p in rows
@@ -143,8 +144,8 @@ def map_reduce(llm: Any, prep: RowPreparer, rows: list[Prepared]) -> Iterator[di
 
 
 def _reduce(
-    llm: Any, cfg: JobConfig, finals: list[tuple[Prepared, list[int]]], totals: dict
-) -> Iterator[dict]:
+    llm: Engine, cfg: JobConfig, finals: list[tuple[Prepared, list[int]]], totals: dict[int, dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
     if not finals:
         return
     outs = llm.generate([ids for _, ids in finals], [p.params for p, _ in finals])
@@ -156,7 +157,7 @@ def _reduce(
         yield rec
 
 
-def execute(llm: Any, prep: RowPreparer, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
+def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
     """All prepared rows of a shard, finished records in completion order."""
     cfg = prep.cfg
     single = [p for p in rows if p.prompt is not None]

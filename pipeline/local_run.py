@@ -5,23 +5,21 @@ Scale-out belongs to flows/; this is the one-lane path, and it shares every step
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
-from prefixflow.pipeline.engine_access import open_engine
+from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
-from prefixflow.pipeline.progress import RichProgress
+from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.run_record import prepare_output
-from prefixflow.pipeline.shard_execution import is_committed, run_shard
+from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
 
 
 def run_local(
-    spec: JobSpec, new_run: bool = False, llm: Any = None, progress: bool | None = None,
+    spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
     console: Console | None = None,
 ) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
     """Every shard of the job, one after another; a failing shard is reported, the others still run."""
@@ -34,13 +32,13 @@ def run_local(
     failures: list[ShardError] = []
     if todo:
         llm = llm or open_engine(spec)
-        with RichProgress(sum(s.num_rows for s in todo), console=console, enabled=progress) as bar:
-            for shard in todo:
-                try:
-                    run_shard(spec, shard, llm, progress=bar)
-                except ShardError as exc:
-                    failures.append(exc)
-                    console.print(f"[red]shard failed[/] {exc}", soft_wrap=True)
+        mode = "off" if progress is False else "bar" if progress else "auto"
+        with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
+                             console=console) as bar:  # fmt: skip
+            for outcome in run_shards(spec, todo, llm, progress=bar):
+                if outcome.error is not None:
+                    failures.append(outcome.error)
+                    console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
     return finalize(spec), failures
 
 

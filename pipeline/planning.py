@@ -10,11 +10,19 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from prefixflow.pipeline.errors import InputError, JobConfigError
-from prefixflow.pipeline.prompts import as_text, render_template, static_prefix
+from prefixflow.pipeline.prompts import (
+    as_text,
+    conversation,
+    plain_conversation,
+    render_template,
+    static_prefix,
+)
 from prefixflow.pipeline.sources import InputFile, list_inputs, parquet_file
 from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.storage import Store
 
 CHARS_PER_TOKEN = 4  # rough text-to-token ratio for size estimates only
 PREFIX_KEY_CHARS = 512  # how much of a shard's first rendered prompt its prefix key carries
@@ -72,7 +80,7 @@ def _ranges(group_rows: list[int], target: int) -> list[tuple[int, int]]:
     return out
 
 
-def plan_file(spec: JobSpec, store, f: InputFile) -> list[Shard]:
+def plan_file(spec: JobSpec, store: Store, f: InputFile) -> list[Shard]:
     try:
         meta = parquet_file(store, f.path).metadata
         group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -105,7 +113,9 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     shared = (cfg.system_prompt or "") + "\x00" + static_prefix(cfg.effective_template())
     head = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
     max_out = int(cfg.sampling.get("max_tokens") or 64)
-    store, _ = list_inputs(spec.input, cfg.storage) if shards else (None, [])
+    if not shards:
+        return []
+    store, _ = list_inputs(spec.input, cfg.storage)
     infos = []
     for shard in shards:
         text_bytes, sample = 0, ""
@@ -121,7 +131,7 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     return infos
 
 
-def _first_prompt(spec: JobSpec, store, shard: Shard) -> str:
+def _first_prompt(spec: JobSpec, store: Store, shard: Shard) -> str:
     """The start of the shard's first prompt as the engine would get it (before any chat wrapping,
     which adds the same text to every prompt); "" when the row cannot be read or rendered."""
     try:
@@ -131,7 +141,7 @@ def _first_prompt(spec: JobSpec, store, shard: Shard) -> str:
         return ""
 
 
-def _read_row(store, shard: Shard, columns: list[str]) -> dict:
+def _read_row(store: Store, shard: Shard, columns: list[str]) -> dict[str, Any]:
     """Row ``shard.row_start`` of its file: only the needed columns of one row group, in small batches."""
     pf = parquet_file(store, shard.path)
     present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
@@ -142,27 +152,31 @@ def _read_row(store, shard: Shard, columns: list[str]) -> dict:
             skip = shard.row_start - offset
             for batch in pf.iter_batches(batch_size=64, row_groups=[i], columns=present):
                 if skip < batch.num_rows:
-                    return batch.slice(skip, 1).to_pylist()[0]
+                    row: dict[str, Any] = batch.slice(skip, 1).to_pylist()[0]
+                    return row
                 skip -= batch.num_rows
         offset += n
     raise IndexError(f"row {shard.row_start} is not in {shard.path}")
 
 
-def _render_prompt(spec: JobSpec, row: dict) -> str:
+def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     cfg = spec.config
     template = cfg.effective_template()
     ctx = dict(row)
     if cfg.task == "summarize":
         col = cfg.prompt_column or cfg.summarize.document_column
         ctx["document"] = as_text(row.get(col), f"column {col!r}")
-    if template is None:
-        text = as_text(row.get(cfg.prompt_column), f"column {cfg.prompt_column!r}")
+    messages = row.get(cfg.messages_column) if cfg.messages_column else None
+    if messages is not None or (cfg.messages_column and not cfg.prompt_column):
+        text = plain_conversation(conversation(messages, f"column {cfg.messages_column!r}"))
+    elif template is None:
+        text = as_text(row.get(cfg.prompt_column or ""), f"column {cfg.prompt_column!r}")
     else:
         text = render_template(template, ctx)
     return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 
-def _text_bytes(store, shard: Shard, columns: set[str]) -> int:
+def _text_bytes(store: Store, shard: Shard, columns: set[str]) -> int:
     meta = parquet_file(store, shard.path).metadata
     total, offset = 0, 0
     for i in range(meta.num_row_groups):
@@ -195,6 +209,8 @@ def check_input_columns(spec: JobSpec) -> None:
     wanted = {c: "template" for c in spec.prompt_columns()}
     if cfg.prompt_column:
         wanted[cfg.prompt_column] = "prompt_column"
+    if cfg.messages_column:
+        wanted[cfg.messages_column] = "messages_column"
     if cfg.task == "summarize" and not cfg.prompt_column:
         wanted[cfg.summarize.document_column] = "summarize.document_column"
     if cfg.id_column:

@@ -14,6 +14,7 @@ import jinja2
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import (
     BAD_TYPE,
     EMPTY_PROMPT,
@@ -87,7 +88,7 @@ def check_nonempty(text: str) -> str:
     return text
 
 
-def chat_wrapper(llm: Any, mode: str, system_prompt: str | None) -> Callable[[str], str] | None:
+def chat_wrapper(llm: Engine, mode: str, system_prompt: str | None) -> Callable[[str], str] | None:
     """Return a function that wraps user text in the model's chat template, or None for plain prompts.
 
     ``auto`` uses the chat template when the model has one; ``on`` requires it (fails fast otherwise).
@@ -111,3 +112,81 @@ def chat_wrapper(llm: Any, mode: str, system_prompt: str | None) -> Callable[[st
             raise ValueError(f"chat: on, but the model cannot apply a chat template: {exc}") from exc
         return None
     return wrap
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def conversation(value: Any, what: str) -> list[dict[str, str]]:
+    """A messages cell as chat messages: a list of ``{role, content}`` (Parquet ``list<struct<role,
+    content>>``, or the same as JSON text). ``content`` is text or OpenAI-style parts, of which only
+    ``{"type": "text"}`` parts are accepted (joined with newlines). Each problem is a RowError
+    naming the message at fault."""
+    if value is None:
+        raise RowError(NULL_PROMPT, f"{what} is null")
+    if isinstance(value, (str, bytes)):
+        value = _json_messages(as_text(value, what), what)
+    if not isinstance(value, (list, tuple)):
+        raise RowError(BAD_TYPE, f"{what} must be a list of {{role, content}} messages, got {type(value).__name__}")
+    if not value:
+        raise RowError(EMPTY_PROMPT, f"{what} has no messages")
+    out = []
+    for i, message in enumerate(value):
+        where = f"{what}[{i}]"
+        if not isinstance(message, dict):
+            raise RowError(BAD_TYPE, f"{where} must be a {{role, content}} mapping, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise RowError(BAD_TYPE, f"{where}.role is {role!r}; expected one of: {', '.join(CHAT_ROLES)}")
+        out.append({"role": role, "content": _content_text(message.get("content"), f"{where}.content")})
+    if all(not m["content"].strip() for m in out):
+        raise RowError(EMPTY_PROMPT, f"{what}: every message is empty")
+    return out
+
+
+def _json_messages(text: str, what: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise RowError(BAD_TYPE, f"{what} is text but not a JSON list of messages: {exc}") from exc
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""  # an assistant turn with tool calls only, as chat templates accept
+    if isinstance(content, (str, bytes)):
+        return as_text(content, where)
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise RowError(BAD_TYPE, f"{where}[{j}] is not a text part ({{type: text, text: ...}}); "
+                               "this engine reads text only")  # fmt: skip
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise RowError(BAD_TYPE, f"{where} must be text or a list of text parts, got {type(content).__name__}")
+
+
+def chat_renderer(llm: Any, system_prompt: str | None) -> Callable[[list[dict[str, str]]], str]:
+    """Render a whole conversation with the model's chat template (generation prompt added). The job's
+    system prompt leads when the conversation brings none of its own. Raises ValueError when the
+    model has no chat template: a messages column needs one."""
+
+    def render(messages: list[dict[str, str]]) -> str:
+        if system_prompt and not any(m["role"] in ("system", "developer") for m in messages):
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return str(llm.apply_chat_template(messages, add_generation_prompt=True))
+
+    try:
+        render([{"role": "user", "content": "probe"}])
+    except Exception as exc:
+        raise ValueError(f"messages_column needs a model with a chat template: {exc}") from exc
+    return render
+
+
+def plain_conversation(messages: list[dict[str, str]]) -> str:
+    """A model-independent text form of a conversation (for planning keys and size estimates)."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)

@@ -12,15 +12,24 @@ from typing import Any
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
     DUPLICATE_ID,
     NULL_ID,
     PROMPT_TOO_LONG,
     TEMPLATE_ERROR,
+    JobConfigError,
     RowError,
 )
-from prefixflow.pipeline.prompts import as_text, chat_wrapper, check_nonempty, render_template
+from prefixflow.pipeline.prompts import (
+    as_text,
+    chat_renderer,
+    chat_wrapper,
+    check_nonempty,
+    conversation,
+    render_template,
+)
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
 FLOAT_PARAMS = {"temperature", "top_p", "min_p"}
@@ -36,6 +45,13 @@ class Prepared:
     prompt: list[int] | None = None
     chunks: list[list[int]] = field(default_factory=list)
 
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt of a single-request row (every row but map_reduce ones)."""
+        if self.prompt is None:
+            raise ValueError("a map_reduce row has chunks, not one prompt")
+        return self.prompt
+
 
 def derived_id(relpath: str, row_index: int) -> str:
     return f"{relpath}#{row_index}"
@@ -44,11 +60,17 @@ def derived_id(relpath: str, row_index: int) -> str:
 class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
-    def __init__(self, cfg: JobConfig, llm: Any, duplicates: set[tuple[str, int]]) -> None:
+    def __init__(self, cfg: JobConfig, llm: Engine, duplicates: set[tuple[str, int]]) -> None:
         self.cfg = cfg
-        self.tok = llm.tokenizer
+        self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
         self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
+        self.render_chat: Callable[[list[dict[str, str]]], str] | None = None
+        if cfg.messages_column:
+            try:
+                self.render_chat = chat_renderer(llm, cfg.system_prompt)
+            except ValueError as exc:
+                raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
         self.template = cfg.effective_template()
         self.reserve = 1
@@ -108,7 +130,7 @@ class RowPreparer:
 
     def _render(self, row: dict[str, Any], document: str | None) -> str:
         if self.template is None:
-            return document if document is not None else self._column_text(row, self.cfg.prompt_column)
+            return document if document is not None else self._column_text(row, self.cfg.prompt_column or "")
         ctx = dict(row)
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
@@ -123,6 +145,19 @@ class RowPreparer:
             user_text = f"{self.cfg.system_prompt}\n\n{user_text}"
         return self.tok.encode(user_text, add_special_tokens=True)
 
+    def encode_messages(self, row: dict[str, Any]) -> list[int] | None:
+        """The row's conversation through the chat template, or None when the row has no messages and
+        the job names a ``prompt_column`` to fall back on."""
+        col = self.cfg.messages_column
+        if col is None or self.render_chat is None:
+            return None
+        if col not in row:
+            raise RowError(TEMPLATE_ERROR, f"column {col!r} is not in the input file")
+        if row[col] is None and self.cfg.prompt_column:
+            return None
+        messages = conversation(row[col], f"column {col!r}")
+        return list(self.tok.encode(self.render_chat(messages), add_special_tokens=False))
+
     def budget(self, params: Any) -> int:
         return self.max_len - max(int(params.max_tokens or 0), self.reserve)
 
@@ -136,7 +171,8 @@ class RowPreparer:
             col = self.cfg.prompt_column or self.cfg.summarize.document_column
             document = self._column_text(row, col)
             check_nonempty(document)
-        ids = self.encode(self._render(row, document))
+        chat_ids = self.encode_messages(row)
+        ids = chat_ids if chat_ids is not None else self.encode(self._render(row, document))
         if len(ids) <= budget:
             return Prepared(base, row, params, prompt=ids)
         policy = self.cfg.summarize.long_document if self.cfg.task == "summarize" else "error"

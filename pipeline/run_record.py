@@ -65,7 +65,7 @@ def _record(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     keys = sorted(set(old) | set(new))
     out = []
     for k in keys:
@@ -94,7 +94,8 @@ def read_run_record(layout: Layout) -> dict[str, Any] | None:
     return record
 
 
-def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | None) -> None:
+def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | None) -> dict[str, Any]:
+    """The run record, if it is this job's; raises OutputNotPrepared or FingerprintMismatch otherwise."""
     if record is None:
         raise OutputNotPrepared(f"{spec.output} has no job fingerprint; call prepare_output(spec) first")
     if record["fingerprint_hash"] != spec.fingerprint_hash():
@@ -105,6 +106,7 @@ def check_fingerprint(spec: JobSpec, layout: Layout, record: dict[str, Any] | No
             "Resume with the original settings, write to another --output, or pass --new-run "
             "(prepare_output(new_run=True)) to discard the old results."
         )
+    return record
 
 
 def prepare_output(spec: JobSpec, new_run: bool = False) -> None:

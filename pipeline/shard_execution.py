@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from prefixflow.pipeline import commit as commits
-from prefixflow.pipeline.errors import RowError, ShardError
+from prefixflow.pipeline.config import OutputConfig
+from prefixflow.pipeline.engine_access import Engine
+from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.inference import execute
+from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.output_schema import base_record, encode_part, error_record, output_schema
 from prefixflow.pipeline.planning import Shard
 from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
@@ -21,11 +28,14 @@ from prefixflow.pipeline.storage import Store
 
 
 class ProgressSink(Protocol):
-    """Anything with ``advance``; called once per finished row (rows already flushed count at start)."""
+    """``advance`` once per row finished in this run; ``resumed`` for rows an earlier attempt already
+    flushed or committed (they count as done but not toward any rate)."""
 
     def advance(
         self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
     ) -> None: ...
+
+    def resumed(self, rows: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -44,10 +54,10 @@ class ShardResult:
     resumed_rows: int = 0  # rows found already flushed by an earlier attempt
 
     @classmethod
-    def from_marker(cls, marker: dict[str, Any], skipped: bool, resumed_rows: int = 0) -> ShardResult:
-        return cls(marker["shard_id"], marker["rows"], marker["error_rows"], dict(marker["errors_by_class"]),
-                   marker["prompt_tokens"], marker["cached_tokens"], marker["output_tokens"],
-                   marker["elapsed_s"], skipped, resumed_rows)  # fmt: skip
+    def from_marker(cls, marker: commits.CommitMarker, skipped: bool, resumed_rows: int = 0) -> ShardResult:
+        return cls(marker.shard_id, marker.rows, marker.error_rows, dict(marker.errors_by_class),
+                   marker.prompt_tokens, marker.cached_tokens, marker.output_tokens,
+                   marker.elapsed_s, skipped, resumed_rows)  # fmt: skip
 
 
 def is_committed(spec: JobSpec, shard: Shard) -> bool:
@@ -58,7 +68,7 @@ def is_committed(spec: JobSpec, shard: Shard) -> bool:
 class _Flusher:
     """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``."""
 
-    def __init__(self, layout, shard_id: str, schema, cfg) -> None:
+    def __init__(self, layout: Layout, shard_id: str, schema: pa.Schema, cfg: OutputConfig) -> None:
         self.layout, self.shard_id, self.schema = layout, shard_id, schema
         self.rows, self.seconds = cfg.flush_rows, cfg.flush_seconds
         self.attempt = f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
@@ -81,26 +91,25 @@ class _Flusher:
         self.buffer = []
 
 
-def run_shard(spec: JobSpec, shard: Shard, llm: Any, progress: ProgressSink | None = None) -> ShardResult:
+def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None = None) -> ShardResult:
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
     Raises ShardError when the input file cannot be read."""
     start = time.perf_counter()
     layout = output_layout(spec)
-    record = read_run_record(layout)
-    check_fingerprint(spec, layout, record)
+    record = check_fingerprint(spec, layout, read_run_record(layout))
     if layout.store.exists(layout.marker(shard.shard_id)):
         marker = commits.read_marker(layout, shard.shard_id)
         commits.publish(layout, marker)
         if progress is not None:
-            progress.advance(marker["rows"])
+            progress.resumed(marker.rows)
         return ShardResult.from_marker(marker, skipped=True)
     if shard.error:
         raise ShardError(shard.shard_id, shard.error)
     kept_parts = commits.scan_staged(layout, shard.shard_id)
     done = {k for p in kept_parts for k in p.row_keys}
     if progress is not None and done:
-        progress.advance(len(done))
+        progress.resumed(len(done))
     try:
         in_store = Store.open(spec.input, spec.config.storage)
         table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns())
@@ -144,3 +153,36 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Any, progress: ProgressSink | No
                                   time.perf_counter() - start, shard.num_rows)  # fmt: skip
     marker = commits.commit(layout, shard.shard_id, marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """One shard of ``run_shards``: its result, or the error that stopped it."""
+
+    shard: Shard
+    result: ShardResult | None = None
+    error: ShardError | None = None
+
+
+def run_shards(
+    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None
+) -> Iterator[ShardOutcome]:
+    """The shard loop of `prefixflow run` and of every flow lane: ``shards`` in order on one engine.
+
+    A shard that fails (unreadable input, an unexpected error) is yielded with its error and the
+    others still run; errors about the whole output (another run replaced it, the fingerprint no
+    longer matches) are raised, since every further shard would fail the same way."""
+    for shard in shards:
+        try:
+            result = run_shard(spec, shard, llm, progress)
+        except ShardError as exc:
+            yield ShardOutcome(shard, error=exc)
+        except PipelineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad shard must not stop the others
+            logging.getLogger(__name__).debug("shard %s failed", shard.shard_id, exc_info=True)
+            error = ShardError(shard.shard_id, f"{type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            yield ShardOutcome(shard, error=error)
+        else:
+            yield ShardOutcome(shard, result=result)

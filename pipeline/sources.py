@@ -39,6 +39,7 @@ def list_inputs(url: str, cfg: StorageConfig) -> tuple[Store, list[InputFile]]:
         elif fs.exists(root):
             base = root.rsplit("/", 1)[0]
             paths = [root]
+            check_parquet_magic(store, root, url)
         else:
             raise InputError(
                 f"input {url!r} does not exist; pass a Parquet file, a folder of them, or a glob"
@@ -54,6 +55,36 @@ def list_inputs(url: str, cfg: StorageConfig) -> tuple[Store, list[InputFile]]:
     return store, files
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
+def check_parquet_magic(store: Store, path: str, url: str) -> None:
+    """A file named as the input must start like Parquet; say what it looks like instead.
+
+    Only the one file a user named is checked this way (4 bytes): a wrong format there is a wrong
+    command. A broken file inside a folder still fails only its own shard at run time."""
+    try:
+        with store.fs.open(path, "rb") as f:
+            head = f.read(64)
+    except Exception as exc:
+        raise InputError(f"cannot read input {url!r}: {type(exc).__name__}: {exc}") from exc
+    if head.startswith(PARQUET_MAGIC):
+        return
+    raise InputError(f"input {url!r} is not a Parquet file ({_looks_like(head)}); prefixflow reads Parquet files, "
+                     "folders and globs of them, and OpenAI Batch JSONL files (.jsonl with custom_id/method/url/body)")  # fmt: skip
+
+
+def _looks_like(head: bytes) -> str:
+    text = head.lstrip()
+    if not text:
+        return "it is empty"
+    if text[:1] in (b"{", b"["):
+        return f"it starts with {head[:24]!r}: JSON or JSON lines"
+    if b"," in head.split(b"\n", 1)[0] and head.isascii():
+        return f"it starts with {head[:24]!r}: CSV or text"
+    return f"it starts with {head[:8]!r}, not with the Parquet magic bytes PAR1"
+
+
 def parquet_file(store: Store, path: str) -> pq.ParquetFile:
     return pq.ParquetFile(store.fs.open(path, "rb"))
 
@@ -65,18 +96,16 @@ def read_rows(store: Store, path: str, row_start: int, row_end: int, columns: li
     """
     pf = parquet_file(store, path)
     present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
-    groups, offset, first_offset = [], 0, None
+    groups: list[int] = []
+    offset, first_offset = 0, 0
     for i in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(i).num_rows
         if offset < row_end and offset + n > row_start:
+            if not groups:
+                first_offset = offset
             groups.append(i)
-            first_offset = offset if first_offset is None else first_offset
         offset += n
     if not groups:
         return pf.schema_arrow.empty_table().select(present)
     table = pf.read_row_groups(groups, columns=present)
     return table.slice(row_start - first_offset, row_end - row_start)
-
-
-def schema_of(store: Store, path: str) -> pa.Schema:
-    return parquet_file(store, path).schema_arrow

@@ -7,17 +7,17 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import yaml
 
-from prefixflow.pipeline.config import ENGINE_OUTPUT_KEYS, JobConfig, parse_job_config
+from prefixflow.pipeline.config import JobConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.prompts import template_columns
 
-# load_job(**overrides) shortcuts: flag name -> (section, key); section None means top level.
-SHORTCUTS: dict[str, tuple[str | None, str]] = {
+# load_job(**overrides) shortcuts: flag name -> (section, key).
+SHORTCUTS: dict[str, tuple[str, str]] = {
     "max_tokens": ("sampling", "max_tokens"),
     "temperature": ("sampling", "temperature"),
     "shard_rows": ("output", "shard_rows"),
@@ -32,6 +32,30 @@ SHORTCUTS: dict[str, tuple[str | None, str]] = {
     "label_mode": ("label", "mode"),
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
+
+# EngineConfig fields that cannot change what a row's output is, with the reason. Every other field,
+# including any field the engine adds later, enters the job fingerprint when the job sets it: a new
+# setting is assumed to matter until someone records here why it does not.
+ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
+    "model": "the job's model argument and model_identity name the model",
+    "device": "where the model runs; the dtype it resolves to is in model_identity",
+    "max_num_seqs": "batch size: sampling noise depends on (seed, position) only",
+    "max_num_batched_tokens": "per-step token budget: scheduling only",
+    "kv_cache_memory_bytes": "KV pool size: preemption recomputes, outputs stay",
+    "num_kv_blocks": "KV pool size: preemption recomputes, outputs stay",
+    "gpu_memory_utilization": "KV pool size: preemption recomputes, outputs stay",
+    "enable_prefix_caching": "a cache hit holds the KV the prompt would compute",
+    "ordering": "admission order: scheduling only",
+    "enforce_eager": "CUDA graphs replay the same kernels",
+    "tensor_parallel_size": "how the same weights are split over devices",
+}
+
+
+def fingerprinted_engine_fields() -> tuple[str, ...]:
+    """EngineConfig fields that enter the job fingerprint: all but ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT."""
+    from prefixflow.pipeline.engine_access import EngineConfig
+
+    return tuple(f.name for f in fields(EngineConfig) if f.name not in ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT)
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,8 @@ class JobSpec:
         cols: set[str] = set()
         if cfg.prompt_column:
             cols.add(cfg.prompt_column)
+        if cfg.messages_column:
+            cols.add(cfg.messages_column)
         template = cfg.effective_template()
         if template:
             cols |= template_columns(template)
@@ -68,7 +94,8 @@ class JobSpec:
         cfg.pop("storage")
         out = cfg.pop("output")
         cfg["shard_rows"] = out["shard_rows"]
-        cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in ENGINE_OUTPUT_KEYS}
+        kept = fingerprinted_engine_fields()
+        cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in kept}
         return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model,
                 "model_identity": self.model_identity(), "job": cfg}  # fmt: skip
 
@@ -93,18 +120,21 @@ def model_identity(model: str, dtype: str = "auto", device: str = "auto") -> dic
     return copy.deepcopy(_describe(model, dtype, device, _stat_key(model)))
 
 
+StatKey = tuple[tuple[str, int, int], ...]
+
+
 @functools.lru_cache(maxsize=32)
-def _describe(model: str, dtype: str, device: str, stat_key: tuple) -> dict[str, Any]:
+def _describe(model: str, dtype: str, device: str, stat_key: StatKey) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import describe_model
 
     try:
-        return describe_model(model, dtype=dtype, device=device)
+        return dict(describe_model(model, dtype=dtype, device=device))
     except ValueError as exc:  # engine.loader.ModelNotFoundError names what is accepted
         text = str(exc)
         raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc
 
 
-def _stat_key(model: str) -> tuple:
+def _stat_key(model: str) -> StatKey:
     path = os.path.expanduser(model)
     try:
         names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
@@ -114,7 +144,7 @@ def _stat_key(model: str) -> tuple:
     return tuple((n, st.st_size, st.st_mtime_ns) for n, st in zip(names, stats))
 
 
-def _read_job(job: str | dict | None) -> dict:
+def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
     if job is None:
         return {}
     if isinstance(job, dict):
@@ -136,7 +166,7 @@ def _read_job(job: str | dict | None) -> dict:
     return data
 
 
-def _apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     top = set(JobConfig.__dataclass_fields__)
     for key, value in overrides.items():
         if value is None:
@@ -159,7 +189,9 @@ def _apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return data
 
 
-def load_job(input: str, output: str, model: str, job: str | dict | None = None, **overrides: Any) -> JobSpec:
+def load_job(
+    input: str, output: str, model: str, job: str | dict[str, Any] | None = None, **overrides: Any
+) -> JobSpec:
     """Build and validate a JobSpec; raises JobConfigError naming the bad key before any work starts.
 
     ``output`` may be "" for planning only (prepare_output refuses it).

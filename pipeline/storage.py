@@ -59,10 +59,10 @@ class Store:
 
     def exists(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
-        return self.fs.exists(path)
+        return bool(self.fs.exists(path))
 
     def read_bytes(self, path: str) -> bytes:
-        return self.fs.cat_file(path)
+        return bytes(self.fs.cat_file(path))
 
     def list_files(self, path: str) -> list[str]:
         """All files below ``path`` (recursive), sorted; empty when the folder does not exist."""

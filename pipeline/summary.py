@@ -8,11 +8,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixflow.pipeline import commit as commits
-from prefixflow.pipeline.config import parse_job_config
+from prefixflow.pipeline.config import StorageConfig, parse_job_config
+from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.run_record import output_layout, read_run_record
 from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.storage import Store
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,10 @@ class RunSummary:
 
 def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> RunSummary:
     markers = commits.list_markers(layout)
-    done = {m["shard_id"] for m in markers}
+    done = {m.shard_id for m in markers}
     classes: dict[str, int] = {}
     for m in markers:
-        for k, v in m["errors_by_class"].items():
+        for k, v in m.errors_by_class.items():
             classes[k] = classes.get(k, 0) + v
     staging = layout.path("_staging")
     staged = {p[len(staging) :].strip("/").split("/")[0] for p in layout.store.list_files(staging)}
@@ -68,13 +70,13 @@ def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> 
         data_glob=layout.data_glob(),
         shards_total=len(planned) if planned is not None else None,
         shards_committed=len(markers),
-        rows=sum(m["rows"] for m in markers),
-        error_rows=sum(m["error_rows"] for m in markers),
+        rows=sum(m.rows for m in markers),
+        error_rows=sum(m.error_rows for m in markers),
         errors_by_class=dict(sorted(classes.items())),
-        prompt_tokens=sum(m["prompt_tokens"] for m in markers),
-        cached_tokens=sum(m["cached_tokens"] for m in markers),
-        output_tokens=sum(m["output_tokens"] for m in markers),
-        elapsed_s=sum(m["elapsed_s"] for m in markers),
+        prompt_tokens=sum(m.prompt_tokens for m in markers),
+        cached_tokens=sum(m.cached_tokens for m in markers),
+        output_tokens=sum(m.output_tokens for m in markers),
+        elapsed_s=sum(m.elapsed_s for m in markers),
         complete=planned is not None and not pending,
         shards_pending=pending,
         shards_in_progress=sorted(staged - done),
@@ -93,12 +95,8 @@ def finalize(spec: JobSpec) -> RunSummary:
     return summary
 
 
-def status(output: str, storage=None) -> tuple[RunSummary, dict[str, Any] | None]:
+def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummary, dict[str, Any]]:
     """Where a run stands, from its output root alone (re-plans the input when it is reachable)."""
-    from prefixflow.pipeline.config import StorageConfig
-    from prefixflow.pipeline.errors import JobConfigError
-    from prefixflow.pipeline.storage import Store
-
     storage = storage or StorageConfig()
     layout = Layout(Store.open(output, storage))
     record = read_run_record(layout)

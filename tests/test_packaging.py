@@ -76,5 +76,5 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
     res = subprocess.run([str(env_dir / "bin" / "prefixflow"), "demo", "--model", "tiny", "--workdir", "demo"],
                          cwd=elsewhere, capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    assert list((elsewhere / "demo" / "summarize-out" / "data").rglob("*.parquet"))
-    assert list((elsewhere / "demo" / "label-out" / "data").rglob("*.parquet"))
+    assert list((elsewhere / "demo" / "tiny" / "summarize-out" / "data").rglob("*.parquet"))
+    assert list((elsewhere / "demo" / "tiny" / "label-out" / "data").rglob("*.parquet"))

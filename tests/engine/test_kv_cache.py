@@ -12,8 +12,8 @@ def make(index: int, tokens: list[int]) -> Request:
 
 
 def compute_all(kv: KVCacheManager, req: Request) -> None:
-    hits, hashes = kv.cached_prefix(req)
-    assert kv.admit(req, hits, hashes, req.num_tokens - len(hits) * kv.block_size)
+    prefix = kv.cached_prefix(req)
+    assert kv.admit(req, prefix, req.num_tokens - len(prefix) * kv.block_size)
     req.num_computed_tokens = req.num_tokens
     kv.commit_computed(req)
 
@@ -22,14 +22,14 @@ def test_allocation_hits_and_lru_eviction_order():
     kv = KVCacheManager(num_blocks=12, block_size=16)
     a = make(0, list(range(40)))  # 2 full blocks + 8 tokens
     compute_all(kv, a)
-    assert a.block_table == [0, 1, 2]
+    assert kv.block_table(a) == [0, 1, 2]
     assert kv.pool.num_free == 9
 
     b = make(1, list(range(32)) + [999] * 10)  # shares a's two full blocks
-    hits, _ = kv.cached_prefix(b)
-    assert [h.block_id for h in hits] == [0, 1]
-    assert kv.admit(b, hits, _, 10)
-    assert b.block_table == [0, 1, 3] and b.num_cached_tokens == 32
+    prefix = kv.cached_prefix(b)
+    assert [h.block_id for h in prefix.blocks] == [0, 1]
+    assert kv.admit(b, prefix, 10)
+    assert kv.block_table(b) == [0, 1, 3] and len(prefix) * kv.block_size == 32
     assert kv.pool.blocks[0].ref_count == 2
 
     kv.free(a)
@@ -39,12 +39,10 @@ def test_allocation_hits_and_lru_eviction_order():
     assert set(kv.pool.free) == set(range(12))
 
     c = make(2, list(range(33)))  # hit covers blocks 0,1 (the last token is never covered)
-    hits, hashes = kv.cached_prefix(c)
-    assert [h.block_id for h in hits] == [0, 1]
+    assert [h.block_id for h in kv.cached_prefix(c).blocks] == [0, 1]
 
     exact = make(3, list(range(32)))  # 32 tokens: the hit must stop before the last token
-    hits, _ = kv.cached_prefix(exact)
-    assert [h.block_id for h in hits] == [0]
+    assert [h.block_id for h in kv.cached_prefix(exact).blocks] == [0]
 
 
 def test_evicted_block_is_no_longer_found():
@@ -55,23 +53,23 @@ def test_evicted_block_is_no_longer_found():
     for _ in range(4):  # take every block: hashed ones get evicted
         kv.pool.allocate()
     assert kv.pool.evictions == 2
-    assert kv.cached_prefix(make(1, list(range(9))))[0] == []
+    assert kv.cached_prefix(make(1, list(range(9)))).blocks == []
 
 
 def test_collision_guard_compares_token_ids():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     a = make(0, [1, 2, 3, 4, 5])
     compute_all(kv, a)
-    block = kv.pool.blocks[a.block_table[0]]
+    block = kv.pool.blocks[kv.block_table(a)[0]]
     block.key = (None, (9, 9, 9, 9))  # pretend another content hashed to the same value
-    assert kv.cached_prefix(make(1, [1, 2, 3, 4, 5]))[0] == []
+    assert kv.cached_prefix(make(1, [1, 2, 3, 4, 5])).blocks == []
 
 
 def test_caching_disabled_never_hits():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
     a = make(0, list(range(9)))
     compute_all(kv, a)
-    assert kv.cached_prefix(make(1, list(range(9))))[0] == []
+    assert kv.cached_prefix(make(1, list(range(9)))).blocks == []
 
 
 def test_prefix_hashes_are_the_same_in_every_process():

@@ -1,5 +1,6 @@
 """Property test: random arrivals, shared prefixes, pool sizes and budgets never leak, double-free,
-share a block wrongly, or stall; every request finishes."""
+share a block wrongly, or stall; every request finishes. The scheduler is driven through its real
+step interface (``schedule`` then ``update_from_output``) with random tokens standing in for the model."""
 
 from __future__ import annotations
 
@@ -12,22 +13,25 @@ from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.request import Request, Status
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.step_types import ModelOutput
+from prefixflow.engine.stop_checker import StopChecker
 
 
 def check_invariants(kv: KVCacheManager, sched: Scheduler, shadow: dict[int, int]) -> None:
     owners: dict[int, int] = {}
     for req in sched.running:
-        assert len(set(req.block_table)) == len(req.block_table)
+        table = kv.block_table(req)
+        assert len(set(table)) == len(table)
         for pos in range(req.num_computed_tokens):  # what the cache holds is what the request holds
-            slot = req.block_table[pos // kv.block_size] * kv.block_size + pos % kv.block_size
+            slot = table[pos // kv.block_size] * kv.block_size + pos % kv.block_size
             assert shadow.get(slot) == req.token_ids[pos]
-        for b in req.block_table:
+        for b in table:
             owners[b] = owners.get(b, 0) + 1
     for block in kv.pool.blocks:
         assert block.ref_count == owners.get(block.block_id, 0)
         assert (block.block_id in kv.pool.free) == (block.ref_count == 0)
     for req in sched.waiting:
-        assert req.block_table == []
+        assert kv.block_table(req) == []
     free_cached = sum(1 for b in kv.pool.free if kv.pool.blocks[b].block_hash is not None)
     assert kv.pool.num_free_cached == free_cached
 
@@ -38,7 +42,8 @@ def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs:
     admission reservation, so running requests run out of blocks and get preempted."""
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, block_size, caching)
-    sched = Scheduler(SchedulerLimits(max_seqs, budget), kv)
+    no_stops = StopChecker(tokenizer=None, eos_ids=(), max_model_len=10**9)  # only max_tokens ends one
+    sched = Scheduler(SchedulerLimits(max_seqs, budget), kv, no_stops)
     capacity = num_blocks * block_size
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(0, 12))] for _ in range(3)]
     pending = []
@@ -60,18 +65,17 @@ def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs:
             continue
         step = sched.schedule()
         assert step, "no progress"
-        for req, n in step:
-            for pos in range(req.num_computed_tokens, req.num_computed_tokens + n):
-                slot = req.block_table[pos // block_size] * block_size + pos % block_size
+        model = ModelOutput()
+        for chunk in step:
+            req = chunk.request
+            for pos in range(req.num_computed_tokens, req.num_computed_tokens + chunk.num_tokens):
+                slot = chunk.block_table[pos // block_size] * block_size + pos % block_size
                 shadow[slot] = req.token_ids[pos]
-            req.num_computed_tokens += n
-            kv.commit_computed(req)
-        for req, _ in step:
-            if req.status is Status.RUNNING and req.num_computed_tokens == req.num_tokens:
-                req.token_ids.append(rng.randrange(50))
-                if req.num_output_tokens >= req.max_tokens:
-                    sched.finish(req)
-                    finished += 1
+            if req.num_computed_tokens + chunk.num_tokens == req.num_tokens:
+                model.sampled[req.key] = rng.randrange(50)
+        done = sched.update_from_output(step, model)
+        assert all(r.status is Status.FINISHED and r.num_output_tokens == r.max_tokens for r in done)
+        finished += len(done)
         check_invariants(kv, sched, shadow)
     assert finished == total
     assert kv.pool.num_free == num_blocks and all(b.ref_count == 0 for b in kv.pool.blocks)

@@ -45,6 +45,16 @@ def test_plan_json(tmp_path: Path) -> None:
     assert all(s["est_tokens"] > 0 and s["error"] is None for s in plan["shards"])
 
 
+def test_plan_fails_with_exit_2_on_input_that_is_not_parquet(tmp_path: Path) -> None:
+    (tmp_path / "rows.jsonl").write_text('{"id": 1, "text": "hello"}\n')
+    res = _cli("plan", "--input", str(tmp_path / "rows.jsonl"))
+    assert res.returncode == 2 and "rows.jsonl" in res.stderr and "is not a Parquet file" in res.stderr
+    write_dataset(tmp_path / "in", files=1, rows_per_file=4)  # a broken file inside a folder
+    (tmp_path / "in" / "broken.parquet").write_bytes(b"PAR1 cut short")
+    res = _cli("plan", "--input", str(tmp_path / "in"))
+    assert res.returncode == 2 and "broken.parquet" in res.stderr and "cannot read Parquet file" in res.stderr
+
+
 def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=1)
     bad = tmp_path / "bad.yaml"
@@ -83,14 +93,34 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
     assert "pl.read_parquet" in res.stderr and "label_probs" in res.stderr
     import polars as pl
 
-    summaries = pl.read_parquet(str(tmp_path / "demo" / "summarize-out" / "data" / "**" / "*.parquet"))
-    labels = pl.read_parquet(str(tmp_path / "demo" / "label-out" / "data" / "**" / "*.parquet"))
+    results = tmp_path / "demo" / "tiny-6rows"
+    summaries = pl.read_parquet(str(results / "summarize-out" / "data" / "**" / "*.parquet"))
+    labels = pl.read_parquet(str(results / "label-out" / "data" / "**" / "*.parquet"))
     assert summaries.height == labels.height == 6
     assert summaries["error"].null_count() == 6 and set(labels["label"]) <= {
         "positive",
         "negative",
         "neutral",
     }
+
+
+def test_demo_keeps_each_models_results_apart(tmp_path: Path) -> None:
+    """`demo --model tiny` after a demo with another model must not replace that model's results."""
+    from prefixflow.engine.presets import hf_config_of, load_preset, save_random_model
+    from prefixflow.pipeline.demo import model_folder
+
+    other = tmp_path / "models" / "my-model"
+    save_random_model(hf_config_of(load_preset("tiny")), other, seed=1)
+    workdir = tmp_path / "demo"
+    assert main(["demo", "--model", str(other), "--rows", "3", "--workdir", str(workdir)]) == 0
+    first = workdir / model_folder(str(other), 3)
+    assert first.name.startswith("my-model-") and first.name.endswith("-3rows")
+    before = {p: p.stat().st_mtime_ns for p in first.rglob("*.parquet")}
+    assert before
+    assert main(["demo", "--model", "tiny", "--rows", "3", "--workdir", str(workdir)]) == 0
+    assert (workdir / "tiny-3rows" / "label-out" / "data").is_dir()
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*.parquet")} == before
+    assert len({model_folder(m, 24) for m in ("tiny", "smollm2-135m-instruct", "/a/m.gguf", "/b/m.gguf")}) == 4
 
 
 def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:

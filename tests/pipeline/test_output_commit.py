@@ -108,12 +108,12 @@ def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> No
              commits.write_part(layout, "s1", "a1", 1, _part(spec, [2]))]  # fmt: skip
     marker = commits.build_marker(layout, "s1", "fp", "a1", parts, 0.5, 3)
     # Simulate a crash after the marker but before publication: create it, publish one part only.
-    layout.store.create_exclusive(layout.marker("s1"), json.dumps(marker).encode())
+    layout.store.create_exclusive(layout.marker("s1"), marker.to_json())
     layout.store.copy(parts[0].staged, parts[0].data)
     assert len(list((tmp_path / "out" / "data").rglob("*.parquet"))) == 1
     # A second committer loses the race and adopts the winner's marker.
     loser = commits.build_marker(layout, "s1", "fp", "zz", parts[:1], 0.1, 3)
-    assert commits.commit(layout, "s1", loser)["attempt"] == "a1"
+    assert commits.commit(layout, "s1", loser).attempt == "a1"
     published = sorted(p.name for p in (tmp_path / "out" / "data").rglob("*.parquet"))
     assert published == ["part-a1-00000.parquet", "part-a1-00001.parquet"]
     assert not (tmp_path / "out" / "_staging" / "s1").exists()

@@ -95,3 +95,14 @@ def test_prefix_keys_group_shards_by_their_prompts_not_file_order(tmp_path: Path
     x_at = [n for n, f in enumerate(files) if f in ("a.parquet", "c.parquet")]
     assert x_at == list(range(x_at[0], x_at[0] + 4)), files  # a's and c's shards are contiguous
     assert files.index("d.parquet") == 0  # no rendered prompt: sorts first, still described
+
+
+def test_a_named_file_that_is_not_parquet_fails_naming_it(tmp_path: Path) -> None:
+    jsonl = tmp_path / "batch.jsonl"
+    jsonl.write_text('{"custom_id": "a", "body": {}}\n')
+    with pytest.raises(InputError, match=r"batch\.jsonl' is not a Parquet file .*JSON lines"):
+        plan_shards(_spec(str(jsonl)))
+    csv = tmp_path / "rows.parquet"  # the name does not matter, the bytes do
+    csv.write_text("id,text\n1,hello\n")
+    with pytest.raises(InputError, match="CSV or text"):
+        plan_shards(_spec(str(csv)))

@@ -1,0 +1,40 @@
+"""Which engine settings enter the job fingerprint: every EngineConfig field but an explicit list of
+those that cannot change outputs. A field the engine adds later must be classified here."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from prefixflow.engine import EngineConfig
+from prefixflow.pipeline import load_job
+from prefixflow.pipeline.spec import ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT, fingerprinted_engine_fields
+from tests.pipeline.support import job, write_dataset
+
+# The fields known to change outputs. Together with ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT this must
+# cover EngineConfig: a new field fails test_every_engine_field_is_classified until it is put in one.
+CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "attention_backend"}
+
+
+def test_every_engine_field_is_classified() -> None:
+    names = {f.name for f in fields(EngineConfig)}
+    unclassified = names - CHANGE_OUTPUTS - set(ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT)
+    assert not unclassified, (
+        f"EngineConfig fields {sorted(unclassified)} are in neither list: add each to CHANGE_OUTPUTS here "
+        "(it enters the fingerprint already) or, with the reason, to ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT"
+    )
+    assert not CHANGE_OUTPUTS & set(ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT)
+    assert set(ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT) <= names, "a listed field no longer exists"
+    assert set(fingerprinted_engine_fields()) == names - set(ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT)
+
+
+def test_output_settings_change_the_fingerprint_and_others_do_not(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=1)
+
+    def fp(**engine: object) -> str:
+        spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate", engine=engine))
+        return spec.fingerprint_hash()
+
+    base = fp()
+    assert fp(seed=7) != base and fp(max_model_len=128) != base and fp(block_size=32) != base
+    assert fp(max_num_seqs=3) == base and fp(kv_cache_memory_bytes=2**22) == base and fp(ordering="fifo") == base
