@@ -7,6 +7,10 @@ from typing import Literal
 
 Ordering = Literal["prefix", "fifo"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
+# quantization=: on the fly, or (as a check) a checkpoint's own method; see docs/models.md
+ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
+CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
+QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + CHECKPOINT_QUANTIZATION
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -59,5 +64,7 @@ class EngineConfig:
             raise bad("ordering", "'prefix' or 'fifo'")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise bad("attention_backend", "one of auto, torch, triton")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.tensor_parallel_size != 1:
             raise bad("tensor_parallel_size", "1 (tensor parallelism is not built yet)")

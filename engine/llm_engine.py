@@ -45,7 +45,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
         )
-        self.stats = EngineStats()
+        self.stats = EngineStats(
+            weight_bytes=self.runner.weight_bytes, quantization=self.runner.quantization.method
+        )
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()

@@ -14,6 +14,8 @@ from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import LlamaForCausalLM, StepContext
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.weights import load_weights
+from prefixflow.engine.quantization import KernelContext, resolve_quantization
+from prefixflow.engine.quantization.report import weight_bytes
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import StepInputs, block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
@@ -31,9 +33,12 @@ class ModelRunner:
         self.device = _pick_device(cfg.device)
         self.dtype = _pick_dtype(cfg.dtype, self.device)
         self.attention = AttentionBackend(cfg.attention_backend, self.device)
+        self.quantization = resolve_quantization(source.hf_config, cfg.quantization)
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype)
-        load_weights(self.model, source.weights())
+            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.quantization)
+        kernels_for = KernelContext(self.device, self.dtype, self.attention.ops.name)
+        load_weights(self.model, source.weights(), kernels_for)
+        self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
         for module in self.model.modules():
             if isinstance(module, RMSNorm):

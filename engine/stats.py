@@ -17,6 +17,8 @@ class EngineStats:
     preemptions: int = 0
     elapsed_s: float = 0.0
     host_s: float = 0.0  # scheduling, step preparation and bookkeeping: time the device waits
+    weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
+    quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
 
     @property
     def host_ms_per_step(self) -> float:

@@ -1,8 +1,8 @@
 """Weight-only quantized matmuls from plain torch ops: the CPU path (and a CUDA path without Triton).
 
 Three implementations of ``x @ dequantize(w).T`` (``w`` a ``PackedWeight``), each repacking once:
-- ``DequantChunks``: unpack a few hundred output rows at a time into the activation dtype and
-  multiply (exact in float32: the weights equal the checkpoint's dequantization bit for bit);
+- ``DequantChunks``: unpack a few hundred output rows at a time and multiply, in float32 (the
+  weights are the checkpoint's dequantization bit for bit; only the summation order differs);
 - ``Int8Pack``: ``torch._weight_int8pack_mm`` (per-channel int8, bfloat16/float16 activations);
 - ``Int4Pack``: ``torch._weight_int4pack_mm_for_cpu`` (group-wise int4, bfloat16/float16).
 
@@ -19,7 +19,7 @@ import torch
 
 from prefixflow.kernels.quant_weight import PackedWeight, unpack_rows
 
-_CHUNK_BYTES = 1 << 20  # dequantized rows per step of DequantChunks: about L2-sized
+_CHUNK_BYTES = 1 << 20  # float32 bytes dequantized per step of DequantChunks: about L2-sized
 INT4_GROUPS = (32, 64, 128, 256)  # group sizes torch's CPU int4 kernel takes
 
 
@@ -68,57 +68,60 @@ def _prepare_x(x: torch.Tensor, perm: torch.Tensor | None, k_pad: int) -> torch.
 
 
 class DequantChunks:
-    """Dequantize ``rows`` output rows at a time (float32 math, exact), cast to the activation dtype,
-    multiply. Group parameters are kept in float32 ``[N, G]`` (row-major, so a chunk is contiguous)."""
+    """Dequantize a few hundred output rows at a time in float32 and multiply (any layout, any dtype).
+
+    Codes are bytes: 4-bit ones two per byte as planes (byte ``j`` of a group holds input ``j`` in its
+    low nibble and ``j + group / 2`` in its high nibble, llama.cpp's block order), so unpacking is one
+    byte op per plane. ``(q - z) * s + m = q * s + (m - z * s)``: the per-chunk work is ``q * s`` (exact
+    in float32) and one matmul per plane; the constant part is one small matmul of per-group sums of
+    ``x``. Results are in ``x.dtype``; arithmetic in float32.
+    """
 
     name = "cpu-dequant"
 
     def __init__(self, w: PackedWeight, dtype: torch.dtype) -> None:
         r = _RowMajor(w)
-        self.bits, self.group, self.k, self.k_pad, self.perm = w.bits, r.group, r.k, r.k_pad, r.perm
-        pack = 32 // w.bits
-        width = -(-r.k_pad // pack) * pack
-        codes = torch.zeros(r.codes.shape[0], width, dtype=torch.int32, device=r.codes.device)
-        codes[:, : r.k_pad] = r.codes
-        shifts = torch.arange(pack, dtype=torch.int64, device=codes.device) * w.bits
-        words = (codes.view(codes.shape[0], -1, pack).long() << shifts).sum(-1)
-        self.qweight = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # [N, K/pack]
-        self.shifts = shifts.to(torch.int32)
-        self.scales, self.zeros, self.mins, self.default_zero = r.scales, r.zeros, r.mins, r.default_zero
-        self.n = self.qweight.shape[0]
-        self.rows = max(16, min(self.n, _CHUNK_BYTES // (r.k_pad * 4)))
+        self.group, self.k, self.k_pad, self.perm, self.num_groups = r.group, r.k, r.k_pad, r.perm, r.num_groups
+        n = r.codes.shape[0]
+        codes = r.codes.view(n, r.num_groups, r.group)
+        self.planes = w.bits == 4 and r.group % 2 == 0
+        if self.planes:
+            half = r.group // 2
+            self.codes = (codes[..., :half] | (codes[..., half:] << 4)).to(torch.uint8)  # [N, G, group/2]
+        else:
+            self.codes = codes.to(torch.uint8)  # [N, G, group]
+        self.scales = r.scales[:, :, None].contiguous()  # [N, G, 1] float32
+        zero = r.zeros if r.zeros is not None else torch.full_like(r.scales, r.default_zero)
+        shift = (r.mins if r.mins is not None else 0.0) - zero * r.scales
+        self.shift = shift.t().contiguous()  # [G, N]
+        self.n = n
+        self.rows = max(16, min(n, _CHUNK_BYTES // (r.k_pad * 4)))
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        named = {"qweight": self.qweight, "scales": self.scales, "zeros": self.zeros, "mins": self.mins}
+        named = {"codes": self.codes, "scales": self.scales, "shift": self.shift, "perm": self.perm}
         return {k: v for k, v in named.items() if v is not None}
 
-    def dense_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``start:stop`` of the (reordered, padded) weight, ``[stop - start, K_pad]``; float32 math."""
-        mask = (1 << self.bits) - 1
-        q = (self.qweight[start:stop, :, None] >> self.shifts) & mask
-        n = stop - start
-        q = q.view(n, -1)[:, : self.k_pad].reshape(n, -1, self.group).float()
-        if self.zeros is not None:
-            q -= self.zeros[start:stop, :, None]
-        else:
-            q -= self.default_zero
-        w = q.mul_(self.scales[start:stop, :, None])
-        if self.mins is not None:
-            w += self.mins[start:stop, :, None]
-        return w.view(n, self.k_pad).to(dtype)
-
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        if self.perm is not None:
-            x2 = x2.index_select(-1, self.perm)
-        out = torch.empty(x2.shape[0], self.n, dtype=x.dtype, device=x.device)
+        x2 = _prepare_x(x.reshape(-1, x.shape[-1]).float(), self.perm, self.k_pad)
+        m = x2.shape[0]
+        out = torch.empty(m, self.n, dtype=torch.float32, device=x.device)
+        grouped = x2.view(m, self.num_groups, self.group)
+        if self.planes:
+            half = self.group // 2
+            x_lo = grouped[..., :half].reshape(m, -1)
+            x_hi = grouped[..., half:].reshape(m, -1)
         for start in range(0, self.n, self.rows):
             stop = min(self.n, start + self.rows)
-            dense = self.dense_rows(start, stop, x.dtype)[:, : self.k]  # padding never meets x
-            torch.mm(x2, dense.t(), out=out[:, start:stop])
+            codes, scales, part = self.codes[start:stop], self.scales[start:stop], out[:, start:stop]
+            if self.planes:
+                torch.mm(x_lo, torch.mul(codes & 15, scales).view(stop - start, -1).t(), out=part)
+                part.addmm_(x_hi, torch.mul(codes >> 4, scales).view(stop - start, -1).t())
+            else:
+                torch.mm(x2, torch.mul(codes, scales).view(stop - start, -1).t(), out=part)
+        out.addmm_(grouped.sum(-1), self.shift)
         if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], self.n)
+            out += bias.float()
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.n)
 
 
 class Int8Pack:

@@ -99,11 +99,13 @@ def pack_along_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
     pack = 32 // bits
     k, n = q.shape
     rows = -(-k // pack)
-    padded = torch.zeros(rows * pack, n, dtype=torch.int64, device=q.device)
-    padded[:k] = q.to(torch.int64)
-    shifts = torch.arange(pack, device=q.device, dtype=torch.int64) * bits
-    words = (padded.view(rows, pack, n) << shifts[None, :, None]).sum(1)
-    return _to_int32(words)
+    padded = torch.zeros(rows * pack, n, dtype=torch.int32, device=q.device)
+    padded[:k] = q
+    lanes = padded.view(rows, pack, n)
+    words = lanes[:, 0].clone()
+    for i in range(1, pack):  # int32 shifts wrap into the sign bit: the bit pattern is what counts
+        words |= lanes[:, i] << (bits * i)
+    return words
 
 
 def unpack_rows(qweight: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
@@ -112,11 +114,6 @@ def unpack_rows(qweight: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
     shifts = torch.arange(pack, device=qweight.device, dtype=torch.int32) * bits
     q = (qweight[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)
     return q.reshape(-1, qweight.shape[1])[:rows]
-
-
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
-    """int64 holding 32-bit patterns -> the same bits as int32 (two's complement wrap)."""
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 def dequantize(w: PackedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

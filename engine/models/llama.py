@@ -3,6 +3,8 @@
 Works on a flat batch of tokens from many requests: ``[T]`` ids and positions plus the step's
 ``AttentionMetadata``. The differences between families are flags on ``ModelConfig``: q/k/v bias
 (Qwen2), per-head q/k RMSNorm (Qwen3), explicit ``head_dim``, tied embeddings, rope scaling.
+Each linear layer gets its ``LinearMethod`` from the ``QuantizationConfig`` by its checkpoint module
+names (``model.layers.0.self_attn.q_proj`` ...); the model never looks at the storage format.
 """
 
 from __future__ import annotations
@@ -14,18 +16,28 @@ from prefixflow.engine.attention import AttentionBackend, AttentionMetadata
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.linear import Linear
 from prefixflow.engine.models.norm import RMSNorm
+from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
+
+
+def _linear(
+    quant: QuantizationConfig, prefixes: list[str], in_features: int, out_sizes: list[int] | int,
+    dtype: torch.dtype, bias: bool = False,
+) -> Linear:  # fmt: skip
+    method = quant.linear_method(prefixes)
+    return Linear(in_features, out_sizes, bias=bias, dtype=dtype, method=method, prefixes=prefixes)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(
-            cfg.hidden_size, [q_size, kv_size, kv_size], bias=cfg.attention_bias, dtype=dtype
+        qkv = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = _linear(
+            quant, qkv, cfg.hidden_size, [q_size, kv_size, kv_size], dtype, bias=cfg.attention_bias
         )
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=o_bias, dtype=dtype)
+        self.o_proj = _linear(quant, [f"{prefix}.o_proj"], q_size, cfg.hidden_size, dtype, bias=o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -47,20 +59,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, dtype=dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
+        gate_up = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
+        self.gate_up_proj = _linear(quant, gate_up, cfg.hidden_size, [cfg.intermediate_size] * 2, dtype)
+        self.down_proj = _linear(quant, [f"{prefix}.down_proj"], cfg.intermediate_size, cfg.hidden_size, dtype)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.self_attn = Attention(cfg, dtype, quant, f"{prefix}.self_attn")
+        self.mlp = MLP(cfg, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -88,14 +101,20 @@ class StepContext:
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig = NO_QUANTIZATION
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, dtype, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = (
-            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+            None
+            if cfg.tie_word_embeddings
+            else _linear(quant, ["lm_head"], cfg.hidden_size, cfg.vocab_size, dtype)
         )
         self.embed_tokens.weight.requires_grad_(False)
 

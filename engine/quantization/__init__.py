@@ -1,10 +1,10 @@
 """Quantized linear layers: checkpoint formats (GPTQ, AWQ, compressed-tensors, GGUF blocks), on-the-fly
 int8/int4/fp8, and the ``LinearMethod`` seam through which the model uses them (see docs/models.md)."""
 
+from prefixflow.engine.config import CHECKPOINT_QUANTIZATION as CHECKPOINT_METHODS
+from prefixflow.engine.config import ONLINE_QUANTIZATION as ONLINE_METHODS
 from prefixflow.engine.quantization.config import (
-    CHECKPOINT_METHODS,
     NO_QUANTIZATION,
-    ONLINE_METHODS,
     QuantizationConfig,
     QuantizationError,
     resolve_quantization,

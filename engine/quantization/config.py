@@ -12,10 +12,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from prefixflow.engine.config import CHECKPOINT_QUANTIZATION as CHECKPOINT_METHODS
+from prefixflow.engine.config import ONLINE_QUANTIZATION as ONLINE_METHODS
 from prefixflow.engine.quantization.method import DenseMethod, LinearMethod
 
-ONLINE_METHODS = ("int8", "int4", "fp8")
-CHECKPOINT_METHODS = ("gptq", "awq", "compressed-tensors")
 # quant_method values seen in the wild that this engine does not read, with what to use instead
 _REFUSED = {
     "bitsandbytes": "bitsandbytes checkpoints are not supported; use a GPTQ/AWQ/compressed-tensors "

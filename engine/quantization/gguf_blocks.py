@@ -95,7 +95,8 @@ class GGUFConfig(QuantizationConfig):
         return DenseMethod()
 
     def describe(self) -> dict[str, Any]:
-        kinds = sorted(set(self.tensor_types.values()))
+        linear = [t for name, t in self.tensor_types.items() if "_proj." in name or name.startswith("lm_head.")]
+        kinds = sorted(set(linear))
         return {"method": "gguf", "packed": [k for k in kinds if k in BLOCK_BYTES],
                 "dequantized": [k for k in kinds if k not in BLOCK_BYTES]}  # fmt: skip
 

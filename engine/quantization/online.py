@@ -1,8 +1,9 @@
 """On-the-fly quantization of a full-precision checkpoint while it loads: ``quantization="int8" | "int4" | "fp8"``.
 
 - int8: per output channel, symmetric, round to nearest: ``s = amax / 127``, ``q`` in -127..127;
-- int4: groups of 128 inputs, asymmetric, round to nearest: ``s = (max - min) / 15``,
-  ``zero = round(-min / s)``; a last partial group where K is not a multiple of 128;
+- int4: groups of 128 inputs, asymmetric, round to nearest: ``s = (max - min) / 15`` (range widened to
+  include 0, stored as float16), ``zero = round(-min / s)``, ``q = clamp(round(w / s) + zero, 0, 15)``;
+  a last partial group where K is not a multiple of 128;
 - fp8: e4m3 weights with per-channel scales ``amax / 448``; activations quantized per token at run time.
 Each checkpoint shard is quantized as it arrives (rows are independent), so a full-precision copy of
 the model never exists. Embeddings and the LM head stay in the compute dtype. GGUF block tensors
@@ -48,7 +49,7 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
     hi = torch.cat([g[:, :-1].amax(-1), g[:, -1, :last].amax(-1, keepdim=True)], 1).clamp(min=0)
     scale = ((hi - lo) / 15.0).clamp(min=1e-8).half().float()  # rounded to its stored precision first
     zero = torch.round(-lo / scale).clamp(0, 15)
-    q = torch.round(g / scale[..., None] + zero[..., None]).clamp(0, 15)
+    q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
     return q.view(n, -1)[:, :k].to(torch.int32), scale.half(), zero.half()
 
 
