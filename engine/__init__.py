@@ -7,6 +7,7 @@ from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput, TokenLogprob
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.stats import EngineStats
+from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 
 __all__ = [
     "LLM",
@@ -16,5 +17,7 @@ __all__ = [
     "describe_model",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputs",
     "TokenLogprob",
+    "structured_outputs_error",
 ]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 Ordering = Literal["prefix", "fifo"]
-AttentionBackendName = Literal["auto", "torch", "triton"]
+KernelBackendName = Literal["auto", "torch", "triton"]
 # quantization=: on the fly, or (as a check) a checkpoint's own method; see docs/models.md
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
 CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
@@ -20,6 +21,10 @@ class EngineConfig:
     ``kv_cache_memory_bytes`` sizes the KV pool directly (CPU default 512 MiB); on CUDA, when it is
     None, the pool takes ``gpu_memory_utilization`` of the device memory left after weights and a
     warm-up step.
+
+    ``kernel_backend`` picks the implementation of all five kernels (KV store, paged attention,
+    RMSNorm, rotary, SiLU-and-mul). ``attention_backend`` is its old name, still accepted with a
+    ``FutureWarning`` and folded into ``kernel_backend`` (it reads None afterwards).
     """
 
     model: str = "tiny"
@@ -34,16 +39,31 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
     ordering: Ordering = "prefix"
-    attention_backend: AttentionBackendName = "auto"
+    kernel_backend: KernelBackendName = "auto"
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
+    attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
             return ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid; expected {allowed}")
 
+        if self.attention_backend is not None:
+            if self.kernel_backend not in ("auto", self.attention_backend):
+                raise ValueError(
+                    f"EngineConfig: attention_backend={self.attention_backend!r} (the deprecated name) and "
+                    f"kernel_backend={self.kernel_backend!r} disagree; set only kernel_backend"
+                )
+            warnings.warn(
+                "EngineConfig option 'attention_backend' is deprecated (it selects all five kernels); "
+                "rename it to 'kernel_backend'",
+                FutureWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "kernel_backend", self.attention_backend)
+            object.__setattr__(self, "attention_backend", None)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "one of auto, float32, bfloat16, float16")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -62,8 +82,8 @@ class EngineConfig:
             raise bad("num_kv_blocks", "at least 2")
         if self.ordering not in ("prefix", "fifo"):
             raise bad("ordering", "'prefix' or 'fifo'")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise bad("attention_backend", "one of auto, torch, triton")
+        if self.kernel_backend not in ("auto", "torch", "triton"):
+            raise bad("kernel_backend", "one of auto, torch, triton")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.tensor_parallel_size != 1:

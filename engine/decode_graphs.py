@@ -1,21 +1,22 @@
 """CUDA graphs for decode-only steps, over bucketed batch sizes.
 
 A decode step's shapes depend only on the batch size, so one graph per bucket replays the whole
-forward pass with a single launch. Batches are padded up to the bucket: padded rows store nothing
-(slot -1) and attend over one dummy token, so they cost a little compute and change no real row.
-Without CUDA (or with ``capture=False``) the same padded buffers run eagerly, which is how the CPU
-tests check the padding is harmless.
+forward pass with a single launch. Batches are padded up to the bucket; the attention backend owns
+its metadata buffers and their padding (``AttentionBackend.make_decode_buffers``), this class only
+the token ids and positions. Without CUDA (or with ``capture=False``) the same padded buffers run
+eagerly, which is how the CPU tests check the padding is harmless.
 """
 
 from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
+from torch import nn
 
-from prefixflow.engine.attention import AttentionMetadata
-from prefixflow.engine.models.llama import StepContext
+from prefixflow.engine.attention import AttentionBackend
+from prefixflow.engine.models.llama import KVCache, StepContext
+from prefixflow.engine.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,22 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch: int, max_blocks_per_seq: int, capture: bool) -> None:
-        self.runner = runner
+    def __init__(
+        self,
+        model: nn.Module,
+        attention: AttentionBackend,
+        kv_caches: list[KVCache],
+        cos_sin_cache: torch.Tensor,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        capture: bool,
+    ) -> None:
+        self.model, self.kv_caches, self.cos_sin_cache = model, kv_caches, cos_sin_cache
         self.buckets = bucket_sizes(max_batch)
-        dev = runner.device
+        dev = cos_sin_cache.device
         self.ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.slots = torch.full((max_batch,), -1, dtype=torch.long, device=dev)
-        self.tables = torch.zeros((max_batch, max_blocks_per_seq), dtype=torch.int32, device=dev)
-        self.starts = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self.attn_buffers = attention.make_decode_buffers(max_batch, max_blocks_per_seq, dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -45,11 +52,9 @@ class DecodeGraphs:
         return next((b for b in self.buckets if b >= batch), None)
 
     def _forward(self, b: int) -> torch.Tensor:
-        meta = AttentionMetadata(
-            self.slots[:b], self.tables[:b], self.starts[: b + 1], self.seq_lens[:b], 1, self.tables.shape[1]
-        )
-        ctx = StepContext(self.positions[:b], meta, self.runner.attention, self.runner.cos_sin_cache)
-        return self.runner.model(self.ids[:b], ctx, self.runner.kv_caches)
+        ctx = StepContext(self.positions[:b], self.attn_buffers.metadata(b), self.cos_sin_cache)
+        hidden: torch.Tensor = self.model(self.ids[:b], ctx, self.kv_caches)
+        return hidden
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -70,21 +75,14 @@ class DecodeGraphs:
             self.outputs.clear()
 
     @torch.inference_mode()
-    def run(
-        self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables, seq_lens
-    ) -> torch.Tensor:
+    def run(self, step: StepInputs) -> torch.Tensor:
         """Hidden states [batch, hidden] of a decode-only step."""
-        b = len(token_ids)
+        b = len(step.token_ids)
         bucket = self.bucket_for(b)
-        self.ids[:b].copy_(torch.from_numpy(token_ids))
-        self.positions[:b].copy_(torch.from_numpy(positions))
-        self.slots[:b].copy_(torch.from_numpy(slots))
-        self.slots[b:bucket].fill_(-1)
-        self.seq_lens[:b].copy_(torch.from_numpy(seq_lens))
-        self.seq_lens[b:bucket].fill_(1)
-        width = tables.shape[1]
-        self.tables[:b, :width].copy_(torch.from_numpy(tables))
-        self.tables[b:bucket].zero_()
+        assert bucket is not None, f"decode batch {b} is above the largest graph bucket"
+        self.ids[:b].copy_(torch.from_numpy(step.token_ids))
+        self.positions[:b].copy_(torch.from_numpy(step.positions))
+        self.attn_buffers.fill(step, bucket)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.outputs[bucket][:b]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
+from typing import Any
 
+from prefixflow.engine.call_streams import CallStreams
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.llm_engine import LLMEngine
 from prefixflow.engine.model_source import ModelSource
@@ -32,6 +34,7 @@ class LLM:
         name = model.name if isinstance(model, ModelSource) else str(model)
         self.config = EngineConfig(model=name, **options)
         self.engine = LLMEngine(self.config, model)
+        self._streams = CallStreams(self.engine)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
 
@@ -77,7 +80,8 @@ class LLM:
         Every choice of a prompt is one request ``prompt + choice``; with prefix ordering they run
         next to each other and share the prompt's KV blocks through the prefix cache. Pass a list as
         ``usage`` to receive, per prompt, ``{"tokens": ..., "cached_tokens": ...}`` summed over its
-        choice requests (the engine's own accounting of what the prefix cache served).
+        choice requests (the engine's own accounting of what the prefix cache served) and
+        ``"choice_tokens"``: how many tokens each choice was scored over (for per-token averages).
         """
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
@@ -85,8 +89,10 @@ class LLM:
         specs: list[RequestSpec] = []
         owner: dict[int, tuple[int, int]] = {}
         greedy = SamplingParams(max_tokens=1)
+        prompt_lens = [0] * len(prompts)
         for i, (prompt, opts) in enumerate(zip(prompts, choices)):
             prompt_ids, problem = self._tokenize(prompt)
+            prompt_lens[i] = len(prompt_ids)
             if not problem and not opts:
                 problem = "no choices given"
             for j, choice in enumerate(opts):
@@ -107,7 +113,11 @@ class LLM:
             if problem:
                 results[i] = problem
         keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
-        counts = [{"tokens": 0, "cached_tokens": 0} for _ in prompts]
+        counts: list[dict[str, Any]] = [
+            {"tokens": 0, "cached_tokens": 0, "choice_tokens": [0] * len(c)} for c in choices
+        ]
+        for index, (i, j) in owner.items():
+            counts[i]["choice_tokens"][j] = len(specs[index].prompt_token_ids) - prompt_lens[i]
         for out in self._run(keep):
             i, j = owner[out.index]
             scores = results[i]
@@ -120,17 +130,10 @@ class LLM:
         return results
 
     def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
+        """This call's requests only: other calls' streams on this LLM may be open at the same time."""
         if self.config.ordering == "prefix":
             specs = sorted(specs, key=lambda s: s.prompt_token_ids)  # lexicographic = depth-first over the prefix trie
-        engine = self.engine
-        engine.abort_all()  # a stream abandoned half-way must not leak into this call
-        for spec in specs:
-            engine.add_request(spec)
-        try:
-            while engine.has_unfinished():
-                yield from engine.step().values()
-        finally:
-            engine.abort_all()  # the caller stopped early (break, exception): free every block
+        return self._streams.run(specs)
 
     def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -172,12 +175,8 @@ class LLM:
     def stats(self) -> EngineStats:
         return self.engine.stats
 
-    def fingerprint(self) -> dict:
-        """What decides this engine's outputs: used by the pipeline to refuse mixing runs."""
-        return {
-            "model": self.config.model,
-            "identity": self.engine.source.identity,
-            "dtype": str(self.engine.runner.dtype),
-            "max_model_len": self.max_model_len,
-            "seed": self.config.seed,
-        }
+    @property
+    def model_identity(self) -> dict[str, Any]:
+        """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
+        model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
+        return dict(self.engine.model_identity)

@@ -14,6 +14,7 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.model_identity import identity_of, memory_identity
 from prefixflow.engine.model_runner import ModelRunner
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
@@ -24,6 +25,7 @@ from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.stats import EngineStats
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
 from prefixflow.engine.stop_checker import StopChecker
+from prefixflow.engine.structured.manager import StructuredOutputManager
 
 
 class LLMEngine:
@@ -45,21 +47,41 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
         )
+        self.structured = StructuredOutputManager(
+            self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
+        )
         self.stats = EngineStats(
             weight_bytes=self.runner.weight_bytes, quantization=self.runner.quantization.method
+        )
+        dtype = str(self.runner.dtype).removeprefix("torch.")
+        loc = self.source.location
+        # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
+        self.model_identity = (
+            identity_of(loc, dtype, cfg.quantization)
+            if loc is not None
+            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
         )
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
-        """Why this request can never run, or None. Checked before it joins the queue."""
-        problem = params.validation_error()
+    def validate(self, prompt_ids: list[int], params: object) -> str | None:
+        """Why this request can never run, or None. Checked before it joins the queue, against this
+        model (vocabulary, context limit); never raises, so a bad request is an error output."""
+        try:
+            return self._problem(prompt_ids, params)
+        except Exception as exc:  # a value odd enough to break a check is still only this request's
+            return f"invalid request: {exc!r}"
+
+    def _problem(self, prompt_ids: list[int], params: object) -> str | None:
+        if not isinstance(params, SamplingParams):
+            return f"params must be a SamplingParams, got {type(params).__name__}"
+        vocab = self.model_cfg.vocab_size
+        problem = params.validation_error(vocab)
         if problem:
             return f"invalid sampling parameters: {problem}"
         if not prompt_ids:
             return "empty prompt"
-        vocab = self.model_cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             return f"prompt has token ids outside the vocabulary [0, {vocab})"
         n = len(prompt_ids)
@@ -70,6 +92,8 @@ class LLMEngine:
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
                 f"{self.max_model_len} (bounded by the model and the KV pool)"
             )
+        if params.structured is not None:
+            return self.structured.error(params.structured)  # compiles it: a bad schema or regex ends here
         return None
 
     def add_request(self, spec: RequestSpec) -> int:
@@ -87,6 +111,8 @@ class LLMEngine:
             spec.index, spec.request_id, list(spec.prompt_token_ids), spec.params, max_tokens, seed,
             spec.score_from,
         )  # fmt: skip
+        if spec.params.structured is not None and max_tokens > 0:
+            req.grammar = self.structured.new_matcher(spec.params.structured)
         self.scheduler.add(req)
         self.stats.requests += 1
         self.stats.prompt_tokens += n
@@ -114,6 +140,7 @@ class LLMEngine:
             scheduled = self.scheduler.schedule()
             if not scheduled:
                 raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+            self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
             host = time.perf_counter() - start
             output = self._execute(scheduled)
             host += self.runner.last_prepare_s
@@ -127,6 +154,8 @@ class LLMEngine:
                 self._deferred_aborts.clear()
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
+        so = self.structured
+        self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
@@ -138,14 +167,14 @@ class LLMEngine:
         request's (device, memory): it is raised, so a job stops and can resume, instead of turning
         every row into an error result."""
         try:
-            return self.runner.execute(scheduled)
+            return self.runner.execute(scheduled, self.structured)
         except Exception as batch_error:
             if len(scheduled) == 1:
                 raise
             merged, failures = ModelOutput(), 0
             for chunk in scheduled:
                 try:
-                    merged.merge(self.runner.execute(scheduled.only(chunk)))
+                    merged.merge(self.runner.execute(scheduled.only(chunk), self.structured))
                 except Exception as exc:
                     failures += 1
                     merged.errors[chunk.request.key] = f"model step failed: {exc!r}"
@@ -200,3 +229,13 @@ class LLMEngine:
             prompt_token_ids=tuple(prompt_ids),
             num_prompt_tokens=len(prompt_ids),
         )
+
+
+def sampling_requests(scheduled: SchedulerOutput) -> list[Request]:
+    """The requests that sample a token this step, in the model runner's row order: generating requests
+    whose chunk reaches the end of their tokens (as ``build_step_inputs`` lists them)."""
+    return [
+        c.request
+        for c in scheduled
+        if c.request.generates and c.request.num_computed_tokens + c.num_tokens == c.request.num_tokens
+    ]

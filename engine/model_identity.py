@@ -1,33 +1,113 @@
-"""What a model argument refers to, computed cheaply (no weights loaded), for job fingerprints.
+"""The one place a model argument is resolved and identified: loading, ``describe_model`` and the
+pipeline's job fingerprint all go through ``locate_model`` and ``identity_of``.
 
-The pipeline stores this at the output root before any engine starts, so a run resumed against
-different weights, a different file at the same path, or another dtype is refused instead of
-silently mixing outputs. It also resolves bad model arguments early, with the loader's message.
+``locate_model`` finds what an argument names (HF directory, GGUF file, preset, embedded model)
+without loading anything and fails fast, with what to do, on what the loader would refuse.
+``identity_of`` names everything that decides outputs: weights, config, tokenizer, chat template,
+generation config and the dtype the model runs in. It stays cheap: small files are hashed whole,
+weight files by size plus their first and last MiB, a GGUF file by its whole header (hyperparameters,
+tokenizer, chat template, tensor table) plus size and the first and last MiB of its tensor data.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import torch
+SPAN = 1 << 20
+# Files of an HF directory that change tokenization, prompts or generation (hashed whole).
+HF_TEXT_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+    "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+    "model.safetensors.index.json",
+)  # fmt: skip
+PICKLED = (".bin", ".pt", ".pth", ".ckpt")
 
 
-def _file_digest(path: Path, span: int = 1 << 20) -> str:
-    """Size plus the first and last MiB: cheap, and changes whenever a checkpoint is replaced."""
-    h = hashlib.sha256(str(path.stat().st_size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(span))
-        if path.stat().st_size > span:
-            f.seek(-span, 2)
-            h.update(f.read(span))
-    return h.hexdigest()[:16]
+class ModelNotFoundError(ValueError):
+    """The model argument names nothing the engine can load; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """What a model argument points at. ``path``: the HF directory or the GGUF file; for a preset,
+    None (it is materialized only when loaded)."""
+
+    argument: str
+    kind: Literal["hf", "gguf", "preset"]
+    path: Path | None = None
+    preset: str | None = None
+
+
+def locate_model(model: str | Path) -> ModelLocation:
+    """Resolve ``model`` without loading it. Raises ``ModelNotFoundError`` naming what is accepted."""
+    from prefixflow.engine import embedded, presets
+    from prefixflow.engine.gguf.files import find_gguf_file
+
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return ModelLocation(text, "gguf", path)
+        raise ModelNotFoundError(f"model file {text!r} is not a .gguf file; pass a .gguf file or a model directory")
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            safetensors_files(path)  # fails fast on pickled-only or incomplete checkpoints
+            return ModelLocation(text, "hf", path)
+        if any(c.suffix.lower() == ".gguf" for c in path.iterdir() if c.is_file()):
+            try:
+                return ModelLocation(text, "gguf", find_gguf_file(path))
+            except (FileNotFoundError, ValueError) as exc:
+                raise ModelNotFoundError(str(exc)) from None
+        raise ModelNotFoundError(f"{path} has neither config.json (Hugging Face) nor a .gguf file")
+    if text in embedded.EMBEDDED_MODELS:
+        try:
+            gguf = embedded.resolve_embedded(text)
+        except embedded.EmbeddedModelMissing as exc:
+            raise ModelNotFoundError(str(exc)) from None
+        assert gguf is not None
+        return ModelLocation(text, "gguf", gguf)
+    if text in presets.available_presets():
+        return ModelLocation(text, "preset", preset=text)
+    raise ModelNotFoundError(
+        f"model {text!r} is not a directory, a .gguf file, a preset ({', '.join(presets.available_presets())}) "
+        f"or an embedded model ({', '.join(embedded.EMBEDDED_MODELS)})"
+    )
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files an HF directory loads from; a clear error when there are none to load."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"{index} names weight files that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLED)
+    if pickles:
+        raise ModelNotFoundError(
+            f"{path} holds only pickled weights ({', '.join(pickles)}): pickled checkpoints are never loaded "
+            "(unpickling can run code); prefixflow loads safetensors or GGUF. Convert once with transformers: "
+            'python -c "import sys; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; '
+            'src, dst = sys.argv[1:]; M.from_pretrained(src).save_pretrained(dst); T.from_pretrained(src).save_pretrained(dst)" '
+            f"{path} {path}-safetensors   (or to GGUF with llama.cpp's convert_hf_to_gguf.py)"
+        )
+    raise ModelNotFoundError(f"no *.safetensors weights in {path} (safetensors or a .gguf file is needed)")
 
 
 def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
+    """The dtype ``EngineConfig(dtype, device)`` runs in: bf16 on CUDA and float32 on CPU for auto."""
+    import torch
+
     on_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     return ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
 
@@ -35,76 +115,118 @@ def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
 def describe_model(
     model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
 ) -> dict[str, Any]:
-    """Identity of ``model`` (preset, embedded, HF directory or GGUF), the dtype it would run in, its
-    quantization method and ``weight_bytes`` (what its parameters take in that dtype and method,
-    from the layer shapes alone: no weight is read).
+    """Identity of ``model`` plus the dtype and quantization it would run with, without loading weights
+    (see module doc).
 
-    Raises the loader's ``ModelNotFoundError`` (a ValueError naming what is accepted) when ``model``
-    names nothing loadable, and ``QuantizationError`` for a quantization it cannot run.
+    Returns a plain JSON-able dict (keys in docs/contracts.md). Raises ``ModelNotFoundError`` (a
+    ValueError whose message says what is accepted or what to do) for a model that cannot load, and
+    ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
-    out, hf_config = _identity(model, dtype, device)
-    return {**out, **describe_weights(hf_config(), out["dtype"], quantization)}
+    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization)
 
 
-def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | None) -> dict[str, Any]:
-    """``quantization`` (the method's settings) and ``weight_bytes``, from a model built on the meta device."""
-    from prefixflow.engine.model_config import ModelConfig
-    from prefixflow.engine.models.llama import LlamaForCausalLM
-    from prefixflow.engine.quantization import resolve_quantization
-    from prefixflow.engine.quantization.report import weight_bytes
-
-    quant = resolve_quantization(hf_config, quantization)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    with torch.device("meta"):
-        model = LlamaForCausalLM(ModelConfig.from_hf(hf_config), torch_dtype, quant)
-    return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
-
-
-def _identity(model: str, dtype: str, device: str) -> tuple[dict[str, Any], Callable[[], dict[str, Any]]]:
-    """The identity fields and a reader of the model's HF-shaped config."""
-    from prefixflow.engine import embedded, presets
-    from prefixflow.engine.loader import ModelNotFoundError
-
-    out: dict[str, Any] = {"model": str(model), "dtype": resolve_dtype(dtype, device)}
-    path = Path(str(model)).expanduser()
-    if path.is_dir() and (path / "config.json").exists():
-        files = sorted(path.glob("*.safetensors"))
-        out["format"] = "hf"
-        out["config"] = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:16]
-        out["weights"] = {f.name: _file_digest(f) for f in files}
-        return out, lambda: dict(json.loads((path / "config.json").read_text()))
-    gguf = None
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        gguf = path
-    elif path.is_dir():
-        found = sorted(path.glob("*.gguf"))
-        if len(found) == 1:
-            gguf = found[0]
-    elif str(model) in embedded.EMBEDDED_MODELS:
-        gguf = embedded.resolve_embedded(str(model))
-    if gguf is not None:
-        file = gguf
-        out = {**out, "format": "gguf", "file": gguf.name, "digest": _file_digest(gguf)}
-        return out, lambda: _gguf_config(file)
-    if str(model) in presets.available_presets():
-        preset = presets.load_preset(str(model))
-        blob = json.dumps(preset, sort_keys=True).encode()
-        out = {**out, "format": "preset", "preset": hashlib.sha256(blob).hexdigest()[:16]}
-        return out, lambda: presets.hf_config_of(preset)
-    from prefixflow.engine.loader import resolve_model
-
-    resolve_model(str(model))  # raises with the precise message for a bad path
-    raise ModelNotFoundError(f"model {model!r} could not be identified")
+def identity_of(location: ModelLocation, dtype: str, quantization: str | None = None) -> dict[str, Any]:
+    """``quantization`` is the method's settings (part of the digest: it decides outputs);
+    ``weight_bytes`` what the weights take in that dtype and method (informational, not digested)."""
+    out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
+    if location.kind == "hf":
+        assert location.path is not None
+        out["weights"] = {f.name: file_digest(f) for f in safetensors_files(location.path)}
+        out["files"] = _text_files(location.path)
+    elif location.kind == "gguf":
+        assert location.path is not None
+        out["file"] = location.path.name
+        out.update(gguf_digests(location.path))
+    else:
+        assert location.preset is not None
+        out.update(_preset_digests(location.preset))
+    out.update(_weights(location, dtype, quantization))
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    return out
 
 
-def _gguf_config(file: Path) -> dict[str, Any]:
-    """The HF-shaped config the GGUF loader would build, with the file's tensor types."""
-    from gguf import GGUFReader
+def memory_identity(
+    name: str, identity: dict[str, Any], dtype: str, hf_config: dict[str, Any] | None = None,
+    quantization: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """An in-memory ``ModelSource`` names itself (its ``identity``); dtype and quantization are added as for files."""
+    out: dict[str, Any] = {"model": name, "format": "memory", "dtype": dtype, **identity}
+    if hf_config is not None:
+        from prefixflow.engine.quantization.footprint import describe_weights
 
-    from prefixflow.engine.gguf.metadata import build_hf_config
-    from prefixflow.engine.gguf.tensors import tensor_types
+        out.update(describe_weights(hf_config, dtype, quantization))
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    return out
 
-    reader = GGUFReader(file)
-    cfg = build_hf_config(reader, torch.float32)
-    cfg["quantization_config"] = {"quant_method": "gguf", "tensor_types": tensor_types(reader)}
-    return cfg
+
+def _weights(location: ModelLocation, dtype: str, quantization: str | None) -> dict[str, Any]:
+    """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
+    from prefixflow.engine import presets
+    from prefixflow.engine.quantization.footprint import describe_gguf_weights, describe_weights
+
+    if location.kind == "gguf":
+        assert location.path is not None
+        return describe_gguf_weights(location.path, dtype, quantization)
+    if location.kind == "hf":
+        assert location.path is not None
+        config = json.loads((location.path / "config.json").read_text())
+    else:
+        assert location.preset is not None
+        config = presets.hf_config_of(presets.load_preset(location.preset))
+    return describe_weights(config, dtype, quantization)
+
+
+def file_digest(path: Path, start: int = 0) -> str:
+    """Size plus the first and last MiB after ``start``: cheap, and changes whenever a file is replaced."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        f.seek(start)
+        h.update(f.read(SPAN))
+        if size - start > SPAN:
+            f.seek(max(start + SPAN, size - SPAN))
+            h.update(f.read(SPAN))
+    return h.hexdigest()[:16]
+
+
+def _whole(path: Path, end: int | None = None) -> str:
+    with open(path, "rb") as f:
+        data = f.read() if end is None else f.read(end)
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _text_files(path: Path) -> dict[str, str]:
+    names = [n for n in HF_TEXT_FILES if (path / n).is_file()]
+    extra = path / "additional_chat_templates"
+    found = {n: _whole(path / n) for n in names}
+    if extra.is_dir():
+        found.update({f"{extra.name}/{f.name}": _whole(f) for f in sorted(extra.iterdir()) if f.is_file()})
+    return found
+
+
+def gguf_digests(path: Path) -> dict[str, Any]:
+    """``header``: the whole header hashed; ``weights``: size plus first and last MiB of the tensor data."""
+    from prefixflow.engine.gguf.header import GGUFHeaderError, gguf_header_size
+
+    try:
+        header = gguf_header_size(path)
+    except GGUFHeaderError as exc:
+        raise ModelNotFoundError(f"{path}: {exc}") from None
+    return {"header": _whole(path, header), "weights": {path.name: file_digest(path, start=header)}}
+
+
+def _preset_digests(name: str) -> dict[str, Any]:
+    """A preset is random weights made from its JSON (shapes, seed) and a tokenizer trained on the
+    shipped corpus: those two files decide it."""
+    from prefixflow.engine import presets, tokenizer_train
+
+    blob = json.dumps(presets.load_preset(name), sort_keys=True).encode()
+    return {
+        "preset": name,
+        "weights": {f"{name}.json": hashlib.sha256(blob).hexdigest()[:16]},
+        "files": {"tokenizer corpus": _whole(tokenizer_train.CORPUS)},
+    }
+
+
+def _digest(value: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]

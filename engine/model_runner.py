@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
-from prefixflow.engine.attention import AttentionBackend, AttentionMetadata
+from prefixflow import kernels
+from prefixflow.engine.attention import make_attention_backend
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_source import ModelSource
-from prefixflow.engine.models.llama import LlamaForCausalLM, StepContext
-from prefixflow.engine.models.norm import RMSNorm
+from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
 from prefixflow.engine.quantization.report import weight_bytes
 from prefixflow.engine.sampler import sample_batch
-from prefixflow.engine.step_inputs import StepInputs, block_table_array, build_step_inputs
-from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
+from prefixflow.engine.step_inputs import StepInputs, build_step_inputs
+from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 
@@ -32,18 +33,14 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.device = _pick_device(cfg.device)
         self.dtype = _pick_dtype(cfg.dtype, self.device)
-        self.attention = AttentionBackend(cfg.attention_backend, self.device)
+        self.ops = kernels.select(cfg.kernel_backend, self.device)
+        self.attention = make_attention_backend(self.ops)
         self.quantization = resolve_quantization(source.hf_config, cfg.quantization)
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.quantization)
-        kernels_for = KernelContext(self.device, self.dtype, self.attention.ops.name)
-        load_weights(self.model, source.weights(), kernels_for)
+            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, self.quantization)
+        load_weights(self.model, source.weights(), KernelContext(self.device, self.dtype, self.ops.name))
         self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
-        for module in self.model.modules():
-            if isinstance(module, RMSNorm):
-                module.ops = self.attention.ops
-        from prefixflow import kernels
         self.cos_sin_cache = kernels.build_rope_cache(
             model_cfg.head_dim,
             model_cfg.max_position_embeddings,
@@ -60,12 +57,18 @@ class ModelRunner:
             model_cfg.head_dim,
         )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(model_cfg.num_layers)]
+        self.kv_caches: list[KVCache] = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(model_cfg.num_layers)]
         self.graphs: DecodeGraphs | None = None
         self.last_prepare_s = 0.0
         if self.device.type == "cuda" and not cfg.enforce_eager:
             max_len = min(max_model_len, self.num_blocks * cfg.block_size)
-            self.graphs = DecodeGraphs(self, cfg.max_num_seqs, -(-max_len // cfg.block_size), capture=True)
+            self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
+
+    def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
+        return DecodeGraphs(
+            self.model, self.attention, self.kv_caches, self.cos_sin_cache, self.cfg.max_num_seqs,
+            max_blocks_per_seq, capture,
+        )  # fmt: skip
 
     @property
     def block_bytes(self) -> int:
@@ -102,17 +105,15 @@ class ModelRunner:
         caches = [(scratch[i, 0], scratch[i, 1]) for i in range(mc.num_layers)]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(self.device)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(tokens, device=self.device) % mc.max_position_embeddings
-        meta = AttentionMetadata(
-            slot_mapping=torch.arange(tokens, device=self.device),
-            block_tables=torch.arange(scratch_blocks, dtype=torch.int32, device=self.device)[None],
-            query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=self.device),
-            seq_lens=torch.tensor([tokens], dtype=torch.int32, device=self.device),
-            max_query_len=tokens,
-            max_seq_len=tokens,
+        step = StepInputs(  # one request of the largest step size over the scratch cache
+            token_ids=np.zeros(tokens, dtype=np.int64),
+            positions=np.arange(tokens, dtype=np.int64) % mc.max_position_embeddings,
+            slot_mapping=np.arange(tokens, dtype=np.int64),
+            query_start_loc=np.array([0, tokens], dtype=np.int32),
+            seq_lens=np.array([tokens], dtype=np.int32),
+            block_tables=[list(range(scratch_blocks))],
         )
-        hidden = self.model(ids, StepContext(pos, meta, self.attention, self.cos_sin_cache), caches)
+        hidden = self._run_model(step, caches)
         rows = min(cfg.max_num_seqs, tokens)
         self.model.compute_logits(hidden[:rows]).softmax(-1)
         torch.cuda.synchronize()
@@ -125,9 +126,12 @@ class ModelRunner:
         return max(budget, 0)
 
     @torch.inference_mode()
-    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+    def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:
         """Run the step's forward pass, sample the rows that reached their last token and sum the
-        requested prompt log-probs. A request whose sampling fails is reported in ``errors``."""
+        requested prompt log-probs. A request whose sampling fails is reported in ``errors``.
+
+        ``masks`` hands over the structured-output bitmask for the sampled rows; it is taken only after
+        the forward pass was issued, so filling it overlaps the model."""
         begin = time.perf_counter()
         step = build_step_inputs(scheduled, self.cfg.block_size)
         self.last_prepare_s = time.perf_counter() - begin
@@ -136,7 +140,8 @@ class ModelRunner:
         out = ModelOutput()
         if step.sample_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(step.sample_rows, device=dev)])
-            sampled = sample_batch(logits, step.sample_requests, self.eos_ids)
+            bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
+            sampled = sample_batch(logits, step.sample_requests, self.eos_ids, bitmask)
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors
         if step.score_rows:
             score_logits = self.model.compute_logits(hidden[torch.tensor(step.score_rows, device=dev)])
@@ -147,21 +152,17 @@ class ModelRunner:
         return out
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        tables = block_table_array(step.block_tables)
         graphs = self.graphs
         if graphs is not None and step.decode_only and graphs.bucket_for(len(step.seq_lens)) is not None:
-            return graphs.run(step.token_ids, step.positions, step.slot_mapping, tables, step.seq_lens)
+            return graphs.run(step)
+        return self._run_model(step, self.kv_caches)
+
+    def _run_model(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:
         dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(step.slot_mapping).to(dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            query_start_loc=torch.from_numpy(step.query_start_loc).to(dev),
-            seq_lens=torch.from_numpy(step.seq_lens).to(dev),
-            max_query_len=int((step.query_start_loc[1:] - step.query_start_loc[:-1]).max()),
-            max_seq_len=int(step.seq_lens.max()),
-        )
-        ctx = StepContext(torch.from_numpy(step.positions).to(dev), meta, self.attention, self.cos_sin_cache)
-        return self.model(torch.from_numpy(step.token_ids).to(dev), ctx, self.kv_caches)
+        meta = self.attention.build_metadata(step, dev)
+        ctx = StepContext(torch.from_numpy(step.positions).to(dev), meta, self.cos_sin_cache)
+        hidden: torch.Tensor = self.model(torch.from_numpy(step.token_ids).to(dev), ctx, kv_caches)
+        return hidden
 
 
 def _pick_device(name: str) -> torch.device:

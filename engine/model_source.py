@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from prefixflow.engine.model_identity import ModelLocation
 
 
 @dataclass(frozen=True)
@@ -16,12 +20,17 @@ class ModelSource:
     ``hidden_size``, ``num_attention_heads``, ...). ``weights`` yields ``(hf_name, tensor)`` pairs with
     Hugging Face parameter names (``model.layers.0.self_attn.q_proj.weight``), already in the layout
     transformers uses (so GGUF's rotary row permutation is undone before this point).
+
+    ``location`` is where the loader found it (its identity is ``model_identity.identity_of`` of it,
+    exactly what ``describe_model`` reports); an in-memory source has none and names itself in
+    ``identity`` instead.
     """
 
     name: str
-    hf_config: dict
+    hf_config: dict[str, Any]
     weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
-    tokenizer: object  # transformers.PreTrainedTokenizerBase
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
     eos_token_ids: tuple[int, ...] = ()
     chat_template: str | None = None
-    identity: dict = field(default_factory=dict)  # what makes this model this model (path, size, hash)
+    location: ModelLocation | None = None
+    identity: dict[str, Any] = field(default_factory=dict)

@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefixflow.engine.block_pool import chain_hash
 from prefixflow.engine.outputs import FinishReason, TokenLogprob
@@ -45,6 +46,9 @@ class Request:
     seed: int
     score_from: int | None = None
     token_ids: list[int] = field(init=False)
+    # Structured outputs: the grammar matcher, which has consumed exactly the output tokens. Preemption
+    # keeps the tokens, so it keeps the matcher too (nothing to roll back).
+    grammar: Any = field(default=None, repr=False)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     status: Status = Status.WAITING

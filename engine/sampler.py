@@ -15,6 +15,7 @@ import torch
 
 from prefixflow.engine.outputs import TokenLogprob
 from prefixflow.engine.request import Request
+from prefixflow.engine.structured.bitmask import apply_bitmask_
 
 _MASK64 = (1 << 64) - 1
 
@@ -36,15 +37,21 @@ class SampleResult:
     errors: dict[int, str] = field(default_factory=dict)
 
 
-def sample_batch(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> SampleResult:
+def sample_batch(
+    logits: torch.Tensor,
+    requests: list[Request],
+    eos_ids: tuple[int, ...],
+    bitmask: torch.Tensor | None = None,
+) -> SampleResult:
     """Sample every row; if the batch fails, retry row by row and report the rows that still fail."""
     result = SampleResult()
     try:
-        tokens, logprobs = sample(logits, requests, eos_ids)
+        tokens, logprobs = sample(logits, requests, eos_ids, bitmask)
     except Exception:
         for row, req in enumerate(requests):
             try:
-                (token,), (lp,) = sample(logits[row : row + 1], [req], eos_ids)
+                row_mask = None if bitmask is None else bitmask[row : row + 1]
+                (token,), (lp,) = sample(logits[row : row + 1], [req], eos_ids, row_mask)
             except Exception as exc:
                 result.errors[req.key] = f"sampling failed: {exc!r}"
                 continue
@@ -61,10 +68,19 @@ def sample_batch(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[i
 
 @torch.inference_mode()
 def sample(
-    logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]
+    logits: torch.Tensor,
+    requests: list[Request],
+    eos_ids: tuple[int, ...],
+    bitmask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested)."""
+    """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested).
+
+    ``bitmask`` (structured outputs) has one row per request; disallowed tokens get -inf in one in-place
+    op before anything else, so temperature, top-k/p and log-probs all see the constrained distribution.
+    """
     logits = logits.float()
+    if bitmask is not None:
+        apply_bitmask_(logits, bitmask)
     _apply_masks(logits, requests, eos_ids)
     tokens = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
+from prefixflow.engine.structured.params import StructuredOutputs
 
-def _finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # temperatures under this sample as greedy (dividing by them overflows the logits)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -15,7 +25,8 @@ class SamplingParams:
     """How to decode one request.
 
     Defaults suit a batch user: greedy unless a temperature is given, and ``max_tokens=None`` means
-    "until EOS or the model's context limit" (no surprise 16-token cap).
+    "until EOS or the model's context limit" (no surprise 16-token cap). A ``top_k`` above the
+    vocabulary keeps every token (as transformers does).
     """
 
     temperature: float = 0.0
@@ -31,10 +42,11 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: sampled token only; k: sampled plus top-k
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, choice, grammar)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return float(self.temperature) < GREEDY_BELOW
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -44,28 +56,59 @@ class SamplingParams:
             return (self.stop,)
         return tuple(self.stop)
 
-    def validation_error(self) -> str | None:
-        """Return a message naming the first invalid field, or None when the params are usable."""
-        if not _finite_number(self.temperature) or self.temperature < 0:
-            return f"temperature must be >= 0, got {self.temperature!r}"
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+    def validation_error(self, vocab_size: int | None = None) -> str | None:
+        """Return a message naming the first invalid field, or None when the params are usable.
+
+        With ``vocab_size`` (the engine passes its model's), token ids and the number of log-prob
+        alternatives are also checked against the vocabulary. Never raises.
+        """
+        if not _number(self.temperature) or self.temperature < 0:
+            return f"temperature must be a finite number >= 0, got {self.temperature!r}"
+        if not _integer(self.top_k) or self.top_k < -1:
             return f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k!r}"
-        if not _finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not _number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             return f"top_p must be in (0, 1], got {self.top_p!r}"
-        if not _finite_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+        if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             return f"min_p must be in [0, 1], got {self.min_p!r}"
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not _integer(self.max_tokens) or self.max_tokens < 1):
             return f"max_tokens must be a positive integer or None, got {self.max_tokens!r}"
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _integer(self.min_tokens) or self.min_tokens < 0:
             return f"min_tokens must be a non-negative integer, got {self.min_tokens!r}"
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             return f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            return f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}"
-        if self.seed is not None and not isinstance(self.seed, int):
+        if self.logprobs is not None and (not _integer(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            return f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+        if vocab_size is not None and self.logprobs is not None and self.logprobs > vocab_size:
+            return f"logprobs ({self.logprobs}) exceeds the vocabulary size {vocab_size}"
+        if self.seed is not None and not _integer(self.seed):
             return f"seed must be an integer or None, got {self.seed!r}"
+        if not (self.stop is None or isinstance(self.stop, (str, list, tuple))):
+            return f"stop must be a string, a list of strings or None, got {self.stop!r}"
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             return f"stop must be non-empty strings, got {self.stop!r}"
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            return f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
+        if any(not _integer(t) or t < 0 for t in self.stop_token_ids):
             return f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
+        if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
+            bad = next(t for t in self.stop_token_ids if t >= vocab_size)
+            return f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})"
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                return f"{name} must be true or false, got {getattr(self, name)!r}"
+        return self._structured_error()
+
+    def _structured_error(self) -> str | None:
+        """Malformed constraints; whether one compiles is the engine's check (it needs the grammar engine)."""
+        if self.structured is None:
+            return None
+        if not isinstance(self.structured, StructuredOutputs):
+            return f"structured must be a StructuredOutputs, got {type(self.structured).__name__}"
+        problem = self.structured.validation_error()
+        if problem:
+            return f"structured: {problem}"
+        if self.ignore_eos:
+            return "ignore_eos cannot be combined with structured: the grammar decides where the output ends"
+        if self.min_tokens:
+            return "min_tokens cannot be combined with structured: the grammar decides where the output ends"
         return None

@@ -171,6 +171,10 @@ class Scheduler:
             if token is None:
                 continue  # a prefill chunk that has not reached the last prompt token
             req.token_ids.append(token)
+            if req.grammar is not None and not req.grammar.accept_token(token):
+                error = f"structured outputs: the grammar rejected sampled token {token}"
+                finished.append(self.finish(req, "error", error=error))
+                continue
             logprob = output.logprobs.get(req.key)
             if logprob is not None:
                 req.logprobs.append(logprob)

@@ -17,12 +17,20 @@ class EngineStats:
     preemptions: int = 0
     elapsed_s: float = 0.0
     host_s: float = 0.0  # scheduling, step preparation and bookkeeping: time the device waits
+    mask_fill_s: float = 0.0  # structured outputs: grammar bitmask fills (on a worker thread)
+    mask_wait_s: float = 0.0  # structured outputs: time the step loop waited for a fill
+    masked_steps: int = 0  # steps that sampled at least one constrained request
     weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
     quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
 
     @property
     def host_ms_per_step(self) -> float:
         return 1000 * self.host_s / self.steps if self.steps else 0.0
+
+    @property
+    def mask_ms_per_step(self) -> float:
+        """Bitmask fill time per constrained step (most of it hidden behind the model's forward pass)."""
+        return 1000 * self.mask_fill_s / self.masked_steps if self.masked_steps else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -45,4 +53,5 @@ class EngineStats:
             "tokens_per_s": self.tokens_per_s,
             "total_tokens_per_s": self.total_tokens_per_s,
             "host_ms_per_step": self.host_ms_per_step,
+            "mask_ms_per_step": self.mask_ms_per_step,
         }

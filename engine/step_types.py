@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
 
 from prefixflow.engine.outputs import TokenLogprob
 from prefixflow.engine.request import Request
@@ -54,3 +57,10 @@ class ModelOutput:
         self.logprobs.update(other.logprobs)
         self.prompt_logprobs.update(other.prompt_logprobs)
         self.errors.update(other.errors)
+
+
+class TokenMasks(Protocol):
+    """Where the model runner gets the structured-output bitmask of the rows it samples (one row per
+    request, 1 bits allowed; None when no row is constrained). ``StructuredOutputManager`` is one."""
+
+    def take_bitmask(self, requests: list[Request]) -> torch.Tensor | None: ...

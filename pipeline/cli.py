@@ -70,15 +70,49 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     return parser
 
 
+def _storage(args: argparse.Namespace) -> StorageConfig:
+    return StorageConfig(args.endpoint_url, dict(args.storage_options or []))
+
+
 def _spec(args: argparse.Namespace, output: str) -> JobSpec:
     from prefixflow.pipeline.spec import load_job
 
     return load_job(args.input, output, args.model, args.job, **overrides_from_args(args))
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
+def cmd_run_batch(args: argparse.Namespace, console: Console) -> int:
+    """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/batch_run.py)."""
+    from prefixflow.pipeline.batch_run import cleanup_inputs, prepare_batch, write_results
     from prefixflow.pipeline.local_run import print_summary, run_local
 
+    overrides = {k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")}
+    if args.id_column or args.prompt_column:
+        console.print("[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
+                      "(custom_id and the request bodies are used)")  # fmt: skip
+    batch = prepare_batch(args.input, args.output, args.model, args.job, new_run=args.new_run, **overrides)
+    console.print(f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True)
+    summary, failures = run_local(batch.spec, new_run=args.new_run, progress=False if args.no_progress else None,
+                                  console=console)  # fmt: skip
+    cleanup_inputs(batch)
+    print_summary(console, summary)
+    written = write_results(batch) if summary.complete and not failures else 0
+    if args.json:
+        print(json.dumps({**summary.as_dict(), "results": batch.results if written else None,
+                          "failed_shards": [str(f) for f in failures]}))  # fmt: skip
+    if not written:
+        console.print(f"[red]{len(failures)} shard(s) failed[/]; no results file written. Fix the cause and run the "
+                      "same command to resume")  # fmt: skip
+        return 1
+    console.print(f"wrote {written} result lines to {batch.results}", soft_wrap=True, markup=False)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from prefixflow.pipeline.batch_run import is_batch_input
+    from prefixflow.pipeline.local_run import print_summary, run_local
+
+    if is_batch_input(args.input, _storage(args)):
+        return cmd_run_batch(args, console)
     spec = _spec(args, args.output)
     summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
                                   console=console)  # fmt: skip
@@ -93,9 +127,29 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_plan_batch(args: argparse.Namespace, console: Console) -> int:
+    """An OpenAI Batch file: request counts and the requests that would be answered with an error."""
+    from prefixflow.pipeline.batch_run import read_batch_file
+    from prefixflow.pipeline.openai_batch import describe_requests
+
+    info = describe_requests(read_batch_file(args.input, _storage(args)))
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["kinds"].items()))
+    console.print(f"OpenAI Batch file {args.input}: {info['requests']} requests ({kinds})", soft_wrap=True, markup=False)
+    for r in info["refused"]:
+        console.print(f"  line {r['line']} ({r['custom_id']}): will get a 400 response: {r['error']}", markup=False,
+                      soft_wrap=True)  # fmt: skip
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.planning import describe_shards, plan_shards
 
+    if is_batch_input(args.input, _storage(args)):
+        return cmd_plan_batch(args, console)
     spec = _spec(args, "")
     infos = describe_shards(spec, plan_shards(spec))
     num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)

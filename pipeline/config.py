@@ -10,21 +10,23 @@ import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from prefixflow.pipeline.constraints import check_job_constraint, parse_schema
 from prefixflow.pipeline.errors import JobConfigError
 
-TASKS = ("generate", "summarize", "label")
+TASKS = ("generate", "summarize", "label", "extract")
 CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
-LABEL_MODES = ("score", "generate")
+LABEL_MODES = ("score", "generate", "constrained")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
+    "structured",
 )  # fmt: skip
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "source_file", "row_index", "label", "label_probs")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -45,7 +47,8 @@ class SummarizeConfig:
 
 @dataclass(frozen=True)
 class LabelConfig:
-    """Labeling: score each label as a continuation (``score``) or parse free-form output (``generate``)."""
+    """Labeling: score each label as a continuation (``score``), parse free-form output (``generate``) or
+    generate under a constraint that allows exactly the labels (``constrained``)."""
 
     labels: tuple[str, ...] = ()
     mode: str = "score"
@@ -88,6 +91,7 @@ class JobConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     engine: dict[str, Any] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    schema: dict[str, Any] | None = None  # task extract: the JSON schema (its content, also when given as a path)
 
     def effective_template(self) -> str | None:
         if self.template is None and self.prompt_column is None and self.task == "summarize":
@@ -207,10 +211,13 @@ def _engine(data: Any) -> dict[str, Any]:
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
     try:
-        EngineConfig(**d)
+        EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:
         raise _fail("engine", str(exc)) from exc
-    return dict(d)
+    out = dict(d)
+    if out.get("attention_backend") is not None:  # old name: store the new one, so both spell one fingerprint
+        out["kernel_backend"] = out.pop("attention_backend")
+    return out
 
 
 def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
@@ -224,6 +231,8 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     _check_keys(columns, SAMPLING_KEYS, "sampling_columns")
     for key, col in columns.items():
         _opt_str(col, f"sampling_columns.{key}")
+    if "structured" in columns:
+        raise _fail("sampling_columns.structured", "a constraint is set for the whole job, under sampling.structured")
     cfg = JobConfig(
         task=task,
         id_column=_opt_str(data.get("id_column"), "id_column"),
@@ -240,6 +249,7 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         output=_output(data.get("output")),
         engine=_engine(data.get("engine")),
         storage=_storage(data.get("storage")),
+        schema=parse_schema(data.get("schema"), task),
     )
     clash = sorted(set(cfg.keep_columns) & set(OUTPUT_COLUMNS))
     if clash:
@@ -251,11 +261,12 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         _check_messages(cfg)
     if task == "generate" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
         cfg = replace(cfg, prompt_column="prompt")
-    if task == "label" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
-        raise _fail("prompt_column", "a label job needs prompt_column (a column) or template (Jinja2)")
+    if task in ("label", "extract") and not (cfg.prompt_column or cfg.template or cfg.messages_column):
+        raise _fail("prompt_column", f"a {task} job needs prompt_column (a column) or template (Jinja2)")
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
     _check_sampling(cfg.sampling)
+    check_job_constraint(cfg)
     _check_template(cfg.template, "template")
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
@@ -287,7 +298,8 @@ def _check_sampling(values: dict[str, Any]) -> None:
         return
     from prefixflow.pipeline.engine_access import SamplingParams
 
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k != "structured"}
     problem = SamplingParams(**values).validation_error()
     if problem:
         raise _fail("sampling", problem)
+

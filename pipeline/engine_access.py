@@ -13,12 +13,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prefixflow.pipeline.errors import JobConfigError
 
 if TYPE_CHECKING:
-    from prefixflow.engine import EngineConfig, SamplingParams, describe_model
+    from prefixflow.engine import (
+        EngineConfig,
+        SamplingParams,
+        StructuredOutputs,
+        describe_model,
+        structured_outputs_error,
+    )
     from prefixflow.pipeline.spec import JobSpec
 
-__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "Tokenizer", "describe_model", "open_engine"]
+__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
+           "open_engine", "structured_outputs_error"]  # fmt: skip
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model")
+FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
+          "structured_outputs_error")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

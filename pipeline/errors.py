@@ -47,6 +47,7 @@ PROMPT_TOO_LONG = "prompt_too_long"
 BAD_SAMPLING = "bad_sampling"
 LABEL_PARSE_ERROR = "label_parse_error"
 ENGINE_ERROR = "engine_error"
+SCHEMA_ERROR = "schema"  # extract: the output is not a valid instance of the job's JSON schema
 
 ERROR_CLASSES = (
     NULL_ID,
@@ -60,6 +61,7 @@ ERROR_CLASSES = (
     BAD_SAMPLING,
     LABEL_PARSE_ERROR,
     ENGINE_ERROR,
+    SCHEMA_ERROR,
 )
 
 

@@ -12,16 +12,23 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.config import JobConfig, LabelConfig
 from prefixflow.pipeline.engine_access import Engine, Output
-from prefixflow.pipeline.errors import ENGINE_ERROR, LABEL_PARSE_ERROR, PROMPT_TOO_LONG, RowError
+from prefixflow.pipeline.errors import (
+    ENGINE_ERROR,
+    LABEL_PARSE_ERROR,
+    PROMPT_TOO_LONG,
+    SCHEMA_ERROR,
+    RowError,
+)
+from prefixflow.pipeline.extract import Extraction
 from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
 
 
-def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
+def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction | None = None) -> dict[str, Any]:
     counts = {
         "prompt_tokens": out.num_prompt_tokens,
         "cached_tokens": out.num_cached_tokens,
@@ -32,7 +39,18 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
         return error_record(p.base, ENGINE_ERROR, out.error or "engine error", **counts)
     text = out.text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
     rec = {**p.base, **counts, "output": text, "finish_reason": out.finish_reason}
-    if cfg.task == "label":
+    if extraction is not None:
+        value, problem = extraction.parse(text, out.finish_reason)
+        if problem is not None:
+            return {**rec, "finish_reason": "error", "error_class": SCHEMA_ERROR, "error": problem}
+        rec["extracted"] = value
+    elif cfg.task == "label" and cfg.label.mode == "constrained":
+        label = constrained_label(text, cfg.label)
+        if label is None:
+            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,
+                    "error": f"output is not one of the labels (finish_reason {out.finish_reason})"}  # fmt: skip
+        rec["label"] = label
+    elif cfg.task == "label":
         label = parse_label(text, cfg.label.labels)
         if label is None:
             allowed = ", ".join(cfg.label.labels)
@@ -40,6 +58,11 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig) -> dict[str, Any]:
                     "error": f"no label found in the output; expected one of: {allowed}"}  # fmt: skip
         rec["label"] = label
     return rec
+
+
+def constrained_label(text: str, label: LabelConfig) -> str | None:
+    """The label a constrained generation produced (exactly ``choice_prefix + label``), if it finished."""
+    return next((lb for lb in label.labels if text == label.choice_prefix + lb), None)
 
 
 def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
@@ -57,8 +80,9 @@ def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterat
         return
     outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
                                request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
+    extraction = Extraction(cfg.schema) if cfg.task == "extract" and cfg.schema is not None else None
     for out in outs:
-        yield _finished(rows[int(out.request_id)], out, cfg)
+        yield _finished(rows[int(out.request_id)], out, cfg, extraction)
 
 
 def score_labels(llm: Engine, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.json_columns import shape_of
 
 BASE_FIELDS = [
     pa.field("id", pa.string(), nullable=False),
@@ -20,19 +21,23 @@ BASE_FIELDS = [
     pa.field("cached_tokens", pa.int64()),
     pa.field("output_tokens", pa.int64()),
     pa.field("latency_s", pa.float64()),
+    pa.field("truncated", pa.bool_()),  # a long-document policy cut the input to fit the context
     pa.field("source_file", pa.string()),
     pa.field("row_index", pa.int64()),
 ]
 
 
 def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
-    """Base columns, then label columns for label jobs, then the input columns the job keeps."""
+    """Base columns, then label columns for label jobs (``extracted`` for extract jobs), then the input
+    columns the job keeps."""
     fields = list(BASE_FIELDS)
     if cfg.task == "label":
         fields.append(pa.field("label", pa.string()))
         fields.append(
             pa.field("label_probs", pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels]))
         )
+    if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
+        fields.append(pa.field("extracted", shape_of(cfg.schema).type))
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:
         if name in taken:
@@ -57,6 +62,7 @@ def base_record(key: int, row_id: str, source: str, kept: dict[str, Any]) -> dic
         "cached_tokens": 0,
         "output_tokens": 0,
         "latency_s": 0.0,
+        "truncated": False,
         "source_file": source,
         "row_index": key,
         **kept,

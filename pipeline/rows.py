@@ -6,12 +6,13 @@ exact and the long-document policies (truncate / map_reduce) act on the same tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.constraints import job_constraint
 from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
@@ -60,7 +61,9 @@ def derived_id(relpath: str, row_index: int) -> str:
 class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
-    def __init__(self, cfg: JobConfig, llm: Engine, duplicates: set[tuple[str, int]]) -> None:
+    def __init__(
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+    ) -> None:
         self.cfg = cfg
         self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
@@ -72,6 +75,7 @@ class RowPreparer:
             except ValueError as exc:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
+        self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
         self.template = cfg.effective_template()
         self.reserve = 1
         if cfg.task == "label" and cfg.label.mode == "score":
@@ -79,6 +83,10 @@ class RowPreparer:
                 len(self.tok.encode(cfg.label.choice_prefix + lb, add_special_tokens=False))
                 for lb in cfg.label.labels
             )
+
+    def constrained_labels(self) -> tuple[str, ...]:
+        """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
+        return tuple(self.cfg.label.choice_prefix + lb for lb in self.cfg.label.labels)
 
     # -- ids and sampling -------------------------------------------------------------------
     def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
@@ -94,10 +102,14 @@ class RowPreparer:
 
     def check_duplicate(self, relpath: str, key: int, row_id: str) -> None:
         if (relpath, key) in self.duplicates:
-            raise RowError(DUPLICATE_ID, f"id {row_id!r} already used by an earlier row; ids must be unique")
+            first = self.duplicates[(relpath, key)]
+            earlier = f"row {first[1]} of {first[0]} ({derived_id(*first)})" if first else "an earlier row"
+            raise RowError(DUPLICATE_ID, f"id {row_id!r} is already used by {earlier}; ids must be unique, "
+                           "so this row was not run")  # fmt: skip
 
     def params(self, row: dict[str, Any]) -> Any:
         values = dict(self.cfg.sampling)
+        values["structured"] = self.constraint  # built once per shard: the engine caches its grammar
         for name, col in self.cfg.sampling_columns.items():
             value = row.get(col)
             if value is None:
@@ -187,7 +199,9 @@ class RowPreparer:
         if room < 8:
             raise RowError(PROMPT_TOO_LONG, too_long + "; the template alone leaves no room for the document")
         if policy == "truncate":
-            return Prepared(base, row, params, prompt=self.fit(row, doc_ids, room, budget))
+            prompt = self.fit(row, doc_ids, room, budget)
+            base["truncated"] = True
+            return Prepared(base, row, params, prompt=prompt)
         size = min(room, self.cfg.summarize.chunk_tokens or room)
         pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
         return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])

@@ -147,12 +147,12 @@ def _same_run(spec: JobSpec, layout: Layout) -> bool:
 
 
 def _duplicate_index(spec: JobSpec) -> bytes:
-    """Every (file, row) whose id repeats an id seen earlier in (file, row) order. Reads only the id column."""
+    """Every (file, row) whose id repeats an id seen earlier in (file, row) order, with the row that
+    used it first (so the error row can name it). Reads only the id column."""
     col = spec.config.id_column
     store, files = list_inputs(spec.input, spec.config.storage)
-    seen: set[str] = set()
-    dup_files: list[str] = []
-    dup_rows: list[int] = []
+    seen: dict[str, tuple[str, int]] = {}
+    dups: dict[str, list] = {"source_file": [], "row_index": [], "first_file": [], "first_row": []}
     for f in files:
         try:
             pf = pq.ParquetFile(store.fs.open(f.path, "rb"))
@@ -166,21 +166,26 @@ def _duplicate_index(spec: JobSpec) -> bytes:
                 continue
             key = str(v)
             if key in seen:
-                dup_files.append(f.relpath)
-                dup_rows.append(i)
+                for name, value in zip(dups, (f.relpath, i, *seen[key])):
+                    dups[name].append(value)
             else:
-                seen.add(key)
-    table = pa.table(
-        {"source_file": pa.array(dup_files, pa.string()), "row_index": pa.array(dup_rows, pa.int64())}
-    )
+                seen[key] = (f.relpath, i)
+    types = {"source_file": pa.string(), "row_index": pa.int64(), "first_file": pa.string(), "first_row": pa.int64()}
+    table = pa.table({name: pa.array(values, types[name]) for name, values in dups.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
 
 
-def load_duplicates(layout: Layout, relpath: str) -> set[tuple[str, int]]:
+def load_duplicates(layout: Layout, relpath: str) -> dict[tuple[str, int], tuple[str, int] | None]:
+    """(file, row) of each repeated id in ``relpath`` -> (file, row) of its first use (None in an index
+    written by an older prefixflow)."""
     if not layout.store.exists(layout.duplicates):
-        return set()
+        return {}
     table = pq.read_table(io.BytesIO(layout.store.read_bytes(layout.duplicates)))
-    return {(f, r) for f, r in zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist())
-            if f == relpath}  # fmt: skip
+    files, rows = table.column("source_file").to_pylist(), table.column("row_index").to_pylist()
+    if "first_file" in table.column_names:
+        firsts = list(zip(table.column("first_file").to_pylist(), table.column("first_row").to_pylist()))
+    else:
+        firsts = [None] * len(files)
+    return {(f, r): first for f, r, first in zip(files, rows, firsts) if f == relpath}

@@ -14,6 +14,7 @@ import yaml
 
 from prefixflow.pipeline.config import JobConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.extract import schema_beside
 from prefixflow.pipeline.prompts import template_columns
 
 # load_job(**overrides) shortcuts: flag name -> (section, key).
@@ -163,6 +164,8 @@ def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise JobConfigError(f"job config {path!r} must be a mapping of keys, got {type(data).__name__}")
+    if isinstance(data.get("schema"), str):  # extract: a relative schema path is read beside the job file
+        data["schema"] = schema_beside(data["schema"], os.path.dirname(os.path.abspath(path)))
     return data
 
 

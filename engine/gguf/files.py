@@ -28,15 +28,3 @@ def find_gguf_file(path: str | Path) -> Path:
             f"{', '.join(c.name for c in found)}; pass the file path instead"
         )
     raise FileNotFoundError(f"GGUF model path {str(p)!r} does not exist")
-
-
-def is_gguf_path(model: str | Path) -> bool:
-    """Whether ``model`` should go to the GGUF loader: a ``.gguf`` path, or a directory holding a ``.gguf``
-    file and no ``config.json`` (a Hugging Face directory that also carries a GGUF stays a HF directory).
-    """
-    p = Path(model).expanduser()
-    if p.suffix.lower() == ".gguf":
-        return True
-    if not p.is_dir() or (p / "config.json").is_file():
-        return False
-    return any(c.is_file() and c.suffix.lower() == ".gguf" for c in p.iterdir())

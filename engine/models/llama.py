@@ -1,7 +1,9 @@
 """One decoder implementation for the Llama family (Llama 2/3/3.1, Mistral, Qwen2, Qwen3).
 
 Works on a flat batch of tokens from many requests: ``[T]`` ids and positions plus the step's
-``AttentionMetadata``. The differences between families are flags on ``ModelConfig``: q/k/v bias
+attention metadata. Kernels reach every layer one way: the ``KernelBackend`` and the
+``AttentionBackend`` are constructor arguments (no defaults, no fallback), and ``StepContext``
+carries only per-step data. The differences between families are flags on ``ModelConfig``: q/k/v bias
 (Qwen2), per-head q/k RMSNorm (Qwen3), explicit ``head_dim``, tied embeddings, rope scaling.
 Each linear layer gets its ``LinearMethod`` from the ``QuantizationConfig`` by its checkpoint module
 names (``model.layers.0.self_attn.q_proj`` ...); the model never looks at the storage format.
@@ -12,11 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prefixflow.engine.attention import AttentionBackend, AttentionMetadata
+from prefixflow.engine.attention import AttentionBackend
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.linear import Linear
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
+from prefixflow.kernels import KernelBackend
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def _linear(
@@ -27,9 +32,22 @@ def _linear(
     return Linear(in_features, out_sizes, bias=bias, dtype=dtype, method=method, prefixes=prefixes)
 
 
+class StepContext:
+    """What every layer needs for one step, passed explicitly (never global)."""
+
+    def __init__(self, positions: torch.Tensor, attn_metadata: object, cos_sin_cache: torch.Tensor) -> None:
+        self.positions = positions
+        self.attn_metadata = attn_metadata  # opaque: made by, and handed back to, the attention backend
+        self.cos_sin_cache = cos_sin_cache
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend,
+        quant: QuantizationConfig, prefix: str,
+    ) -> None:  # fmt: skip
         super().__init__()
+        self.ops, self.backend = ops, backend
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
@@ -38,8 +56,8 @@ class Attention(nn.Module):
         )
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
         self.o_proj = _linear(quant, [f"{prefix}.o_proj"], q_size, cfg.hidden_size, dtype, bias=o_bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -50,67 +68,69 @@ class Attention(nn.Module):
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).reshape(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).reshape(k.shape)
-        q, k = ctx.ops.rotary(q, k, ctx.positions, ctx.cos_sin_cache)
-        out = ctx.attention(q, k, v, k_cache, v_cache, ctx.meta, self.scale)
+        q, k = self.ops.rotary(q, k, ctx.positions, ctx.cos_sin_cache)
+        out = self.backend.forward(q, k, v, k_cache, v_cache, ctx.attn_metadata, self.scale)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, quant: QuantizationConfig, prefix: str
+    ) -> None:
         super().__init__()
+        self.ops = ops
         gate_up = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
         self.gate_up_proj = _linear(quant, gate_up, cfg.hidden_size, [cfg.intermediate_size] * 2, dtype)
         self.down_proj = _linear(quant, [f"{prefix}.down_proj"], cfg.intermediate_size, cfg.hidden_size, dtype)
 
-    def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig, prefix: str) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend,
+        quant: QuantizationConfig, prefix: str,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.self_attn = Attention(cfg, dtype, quant, f"{prefix}.self_attn")
-        self.mlp = MLP(cfg, dtype, quant, f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, dtype, ops, backend, quant, f"{prefix}.self_attn")
+        self.mlp = MLP(cfg, dtype, ops, quant, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
-    def forward(self, x, residual, ctx: StepContext, k_cache, v_cache):
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        ctx: StepContext,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, ctx, k_cache, v_cache)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, ctx.ops), residual
-
-
-class StepContext:
-    """What every layer needs for one step, passed explicitly (never global)."""
-
-    def __init__(
-        self, positions, meta: AttentionMetadata, attention: AttentionBackend, cos_sin_cache
-    ) -> None:
-        self.positions = positions
-        self.meta = meta
-        self.attention = attention
-        self.ops = attention.ops
-        self.cos_sin_cache = cos_sin_cache
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, quant: QuantizationConfig = NO_QUANTIZATION
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, attention: AttentionBackend,
+        quant: QuantizationConfig = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, dtype, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
+            DecoderLayer(cfg, dtype, ops, attention, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -118,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.embed_tokens.weight.requires_grad_(False)
 
-    def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[tuple]) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, ctx, k_cache, v_cache)
@@ -128,4 +148,5 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             return nn.functional.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from prefixflow import kernels
+from prefixflow.engine.attention import make_attention_backend
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.linear import Linear
@@ -40,7 +42,8 @@ def unpacked_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     split back into checkpoint names (``...q_proj.weight``)."""
     source = resolve_model(model_dir)
     cfg = ModelConfig.from_hf(source.hf_config)
-    model = LlamaForCausalLM(cfg, torch.float32, resolve_quantization(source.hf_config))
+    ops = kernels.select("torch", torch.device("cpu"))
+    model = LlamaForCausalLM(cfg, torch.float32, ops, make_attention_backend(ops), resolve_quantization(source.hf_config))
     copy_weights(model, source.weights())
     out = {}
     for module in model.modules():

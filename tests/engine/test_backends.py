@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels.triton_* import
 
 from prefixflow.engine import LLM, SamplingParams  # noqa: E402
-from prefixflow.engine.decode_graphs import DecodeGraphs, bucket_sizes  # noqa: E402
+from prefixflow.engine.decode_graphs import bucket_sizes  # noqa: E402
 from tests.engine.hf_models import hf_greedy, random_prompts  # noqa: E402
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -20,9 +20,9 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 def test_triton_backend_matches_torch_backend(llama_dir):
     prompts = random_prompts(3, 5, 40, seed=3)
     options = dict(dtype="float32", device="cpu", max_num_batched_tokens=32, block_size=16)
-    ref = LLM(str(llama_dir), attention_backend="torch", **options).generate(prompts, PARAMS)
-    tri_llm = LLM(str(llama_dir), attention_backend="triton", **options)
-    assert tri_llm.engine.runner.attention.ops.name == "triton"
+    ref = LLM(str(llama_dir), kernel_backend="torch", **options).generate(prompts, PARAMS)
+    tri_llm = LLM(str(llama_dir), kernel_backend="triton", **options)
+    assert tri_llm.engine.runner.ops.name == "triton"
     tri = tri_llm.generate(prompts, PARAMS)
     assert [o.token_ids for o in tri] == [o.token_ids for o in ref]
 
@@ -31,7 +31,7 @@ def test_padded_decode_buffers_match_transformers(llama_dir):
     prompts = random_prompts(5, 3, 30, seed=5)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=8)
     runner = llm.engine.runner
-    runner.graphs = DecodeGraphs(runner, 8, 64, capture=False)  # the CUDA path's buffers, run eagerly
+    runner.graphs = runner.make_decode_graphs(64, capture=False)  # the CUDA path's buffers, run eagerly
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 6)
 

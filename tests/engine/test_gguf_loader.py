@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from prefixflow.engine.gguf_loader import SUPPORTED_TYPES, find_gguf_file, is_gguf_path, load_gguf_source
+from prefixflow.engine.gguf import SUPPORTED_TYPES, find_gguf_file, load_gguf_source
+from prefixflow.engine.model_identity import ModelNotFoundError, locate_model
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -240,7 +241,7 @@ def test_tokenizer_eos_and_chat_template_come_from_the_metadata(f32_file):
     )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.convert_tokens_to_ids("<|im_end|>") == 2
-    assert src.identity["format"] == "gguf" and src.identity["size"] == f32_file.stat().st_size
+    assert src.location is not None and src.location.kind == "gguf" and src.location.path == f32_file
 
 
 @pytest.mark.parametrize(
@@ -349,7 +350,7 @@ def test_directory_with_one_gguf_loads(hf_model, f32_file, tmp_path):
     d.mkdir()
     (d / "model.gguf").write_bytes(f32_file.read_bytes())
     (d / "README.md").write_text("notes")
-    assert is_gguf_path(d) and is_gguf_path(d / "model.gguf")
+    assert locate_model(d).path == locate_model(d / "model.gguf").path == d / "model.gguf"
     assert find_gguf_file(d) == d / "model.gguf"
     src = load_gguf_source(d)
     assert torch.equal(dict(src.weights())["model.norm.weight"], hf_model.state_dict()["model.norm.weight"])
@@ -367,13 +368,17 @@ def test_directory_without_or_with_several_ggufs_lists_its_files(f32_file, tmp_p
         (several / name).write_bytes(f32_file.read_bytes())
     with pytest.raises(ValueError, match="2 .gguf files.*a.Q4_0.gguf, b.Q8_0.gguf"):
         load_gguf_source(several)
-    assert not is_gguf_path(empty)
+    with pytest.raises(ModelNotFoundError, match="2 .gguf files.*a.Q4_0.gguf, b.Q8_0.gguf"):
+        locate_model(several)
+    with pytest.raises(ModelNotFoundError, match="neither config.json"):
+        locate_model(empty)
 
 
-def test_hf_directory_that_also_holds_a_gguf_is_not_a_gguf_path(f32_file, tmp_path):
+def test_hf_directory_that_also_holds_a_gguf_is_an_hf_directory(f32_file, tmp_path):
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "m.gguf").write_bytes(b"")
-    assert not is_gguf_path(tmp_path)
+    assert locate_model(tmp_path).kind == "hf"
 
 
 @pytest.mark.parametrize("as_dir", [False, True])

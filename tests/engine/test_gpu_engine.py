@@ -19,12 +19,12 @@ PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 def test_triton_and_cuda_graphs_match_reference_and_transformers(llama_dir):
     prompts = random_prompts(12, 3, 90, seed=21)
     fast = LLM(str(llama_dir), dtype="float32", device="cuda", max_num_seqs=16)
-    assert fast.engine.runner.attention.ops.name == "triton"
+    assert fast.engine.runner.ops.name == "triton"
     assert fast.engine.runner.graphs is not None and fast.engine.runner.graphs.graphs, (
         "no CUDA graph captured"
     )
     got = [list(o.token_ids) for o in fast.generate(prompts, PARAMS)]
-    eager = LLM(str(llama_dir), dtype="float32", device="cuda", attention_backend="torch", enforce_eager=True)
+    eager = LLM(str(llama_dir), dtype="float32", device="cuda", kernel_backend="torch", enforce_eager=True)
     assert got == [list(o.token_ids) for o in eager.generate(prompts, PARAMS)]
     assert got == hf_greedy(llama_dir, prompts, PARAMS.max_tokens)
 

@@ -208,3 +208,15 @@ def test_score_choices_usage_shows_labels_sharing_the_prompt_blocks(llm):
         len(prompt) + len(llm.tokenizer.encode(c, add_special_tokens=False)) for c in "abc"
     )
     assert use["cached_tokens"] >= 2 * 48  # the second and third label hit the first one's blocks
+
+
+def test_score_choices_usage_counts_each_choices_scored_tokens(llm):
+    tok = llm.tokenizer
+    choices = ["a", "a longer choice of several words", "b c"]
+    usage: list = []
+    llm.score_choices(["count the choice tokens", "x"], [choices, ["y", "zz top"]], usage=usage)
+    assert usage[0]["choice_tokens"] == [len(tok.encode(c, add_special_tokens=False)) for c in choices]
+    assert usage[1]["choice_tokens"] == [
+        len(tok.encode(c, add_special_tokens=False)) for c in ("y", "zz top")
+    ]
+    assert usage[0]["choice_tokens"][1] > usage[0]["choice_tokens"][0] >= 1

@@ -63,6 +63,7 @@ def test_every_bad_row_case(tmp_path: Path, tiny_llm) -> None:
     assert got[("a.parquet", 0)]["output_tokens"] <= 4
     assert got[("a.parquet", 1)]["id"] == "a.parquet#1"  # null id falls back to the derived id
     assert "ids must be unique" in got[("a.parquet", 2)]["error"]
+    assert "already used by row 0 of a.parquet (a.parquet#0)" in got[("a.parquet", 2)]["error"]  # the earlier row
     assert "tokens" in got[("a.parquet", 6)]["error"]
     counts: dict[str, int] = {}
     for c in expect.values():
@@ -94,4 +95,7 @@ def test_output_columns_match_the_reserved_names() -> None:
     from prefixflow.pipeline.output_schema import output_schema
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
-    assert output_schema(cfg, None).names == list(OUTPUT_COLUMNS)
+    extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})
+    names = output_schema(cfg, None).names
+    names += [n for n in output_schema(extract, None).names if n not in names]  # + extracted
+    assert names == list(OUTPUT_COLUMNS)

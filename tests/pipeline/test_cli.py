@@ -48,7 +48,7 @@ def test_plan_json(tmp_path: Path) -> None:
 def test_plan_fails_with_exit_2_on_input_that_is_not_parquet(tmp_path: Path) -> None:
     (tmp_path / "rows.jsonl").write_text('{"id": 1, "text": "hello"}\n')
     res = _cli("plan", "--input", str(tmp_path / "rows.jsonl"))
-    assert res.returncode == 2 and "rows.jsonl" in res.stderr and "is not a Parquet file" in res.stderr
+    assert res.returncode == 2 and "rows.jsonl is neither a Parquet file nor an OpenAI Batch file" in res.stderr
     write_dataset(tmp_path / "in", files=1, rows_per_file=4)  # a broken file inside a folder
     (tmp_path / "in" / "broken.parquet").write_bytes(b"PAR1 cut short")
     res = _cli("plan", "--input", str(tmp_path / "in"))

@@ -39,6 +39,8 @@ def test_long_document_policies(tmp_path: Path, tiny_llm, policy: str, template:
     )
     _, summary, df = _run(tmp_path, tiny_llm, cfg)
     long = df.filter(pl.col("id") == "long").row(0, named=True)
+    short = df.filter(pl.col("id") == "short").row(0, named=True)
+    assert long["truncated"] is (kind == "truncate") and short["truncated"] is False  # says when input was cut
     budget = ENGINE["max_model_len"] - 4
     if kind == "error":
         assert long["error_class"] == "prompt_too_long"

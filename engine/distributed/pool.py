@@ -1,0 +1,216 @@
+"""Rank 0's side of tensor parallelism: spawn the workers, watch them, turn their failures into errors.
+
+Failure bounds (``timeout_s``, 60 s by default):
+- a worker that dies (crash, OOM kill, ``kill -9``) breaks the next collective at once: gloo sees the
+  closed connection; on CUDA a monitor thread aborts the NCCL communicator when a worker exits;
+- a worker that hangs makes rank 0's collective time out after ``timeout_s``;
+- either way the parent raises ``TensorParallelError`` naming the rank, its pid, how it ended and its
+  traceback when it sent one, kills the remaining workers and refuses further work.
+Workers exit when the pool is closed, garbage-collected, or the parent process dies (see worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup, dist
+from prefixflow.engine.distributed.worker import SHUTDOWN, RankExecutor, WorkerSpec, worker_main
+
+STARTUP_BOUND_S = 120.0  # spawn + import torch on a loaded machine
+EXIT_GRACE_S = 5.0
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel worker failed to start, crashed or hung; this engine cannot continue."""
+
+
+class WorkerPool:
+    """Ranks 1..world-1 as spawned processes, plus rank 0's ``DistributedGroup`` in this process."""
+
+    def __init__(
+        self,
+        world: int,
+        devices: list[torch.device],
+        timeout_s: float,
+        factory: Callable[[ParallelGroup], RankExecutor],
+        num_threads: int | None = None,
+    ) -> None:
+        if len(devices) != world:
+            raise ValueError(f"{len(devices)} devices for tensor_parallel_size={world}")
+        self.world = world
+        self.timeout_s = timeout_s
+        self.failure: TensorParallelError | None = None
+        self._closed = False
+        ctx = mp.get_context("spawn")
+        bound = _seconds(timeout_s)
+        self._store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=bound, wait_for_workers=False)
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _terminate, self._procs, self._conns)
+        threads = num_threads or torch.get_num_threads()
+        for rank in range(1, world):
+            parent_end, child_end = ctx.Pipe()
+            spec = WorkerSpec(rank, world, self._store.port, str(devices[rank]), timeout_s, threads, os.getpid(), factory)
+            proc = ctx.Process(target=worker_main, args=(spec, child_end), name=f"prefixflow-tp{rank}", daemon=True)
+            proc.start()
+            child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        self._await("hello", STARTUP_BOUND_S + timeout_s)
+        self.group = DistributedGroup(0, world, devices[0], self._store, timeout_s)
+        if devices[0].type == "cuda":
+            threading.Thread(target=self._abort_on_exit, name="prefixflow-tp-monitor", daemon=True).start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    def wait_ready(self) -> None:
+        """Block until every worker has loaded its shard (no time bound: loading is as slow as the
+        checkpoint is big); a worker that dies or raises meanwhile is an error at once."""
+        self._await("ready", None)
+
+    def run(self, executor: RankExecutor, command: int, payload: torch.Tensor) -> object:
+        """Broadcast ``command`` to the workers and run rank 0's part of it here."""
+        with self.guard():
+            self.group.send_command(command, payload)
+            return executor.handle(command, payload)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Any exception while ranks work together leaves the group out of step: diagnose, stop
+        every worker and raise ``TensorParallelError`` (also for every later call)."""
+        if self.failure is not None:
+            raise self.failure
+        if self._closed:
+            raise TensorParallelError("the tensor-parallel engine was closed")
+        try:
+            yield
+        except BaseException as exc:
+            self.failure = self._diagnose(exc)
+            self._kill()
+            raise self.failure from exc
+
+    def close(self) -> None:
+        """Stop the workers (politely when they are healthy) and release the groups. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.failure is None:
+            try:
+                self.group.send_command(SHUTDOWN, torch.empty(0, dtype=torch.int64))
+            except Exception:  # noqa: BLE001 - a broken worker is killed below
+                pass
+        self._finalizer()
+        self.group.close()
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        self._finalizer()
+        self.group.abort()
+
+    def _await(self, kind: str, bound_s: float | None) -> None:
+        deadline = None if bound_s is None else time.monotonic() + bound_s
+        pending = set(range(len(self._procs)))
+        while pending:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                ranks = ", ".join(str(i + 1) for i in sorted(pending))
+                self._kill()
+                raise TensorParallelError(f"tensor-parallel worker rank(s) {ranks} did not {kind} within {bound_s:.0f} s")
+            handles: list[Connection | int] = [self._conns[i] for i in pending] + [self._procs[i].sentinel for i in pending]
+            for handle in wait(handles, remaining):
+                i = next(j for j in pending if handle in (self._conns[j], self._procs[j].sentinel))
+                message = _receive(self._conns[i])
+                if message is not None and message[0] == kind:
+                    pending.discard(i)
+                    continue
+                if message is not None and message[0] == "hello":
+                    continue
+                failure = self._describe(i, message[1] if message and message[0] == "error" else None)
+                self._kill()
+                raise TensorParallelError(f"tensor-parallel startup failed: {failure}")
+
+    def _diagnose(self, exc: BaseException) -> TensorParallelError:
+        deadline = time.monotonic() + min(EXIT_GRACE_S, self.timeout_s)
+        reports: dict[int, str] = {}
+        for i, proc in enumerate(self._procs):  # a crashing worker sends its traceback, then exits
+            proc.join(max(0.0, deadline - time.monotonic()))
+            message = _receive(self._conns[i]) if self._conns[i].poll(0) else None
+            if message is not None and message[0] == "error":
+                reports[i] = message[1]
+        problems = [self._describe(i, reports.get(i)) for i in range(len(self._procs))]
+        dead = [p for p, proc in zip(problems, self._procs) if not proc.is_alive() or "raised" in p]
+        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if dead:
+            text = "; ".join(dead)
+        elif "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            text = f"a worker did not answer within {self.timeout_s:.0f} s (hung?): " + "; ".join(problems)
+        else:
+            text = f"the step failed on rank 0 ({cause}); workers: " + "; ".join(problems)
+        return TensorParallelError(
+            f"tensor parallelism failed: {text}. The engine cannot continue; close it and create a new LLM "
+            f"(rank 0 saw {cause})"
+        )
+
+    def _describe(self, i: int, traceback_text: str | None) -> str:
+        proc = self._procs[i]
+        where = f"worker rank {i + 1} (pid {proc.pid})"
+        if traceback_text:
+            last = traceback_text.strip().splitlines()[-1]
+            return f"{where} raised {last}\n{traceback_text}"
+        code = proc.exitcode
+        if code is None:
+            return f"{where} is still running"
+        if code < 0:
+            return f"{where} was killed by {signal.Signals(-code).name}"
+        return f"{where} exited with code {code}"
+
+    def _abort_on_exit(self) -> None:
+        """CUDA only: NCCL does not notice a dead peer by itself; abort so rank 0's wait ends."""
+        sentinels = [p.sentinel for p in self._procs]
+        while not self._closed and self.failure is None:
+            if wait(sentinels, 1.0):
+                if not self._closed:
+                    self.group.abort()
+                return
+
+
+def _receive(conn: Connection) -> tuple[str, Any] | None:
+    try:
+        if conn.poll(0):
+            return conn.recv()  # type: ignore[no-any-return]
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _terminate(procs: list[BaseProcess], conns: list[Connection]) -> None:
+    """Closing our pipe ends tells each worker to exit; kill what has not after a grace period."""
+    for conn in conns:
+        conn.close()
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(EXIT_GRACE_S)
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)

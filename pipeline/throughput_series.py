@@ -1,0 +1,192 @@
+"""Throughput over time, per lane: rows and tokens per fixed interval, stored beside the run record.
+
+Totals hide stalls and tail effects (one lane idle while another finishes its last shard, a long
+scoring batch, a slow S3 write); a series of small intervals shows them. Each lane attempt records
+its own series and rewrites it whole every ``save_every_s`` seconds and at the end (one PUT on S3, a
+rename locally), under ``OUTPUT/_metrics/throughput/<lane>-<attempt>.json``. Intervals with nothing
+finished are kept as zeros: they are the stalls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixflow.pipeline.layout import Layout
+
+SERIES_DIR = ("_metrics", "throughput")
+DEFAULT_INTERVAL_S = 5.0
+SAVE_EVERY_S = 30.0
+FIELDS = ("rows", "prompt_tokens", "cached_tokens", "output_tokens")
+
+
+@dataclass
+class Interval:
+    """What finished during ``[start_s, start_s + seconds)`` after the series began."""
+
+    start_s: float
+    seconds: float
+    rows: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prompt plus output tokens per second (as in the run summary's tok/s)."""
+        return (self.prompt_tokens + self.output_tokens) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_list(self) -> list[float | int]:
+        return [round(self.start_s, 3), round(self.seconds, 3), *(getattr(self, f) for f in FIELDS)]
+
+
+@dataclass
+class LaneSeries:
+    """One lane attempt's intervals. ``started_at`` is wall-clock (epoch seconds), so lanes line up."""
+
+    lane: str
+    attempt: str
+    started_at: float
+    interval_s: float
+    intervals: list[Interval] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        doc = {"version": 1, "lane": self.lane, "attempt": self.attempt, "started_at": self.started_at,
+               "interval_s": self.interval_s, "columns": ["start_s", "seconds", *FIELDS],
+               "intervals": [i.as_list() for i in self.intervals]}  # fmt: skip
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LaneSeries:
+        doc = json.loads(data)
+        rows = [Interval(float(r[0]), float(r[1]), *(int(v) for v in r[2:])) for r in doc["intervals"]]
+        return cls(
+            str(doc["lane"]), str(doc["attempt"]), float(doc["started_at"]), float(doc["interval_s"]), rows
+        )
+
+    def totals(self) -> dict[str, int]:
+        return {f: sum(getattr(i, f) for i in self.intervals) for f in FIELDS}
+
+
+class ThroughputRecorder:
+    """A ProgressSink that bins finished rows into fixed intervals and saves the series now and then.
+
+    ``save`` receives the serialized series (the caller decides where it goes); ``clock`` returns
+    wall-clock seconds (tests pass a fake one)."""
+
+    def __init__(
+        self,
+        lane: str,
+        save: Callable[[LaneSeries], None] | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        save_every_s: float = SAVE_EVERY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = clock
+        now = clock()
+        attempt = f"{int(now * 1000):013x}-{uuid.uuid4().hex[:6]}"
+        self.series = LaneSeries(lane, attempt, now, interval_s)
+        self._save = save
+        self.save_every_s = save_every_s
+        self._last_save = now
+
+    def _current(self, now: float) -> Interval:
+        """The interval ``now`` falls in, opening empty ones for any gap (stalls stay visible)."""
+        s = self.series
+        elapsed = max(now - s.started_at, 0.0)
+        index = int(elapsed // s.interval_s)
+        while len(s.intervals) <= index:
+            s.intervals.append(Interval(len(s.intervals) * s.interval_s, s.interval_s))
+        return s.intervals[index]
+
+    def advance(
+        self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
+    ) -> None:
+        now = self.clock()
+        current = self._current(now)
+        current.rows += rows
+        current.prompt_tokens += prompt_tokens
+        current.cached_tokens += cached_tokens
+        current.output_tokens += output_tokens
+        if self._save is not None and now - self._last_save >= self.save_every_s:
+            self.flush(now)
+
+    def resumed(self, rows: int) -> None:
+        """Rows an earlier attempt finished are not this lane's throughput."""
+
+    def flush(self, now: float | None = None) -> None:
+        """Save the series, with its last interval cut at ``now`` (so a partial interval's rate is right)."""
+        now = self.clock() if now is None else now
+        self._last_save = now
+        s = self.series
+        if s.intervals:
+            self._current(now)
+            last = s.intervals[-1]
+            last.seconds = max(min(s.interval_s, now - s.started_at - last.start_s), 1e-3)
+        if self._save is not None:
+            self._save(s)
+        if s.intervals:
+            s.intervals[-1].seconds = s.interval_s  # the interval keeps filling after a mid-way save
+
+
+def saver(layout: Layout) -> Callable[[LaneSeries], None]:
+    """Write a lane's series under the output root (a lane attempt owns its file; rewritten whole)."""
+
+    def save(series: LaneSeries) -> None:
+        layout.store.write_atomic(
+            layout.path(*SERIES_DIR, f"{series.lane}-{series.attempt}.json"), series.to_json()
+        )
+
+    return save
+
+
+def load_series(layout: Layout) -> list[LaneSeries]:
+    """Every lane attempt's series under the output root, oldest first; unreadable files are skipped
+    (a series is a report, never a reason to fail)."""
+    out = []
+    for path in layout.store.list_files(layout.path(*SERIES_DIR)):
+        if not path.endswith(".json"):
+            continue
+        try:
+            out.append(LaneSeries.from_json(layout.store.read_bytes(path)))
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+    return sorted(out, key=lambda s: (s.started_at, s.lane))
+
+
+def run_timeline(series: list[LaneSeries], interval_s: float | None = None) -> list[Interval]:
+    """All lanes added up on one wall-clock axis (from the first lane's start), in ``interval_s`` bins."""
+    if not series:
+        return []
+    step = interval_s or max(s.interval_s for s in series)
+    t0 = min(s.started_at for s in series)
+    bins: dict[int, Interval] = {}
+    for s in series:
+        for i in s.intervals:
+            index = int((s.started_at - t0 + i.start_s) // step)
+            b = bins.setdefault(index, Interval(index * step, step))
+            for f in FIELDS:
+                setattr(b, f, getattr(b, f) + getattr(i, f))
+    last = max(bins)
+    return [bins.get(k, Interval(k * step, step)) for k in range(last + 1)]
+
+
+def summary_of(series: list[LaneSeries]) -> dict[str, Any]:
+    """Per lane: totals, active seconds, peak and median tok/s (what `status` and the artifact show)."""
+    lanes = []
+    for s in series:
+        rates = sorted(i.tokens_per_s for i in s.intervals)
+        lanes.append({"lane": s.lane, "attempt": s.attempt, "started_at": s.started_at, **s.totals(),
+                      "seconds": round(sum(i.seconds for i in s.intervals), 3),
+                      "peak_tokens_per_s": round(rates[-1], 2) if rates else 0.0,
+                      "median_tokens_per_s": round(rates[len(rates) // 2], 2) if rates else 0.0,
+                      "idle_intervals": sum(1 for i in s.intervals if i.rows == 0)})  # fmt: skip
+    return {"lanes": lanes}

@@ -1,0 +1,95 @@
+"""Throughput over time: per-lane intervals (stalls kept as zeros), stored and read back, merged on one
+clock, drawn as a sparkline and an SVG (and a PNG where matplotlib is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from prefixflow.pipeline.charts import png_chart, sparkline, svg_chart
+from prefixflow.pipeline.config import StorageConfig
+from prefixflow.pipeline.layout import Layout
+from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.throughput_series import (
+    LaneSeries,
+    ThroughputRecorder,
+    load_series,
+    run_timeline,
+    saver,
+    summary_of,
+)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record(lane: str, start: float, pattern: list[int], save=None) -> ThroughputRecorder:
+    """One row of 100 prompt / 10 output tokens per entry of ``pattern`` per 5 s interval."""
+    clock = Clock(start)
+    rec = ThroughputRecorder(lane, save=save, interval_s=5.0, save_every_s=1e9, clock=clock)
+    for k, rows in enumerate(pattern):
+        clock.now = start + 5 * k + 1
+        for _ in range(rows):
+            rec.advance(1, prompt_tokens=100, cached_tokens=40, output_tokens=10)
+    clock.now = start + 5 * (len(pattern) - 1) + 2.5  # the run ends half-way through the last interval
+    rec.flush()
+    return rec
+
+
+def test_intervals_keep_stalls_and_the_last_partial_interval(tmp_path: Path) -> None:
+    saved: list[bytes] = []
+    rec = _record("lane-0", 1000.0, [3, 0, 0, 2], save=lambda s: saved.append(s.to_json()))
+    series = LaneSeries.from_json(saved[-1])
+    assert [i.rows for i in series.intervals] == [3, 0, 0, 2]  # the stall shows as zeros
+    assert [i.seconds for i in series.intervals] == [5.0, 5.0, 5.0, 2.5]
+    assert (
+        series.intervals[0].tokens_per_s == 3 * 110 / 5 and series.intervals[3].tokens_per_s == 2 * 110 / 2.5
+    )
+    assert series.totals() == {"rows": 5, "prompt_tokens": 500, "cached_tokens": 200, "output_tokens": 50}
+    rec.resumed(100)  # rows of an earlier attempt are not this lane's throughput
+    assert sum(i.rows for i in rec.series.intervals) == 5
+
+
+def test_series_are_stored_beside_the_run_and_merged_on_one_clock(tmp_path: Path) -> None:
+    layout = Layout(Store.open(str(tmp_path / "out"), StorageConfig()))
+    _record("lane-0", 1000.0, [2, 2, 2], save=saver(layout))
+    _record("lane-1", 1005.0, [4, 0], save=saver(layout))  # started one interval later
+    (tmp_path / "out" / "_metrics" / "throughput" / "junk.json").write_text("{not json")
+    series = load_series(layout)
+    assert [s.lane for s in series] == ["lane-0", "lane-1"]
+    timeline = run_timeline(series)
+    assert [i.rows for i in timeline] == [2, 6, 2]
+    lanes = summary_of(series)["lanes"]
+    assert lanes[1]["rows"] == 4 and lanes[1]["idle_intervals"] == 1 and lanes[0]["peak_tokens_per_s"] > 0
+
+
+def test_sparkline_and_svg_chart() -> None:
+    assert (
+        sparkline([0, 5, 10]) == "▁▅█"
+        and sparkline([0, 0]) == "▁▁"
+        and len(sparkline(list(range(300)), 60)) == 60
+    )
+    series = [_record("lane-0", 1000.0, [2, 2, 0, 2]).series, _record("lane-1", 1005.0, [4, 1]).series]
+    svg = svg_chart(series)
+    root = ET.fromstring(svg)  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = root.findall(f"{ns}polyline")
+    assert len(lines) == 3  # two lanes and their sum
+    assert [len(p.get("points", "").split()) for p in lines[:2]] == [4, 2]
+    labels = [t.text for t in root.iter(f"{ns}text")]
+    assert "lane-0" in labels and "all lanes" in labels
+
+
+def test_png_chart_when_matplotlib_is_installed() -> None:
+    series = [_record("lane-0", 1000.0, [1, 2]).series]
+    png = png_chart(series)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert png is None  # the optional extra is missing: no PNG, the SVG still exists
+    else:
+        assert png is not None and png.startswith(b"\x89PNG")
