@@ -74,6 +74,7 @@ def batch_inference(
     shard_rows: int | None = None,
     flush_rows: int | None = None,
     flush_seconds: float | None = None,
+    quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     endpoint_url: str | None = None,
     storage_options: dict[str, Any] | None = None,

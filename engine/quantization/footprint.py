@@ -21,16 +21,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | None) -> dict[str, Any]:
-    """``{"quantization": {...}, "weight_bytes": n}`` for a model given by its HF-shaped config."""
+    """``{"quantization": {...}, "weight_bytes": n}`` for a model given by its HF-shaped config
+    (``weight_bytes`` None for a config the engine cannot shape; loading it fails with the reason)."""
     from prefixflow import kernels
     from prefixflow.engine.attention import make_attention_backend
     from prefixflow.engine.model_config import ModelConfig
     from prefixflow.engine.models.llama import LlamaForCausalLM
 
-    quant = resolve_quantization(hf_config, quantization)
+    quant = resolve_quantization(hf_config, quantization)  # a bad quantization fails here, before loading
+    try:
+        cfg = ModelConfig.from_hf(hf_config)
+    except (ValueError, KeyError, TypeError):  # not a model this engine shapes: the loader says why
+        return {"quantization": quant.describe(), "weight_bytes": None}
     ops = kernels.select("torch", torch.device("cpu"))  # the kernels do not change what weights take
     with torch.device("meta"):
-        model = LlamaForCausalLM(ModelConfig.from_hf(hf_config), DTYPES[dtype], ops, make_attention_backend(ops), quant)
+        model = LlamaForCausalLM(cfg, DTYPES[dtype], ops, make_attention_backend(ops), quant)
     return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
 
 
