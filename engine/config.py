@@ -8,10 +8,11 @@ from typing import Literal
 
 Ordering = Literal["prefix", "fifo"]
 KernelBackendName = Literal["auto", "torch", "triton"]
-# quantization=: on the fly, or (as a check) a checkpoint's own method; see docs/models.md
+# quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
+# checkpoint's own method; see docs/models.md "Quantized models"
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
 CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
-QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + CHECKPOINT_QUANTIZATION
+QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + ("none",) + CHECKPOINT_QUANTIZATION
 
 
 @dataclass(frozen=True)

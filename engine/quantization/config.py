@@ -83,18 +83,25 @@ def resolve_quantization(hf_config: dict[str, Any], requested: str | None = None
     """The config for a model: its checkpoint's ``quantization_config``, or an on-the-fly method.
 
     ``requested`` is ``EngineConfig.quantization``: None (use what the checkpoint says), one of
-    ``int8``/``int4``/``fp8`` (quantize a full-precision checkpoint while loading), or the checkpoint's
-    own method name (accepted as a check).
+    ``int8``/``int4``/``fp8`` (quantize a full-precision checkpoint while loading), ``none`` (every
+    layer dense; GGUF blocks are dequantized), or the checkpoint's own method name (accepted as a check).
     """
     qc = hf_config.get("quantization_config")
-    if requested is not None and requested not in ONLINE_METHODS + CHECKPOINT_METHODS:
+    if requested is not None and requested not in (*ONLINE_METHODS, "none", *CHECKPOINT_METHODS):
         raise QuantizationError(
             f"quantization={requested!r} is not supported; supported: {', '.join(ONLINE_METHODS)} "
-            f"(on the fly), or a checkpoint's own {', '.join(CHECKPOINT_METHODS)}"
+            f"(on the fly), none (dense), or a checkpoint's own {', '.join(CHECKPOINT_METHODS)}"
         )
     if qc is not None and not isinstance(qc, dict):
         raise QuantizationError(f"quantization_config must be a mapping, got {type(qc).__name__}")
     method = str(qc.get("quant_method", "")).lower() if qc else ""
+    if requested == "none":  # dense: a full-precision checkpoint, or GGUF blocks dequantized at load
+        if qc and method != "gguf":
+            raise QuantizationError(
+                f"quantization='none' asks for dense weights, but this is a {method or 'quantized'} "
+                "checkpoint (it holds no full-precision weights); drop the quantization option"
+            )
+        return NO_QUANTIZATION
     if method == "gguf":  # set by the GGUF loader: the file's own block types
         from prefixflow.engine.quantization.gguf_blocks import GGUFConfig
 

@@ -55,12 +55,15 @@ def test_unsupported_method_fails_in_the_constructor_before_loading(quant_root, 
 
 
 def test_bad_quantization_option():
-    with pytest.raises(ValueError, match=r"EngineConfig\.quantization='int3' is invalid; expected None or one of int8, int4, fp8"):
+    with pytest.raises(ValueError, match=r"EngineConfig\.quantization='int3' is invalid; expected None or one of int8, int4, fp8, none"):
         LLM("tiny", quantization="int3")
     with pytest.raises(QuantizationError, match=r"already quantized \(gptq\)"):
         resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "int8")
     with pytest.raises(QuantizationError, match=r"quantization='awq', but .*quant_method is gptq"):
         resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "awq")
+    with pytest.raises(QuantizationError, match=r"quantization='none' asks for dense weights, but this is a gptq"):
+        resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "none")
+    assert resolve_quantization({"quantization_config": {"quant_method": "gguf"}}, "none").method == "none"
 
 
 @pytest.fixture(scope="module")
