@@ -3,7 +3,7 @@
 A backend builds its own per-step metadata from the flat step (``build_metadata``), owns the static
 buffers a CUDA-graph decode step reads (``make_decode_buffers``), and runs store + attend
 (``forward``). The model runner and the decode graphs only call these three, so a new backend (a
-FlashInfer-style planner, say) needs no edit to model_runner.py or decode_graphs.py. Metadata is
+FlashInfer-style planner, say) needs no edit to model_shard.py or decode_graphs.py. Metadata is
 opaque to the model: layers hand it back to the backend that made it. There is no global forward
 context.
 """

@@ -23,6 +23,10 @@ class EngineConfig:
     None, the pool takes ``gpu_memory_utilization`` of the device memory left after weights and a
     warm-up step.
 
+    ``tensor_parallel_size`` splits one model over that many devices (GPUs, or CPU processes with gloo):
+    this process is rank 0 and spawns the others. ``distributed_timeout_s`` bounds how long a rank waits
+    for a peer inside a step before a hung worker becomes a ``TensorParallelError``.
+
     ``kernel_backend`` picks the implementation of all five kernels (KV store, paged attention,
     RMSNorm, rotary, SiLU-and-mul). ``attention_backend`` is its old name, still accepted with a
     ``FutureWarning`` and folded into ``kernel_backend`` (it reads None afterwards).
@@ -44,6 +48,7 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
+    distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
 
@@ -87,5 +92,7 @@ class EngineConfig:
             raise bad("kernel_backend", "one of auto, torch, triton")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
-        if self.tensor_parallel_size != 1:
-            raise bad("tensor_parallel_size", "1 (tensor parallelism is not built yet)")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
+        if not self.distributed_timeout_s > 0:
+            raise bad("distributed_timeout_s", "a positive number of seconds")

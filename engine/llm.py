@@ -23,7 +23,8 @@ class LLM:
 
     ``model`` is a preset name (``tiny``), the embedded default (``smollm2-135m-instruct``), an HF
     directory, a ``.gguf`` file or an in-memory ``ModelSource``; other keywords are ``EngineConfig``
-    fields.
+    fields. With ``tensor_parallel_size=N`` it owns N-1 worker processes: use it as a context manager
+    or call ``close()`` to stop them deterministically.
     """
 
     def __init__(self, model: str | ModelSource = "tiny", **options) -> None:
@@ -171,6 +172,17 @@ class LLM:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes now (garbage collection and interpreter exit do it
+        too). The LLM cannot generate afterwards. A no-op without tensor parallelism; idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def stats(self) -> EngineStats:
         return self.engine.stats

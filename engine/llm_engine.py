@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
@@ -129,6 +130,10 @@ class LLMEngine:
         """Drop every queued and running request, returning their blocks to the pool."""
         return self.scheduler.abort_all()
 
+    def close(self) -> None:
+        """Release the tensor-parallel workers; the engine cannot step afterwards. Idempotent."""
+        self.runner.close()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
@@ -168,6 +173,8 @@ class LLMEngine:
         every row into an error result."""
         try:
             return self.runner.execute(scheduled, self.structured)
+        except TensorParallelError:
+            raise  # the ranks are out of step: no request can run again on this engine
         except Exception as batch_error:
             if len(scheduled) == 1:
                 raise

@@ -24,7 +24,7 @@ class StepInputs:
     slot_mapping: np.ndarray
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
-    block_tables: list[list[int]]
+    block_tables: list[list[int]] | np.ndarray  # an int32 [B, W] array on tensor-parallel workers
     sample_rows: list[int] = field(default_factory=list)
     sample_requests: list[Request] = field(default_factory=list)
     score_rows: list[int] = field(default_factory=list)
@@ -81,6 +81,14 @@ def build_step_inputs(scheduled: SchedulerOutput, block_size: int) -> StepInputs
     return step
 
 
-def block_table_array(tables: list[list[int]], width: int | None = None) -> np.ndarray:
+def block_table_array(tables: list[list[int]] | np.ndarray, width: int | None = None) -> np.ndarray:
+    if isinstance(tables, np.ndarray):  # already padded (a step broadcast to tensor-parallel workers)
+        return tables if width is None or width == tables.shape[1] else _widen(tables, width)
     width = width or max(len(t) for t in tables)
     return np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int32)
+
+
+def _widen(tables: np.ndarray, width: int) -> np.ndarray:
+    out = np.zeros((tables.shape[0], width), dtype=np.int32)
+    out[:, : tables.shape[1]] = tables
+    return out

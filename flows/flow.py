@@ -58,7 +58,10 @@ def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float) -> di
     `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(spec).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
-    get_run_logger().info("run summary: %s", metrics)
+    logger = get_run_logger()
+    logger.info("run summary: %s", metrics)
+    if metrics.get("label_warning"):
+        logger.warning("%s", metrics["label_warning"])
     return metrics
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -119,7 +120,8 @@ def _run_shards(
         pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
     llm = _load_engine(spec)
     try:
-        for outcome in run_shards(spec, pending, llm):
+        warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
+        for outcome in run_shards(spec, pending, llm, warn=warn):
             shard_id = outcome.shard.shard_id
             if outcome.result is None:
                 failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")

@@ -28,6 +28,8 @@ def run_metrics(totals: Mapping[str, Any], reports: Sequence[LaneReport], wall_s
     cached = sum(r.cached_tokens for r in generated)
     output = sum(r.output_tokens for r in generated)
     metrics: dict[str, Any] = dict(totals)
+    if metrics.get("label_warning") is None:
+        metrics.pop("label_warning", None)  # only label jobs that collapsed carry one
     metrics.update(
         run_lanes=len(reports),
         run_shards_generated=len(generated),
@@ -60,10 +62,11 @@ def summary_table(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:
-    """Create the run-summary table artifact."""
-    return create_table_artifact(
-        summary_table(metrics), key=SUMMARY_KEY, description=f"prefixflow run summary for {output}"
-    )
+    """Create the run-summary table artifact; a label-collapse warning also leads its description."""
+    description = f"prefixflow run summary for {output}"
+    if metrics.get("label_warning"):
+        description = f"WARNING: {metrics['label_warning']}\n\n{description}"
+    return create_table_artifact(summary_table(metrics), key=SUMMARY_KEY, description=description)
 
 
 class ShardProgress:

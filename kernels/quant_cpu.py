@@ -42,7 +42,7 @@ class _RowMajor:
                     q = q[perm]
                 group = int(counts[0])
             else:
-                raise ValueError("g_idx whose groups differ in size cannot be reordered into contiguous groups")
+                raise ValueError("g_idx whose groups differ in size cannot be reordered into contiguous groups")  # noqa: E501
         self.group = group
         self.num_groups = -(-w.in_features // group)
         self.k = w.in_features
@@ -124,6 +124,55 @@ class DequantChunks:
         return out.to(x.dtype).reshape(*x.shape[:-1], self.n)
 
 
+class GatherChunks:
+    """Like ``DequantChunks`` for any ``g_idx``: each chunk gathers its per-input scales through it.
+
+    Needed where groups cannot be made contiguous, e.g. one tensor-parallel rank of an act-order
+    layer, whose inputs draw unevenly on the groups. 4-bit codes are two per byte (even and odd
+    inputs).
+    """
+
+    name = "cpu-dequant-gather"
+
+    def __init__(self, w: PackedWeight, dtype: torch.dtype) -> None:
+        q = unpack_rows(w.qweight, w.bits, w.in_features).t()  # [N, K]
+        groups = w.group_index()
+        self.planes = w.bits == 4 and w.in_features % 2 == 0
+        if self.planes:
+            self.codes = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8).contiguous()
+            self.g_lo, self.g_hi = groups[0::2].contiguous(), groups[1::2].contiguous()
+        else:
+            self.codes = q.to(torch.uint8).contiguous()
+            self.g_lo = self.g_hi = groups
+        self.scales = w.scales.float().t().contiguous()  # [N, G]
+        zero = w.zeros.float().t() if w.zeros is not None else torch.full_like(self.scales, w.default_zero)
+        mins = w.mins.float().t() if w.mins is not None else 0.0
+        self.shift = (mins - zero * self.scales).contiguous()  # w = q * s + shift
+        self.n = self.codes.shape[0]
+        self.rows = max(16, min(self.n, _CHUNK_BYTES // (w.in_features * 4)))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes, "scales": self.scales, "shift": self.shift, "g_lo": self.g_lo, "g_hi": self.g_hi}
+
+    def _dense(self, codes: torch.Tensor, start: int, stop: int, g: torch.Tensor) -> torch.Tensor:
+        return codes * self.scales[start:stop].index_select(1, g) + self.shift[start:stop].index_select(1, g)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        out = torch.empty(x2.shape[0], self.n, dtype=torch.float32, device=x.device)
+        for start in range(0, self.n, self.rows):
+            stop = min(self.n, start + self.rows)
+            codes, part = self.codes[start:stop], out[:, start:stop]
+            if self.planes:
+                torch.mm(x2[:, 0::2], self._dense(codes & 15, start, stop, self.g_lo).t(), out=part)
+                part.addmm_(x2[:, 1::2], self._dense(codes >> 4, start, stop, self.g_hi).t())
+            else:
+                torch.mm(x2, self._dense(codes, start, stop, self.g_lo).t(), out=part)
+        if bias is not None:
+            out += bias.float()
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.n)
+
+
 class Int8Pack:
     """``torch._weight_int8pack_mm`` on ``(q - 128)`` with per-channel scales; asymmetric zeros and
     mins become one rank-1 correction ``rowsum(x) * ((128 - z) * s + m)``."""
@@ -183,7 +232,7 @@ class Int4Pack:
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-CpuKernel = DequantChunks | Int8Pack | Int4Pack
+CpuKernel = DequantChunks | GatherChunks | Int8Pack | Int4Pack
 
 
 def select_cpu_kernel(w: PackedWeight, dtype: torch.dtype, prefer: str = "auto") -> CpuKernel:
@@ -201,7 +250,10 @@ def select_cpu_kernel(w: PackedWeight, dtype: torch.dtype, prefer: str = "auto")
                 return Int4Pack(w, dtype)
             except (AssertionError, ValueError):
                 pass
-    return DequantChunks(w, dtype)
+    try:
+        return DequantChunks(w, dtype)
+    except ValueError:  # groups of unequal size: gather scales per input instead
+        return GatherChunks(w, dtype)
 
 
 def _one_group(w: PackedWeight) -> bool:

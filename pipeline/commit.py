@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.hooks import hook
+from prefixflow.pipeline.label_watch import label_counts
 from prefixflow.pipeline.layout import Layout
 
 COUNT_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens")
@@ -33,27 +34,32 @@ class PartInfo:
     errors_by_class: dict[str, int]
     tokens: dict[str, int]
     row_keys: list[int] = field(default_factory=list, repr=False)
+    label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: rows per label
 
     def marker_part(self, layout: Layout) -> MarkerPart:
         return MarkerPart(layout.rel(self.staged), layout.rel(self.data), self.rows, self.error_rows)
 
 
-def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[str, int]]:
-    table = pq.read_table(io.BytesIO(data), columns=["row_index", "error_class", *COUNT_COLUMNS])
+def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[str, int], dict[str, int]]:
+    part = pq.ParquetFile(io.BytesIO(data))
+    has_label = "label" in part.schema_arrow.names
+    table = part.read(columns=["row_index", "error_class", *COUNT_COLUMNS, *(["label"] if has_label else [])])
     keys = table.column("row_index").to_pylist()
     classes: dict[str, int] = {}
     for c in table.column("error_class").to_pylist():
         if c is not None:
             classes[c] = classes.get(c, 0) + 1
     tokens = {c: int(sum(v or 0 for v in table.column(c).to_pylist())) for c in COUNT_COLUMNS}
-    return keys, sum(classes.values()), classes, tokens
+    labels = label_counts(table.column("label").to_pylist()) if has_label else {}
+    return keys, sum(classes.values()), classes, tokens, labels
 
 
 def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartInfo:
     attempt, name = staged.rsplit("/", 2)[-2:]
     n = int(name.removeprefix("part-").removesuffix(".parquet"))
-    keys, errors, classes, tokens = _summarize_part(data)
-    return PartInfo(staged, layout.data_part(shard_id, attempt, n), len(keys), errors, classes, tokens, keys)
+    keys, errors, classes, tokens, labels = _summarize_part(data)
+    return PartInfo(staged, layout.data_part(shard_id, attempt, n), len(keys), errors, classes, tokens, keys,
+                    labels)  # fmt: skip
 
 
 def scan_staged(layout: Layout, shard_id: str) -> list[PartInfo]:
@@ -113,6 +119,7 @@ class CommitMarker:
     output_tokens: int
     elapsed_s: float
     parts: tuple[MarkerPart, ...]
+    label_counts: dict[str, int] = field(default_factory=dict)  # label jobs; absent in older markers
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -127,9 +134,12 @@ class CommitMarker:
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
                  elapsed_s: float, num_rows: int) -> CommitMarker:  # fmt: skip
     classes: dict[str, int] = {}
+    labels: dict[str, int] = {}
     for p in parts:
         for k, v in p.errors_by_class.items():
             classes[k] = classes.get(k, 0) + v
+        for k, v in p.label_counts.items():
+            labels[k] = labels.get(k, 0) + v
     return CommitMarker(
         shard_id=shard_id,
         fingerprint=fingerprint,
@@ -144,6 +154,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
         output_tokens=sum(p.tokens["output_tokens"] for p in parts),
         elapsed_s=elapsed_s,
         parts=tuple(p.marker_part(layout) for p in parts),
+        label_counts=dict(sorted(labels.items())),
     )
 
 

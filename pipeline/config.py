@@ -18,6 +18,8 @@ CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
 LABEL_MODES = ("score", "generate", "constrained")
+LABEL_CALIBRATIONS = ("contextual", "domain", "none")  # how pipeline/label_scoring.py calibrates
+LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
@@ -53,6 +55,12 @@ class LabelConfig:
     labels: tuple[str, ...] = ()
     mode: str = "score"
     choice_prefix: str = " "
+    # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
+    # measured on reference prompts: contextual | domain | none
+    calibration: str = "contextual"
+    content_free: tuple[str, ...] = ("N/A", "", "[MASK]")  # contextual: stand-ins for the row's values
+    length_norm: str = "sum"  # a label's log-prob: sum over its tokens | mean per token
+    case_variants: bool = True  # "Billing" also counts for "billing" (and the reverse)
 
 
 @dataclass(frozen=True)
@@ -160,8 +168,14 @@ def _label(data: Any, task: str) -> LabelConfig:
     d = _sub(LabelConfig, data, "label")
     if "labels" in d:
         d["labels"] = _str_list(d["labels"], "label.labels")
+    if "content_free" in d:
+        d["content_free"] = _content_free(d["content_free"])
     cfg = LabelConfig(**d)
     _choice(cfg.mode, LABEL_MODES, "label.mode")
+    _choice(cfg.calibration, LABEL_CALIBRATIONS, "label.calibration")
+    _choice(cfg.length_norm, LABEL_LENGTH_NORMS, "label.length_norm")
+    if not isinstance(cfg.case_variants, bool):
+        raise _fail("label.case_variants", f"expected true or false, got {cfg.case_variants!r}")
     if not isinstance(cfg.choice_prefix, str):
         raise _fail("label.choice_prefix", f"expected a string, got {cfg.choice_prefix!r}")
     if task == "label":
@@ -169,7 +183,28 @@ def _label(data: Any, task: str) -> LabelConfig:
             raise _fail("label.labels", "a label job needs at least two labels, e.g. [positive, negative]")
         if len(set(cfg.labels)) != len(cfg.labels):
             raise _fail("label.labels", f"labels must be unique, got {list(cfg.labels)}")
+        if cfg.mode == "score":
+            _distinct_forms(cfg)
     return cfg
+
+
+def _content_free(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+        raise _fail("label.content_free", f"expected a non-empty list of strings (\"\" allowed), got {value!r}")
+    return tuple(value)
+
+
+def _distinct_forms(cfg: LabelConfig) -> None:
+    from prefixflow.pipeline.label_scoring import surface_forms
+
+    seen: dict[str, str] = {}
+    for label in cfg.labels:
+        for form in surface_forms(label, cfg.case_variants):
+            if form in seen and seen[form] != label:
+                raise _fail("label.labels", f"{seen[form]!r} and {label!r} differ only in the case of their "
+                            "first letter, which case_variants treats as the same answer; rename one or set "
+                            "label.case_variants: false")  # fmt: skip
+            seen[form] = label
 
 
 def _output(data: Any) -> OutputConfig:
@@ -268,6 +303,10 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     _check_sampling(cfg.sampling)
     check_job_constraint(cfg)
     _check_template(cfg.template, "template")
+    if task == "label":
+        from prefixflow.pipeline.label_references import check_references
+
+        check_references(cfg)
     if task == "summarize":
         _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
     return cfg

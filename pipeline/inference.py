@@ -1,14 +1,12 @@
 """Run prepared rows through the engine and yield finished output records as they complete.
 
-generate/summarize stream from ``llm.generate_stream``; label/score calls ``llm.score_choices`` in
-batches; map_reduce rows summarize their chunks, then the joined chunk summaries.
+generate/summarize stream from ``llm.generate_stream``; label/score is labeling.py (calibrated
+``llm.score_choices`` in batches); map_reduce rows summarize their chunks, then the joined chunk summaries.
 """
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +20,7 @@ from prefixflow.pipeline.errors import (
     RowError,
 )
 from prefixflow.pipeline.extract import Extraction
+from prefixflow.pipeline.labeling import score_labels
 from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
 
@@ -83,38 +82,6 @@ def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterat
     extraction = Extraction(cfg.schema) if cfg.task == "extract" and cfg.schema is not None else None
     for out in outs:
         yield _finished(rows[int(out.request_id)], out, cfg, extraction)
-
-
-def score_labels(llm: Engine, cfg: JobConfig, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
-    labels = cfg.label.labels
-    choices = [cfg.label.choice_prefix + lb for lb in labels]
-    for i in range(0, len(rows), batch):
-        chunk = rows[i : i + batch]
-        start = time.perf_counter()
-        usage: list[dict[str, int]] = []
-        scores = llm.score_choices([p.prompt_ids for p in chunk], [choices] * len(chunk), usage=usage)
-        # Per row: prompt_tokens is the row's own tokenized prompt (counted once, not once per label);
-        # cached_tokens is that prompt scaled by the share of the row's scoring tokens (prompt + each
-        # label) the prefix cache served; nothing is generated; latency is the batch's wall time, when
-        # every row's scores became available.
-        latency = time.perf_counter() - start
-        for p, score, use in zip(chunk, scores, usage):
-            share = use["cached_tokens"] / use["tokens"] if use["tokens"] else 0.0
-            counts = {
-                "prompt_tokens": len(p.prompt_ids),
-                "cached_tokens": round(len(p.prompt_ids) * share),
-                "output_tokens": 0,
-                "latency_s": latency,
-            }
-            if isinstance(score, str):
-                yield error_record(p.base, ENGINE_ERROR, score, **counts)
-                continue
-            top = max(score)
-            weights = [math.exp(s - top) for s in score]
-            total = sum(weights)
-            probs = {lb: w / total for lb, w in zip(labels, weights)}
-            best = max(labels, key=lambda lb: probs[lb])
-            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
 
 
 def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
@@ -186,7 +153,7 @@ def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int) ->
     cfg = prep.cfg
     single = [p for p in rows if p.prompt is not None]
     if cfg.task == "label" and cfg.label.mode == "score":
-        yield from score_labels(llm, cfg, single, batch)
+        yield from score_labels(llm, prep, single, batch)
     else:
         yield from stream_generate(llm, cfg, single)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
@@ -73,6 +74,17 @@ def summary_table(summary: RunSummary) -> Table:
     ]
     if summary.shards_in_progress:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))
+    if summary.label_counts:
+        rows.append(("labels", label_shares(summary.label_counts)))
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(k, Text(v))
+    if summary.label_warning:
+        t.add_row(Text("warning", style="bold yellow"), Text(summary.label_warning, style="yellow"))
     return t
+
+
+def label_shares(counts: dict[str, int]) -> str:
+    """``billing 97% (291), shipping 2% (6)``: the committed rows per label, most frequent first."""
+    total = sum(counts.values()) or 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{label} {n / total:.0%} ({n})" for label, n in ranked)

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.text import Text
 
 REFRESH_ENV = "PREFIXFLOW_PROGRESS_REFRESH"
 INTERVAL_ENV = "PREFIXFLOW_PROGRESS_INTERVAL"
@@ -185,6 +186,15 @@ class ProgressDisplay:
             self.resumed_rows += rows
             if self._bar is not None:
                 self._draw()
+
+    def warn(self, message: str) -> None:
+        """A warning about the rows (label collapse): printed above the bar, or as its own log line."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.console.print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+                self._draw()
+            else:
+                self.emit(f"warning: {message}")
 
     # -- numbers ----------------------------------------------------------------------------------
     def _engine_tokens(self) -> int | None:

@@ -23,10 +23,12 @@ from prefixflow.pipeline.errors import (
     UNDECODABLE_TEXT,
     RowError,
 )
+from prefixflow.pipeline.template_cells import BlankCellPrinted, NullCellPrinted, cell_value, is_none
 
 _ENV = ImmutableSandboxedEnvironment(
     undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
 )
+_ENV.tests["none"] = is_none  # a null cell is a MissingCell, and still `is none`
 
 
 @lru_cache(maxsize=64)
@@ -63,10 +65,17 @@ def as_text(value: Any, what: str) -> str:
 
 
 def render_template(source: str, row: dict[str, Any]) -> str:
-    """Render one row; every failure (missing column, sandbox violation, runtime error) is a RowError."""
-    context = {k: _decoded(v) for k, v in row.items()}
+    """Render one row; every failure (missing column, sandbox violation, runtime error) is a RowError.
+
+    A null or blank cell the template prints is a ``null_prompt`` / ``empty_prompt`` row error, unless
+    the template handles it (see ``template_cells``)."""
+    context = {k: cell_value(k, _decoded(v)) for k, v in row.items()}
     try:
         return compile_template(source).render(**context)
+    except NullCellPrinted as exc:
+        raise RowError(NULL_PROMPT, str(exc)) from exc
+    except BlankCellPrinted as exc:
+        raise RowError(EMPTY_PROMPT, str(exc)) from exc
     except jinja2.UndefinedError as exc:
         raise RowError(TEMPLATE_ERROR, f"template references a missing value: {exc}") from exc
     except Exception as exc:  # SecurityError, TypeError in filters, ...

@@ -23,6 +23,7 @@ from prefixflow.pipeline.errors import (
     JobConfigError,
     RowError,
 )
+from prefixflow.pipeline.label_scoring import label_choices
 from prefixflow.pipeline.prompts import (
     as_text,
     chat_renderer,
@@ -80,8 +81,8 @@ class RowPreparer:
         self.reserve = 1
         if cfg.task == "label" and cfg.label.mode == "score":
             self.reserve = max(
-                len(self.tok.encode(cfg.label.choice_prefix + lb, add_special_tokens=False))
-                for lb in cfg.label.labels
+                len(self.tok.encode(choice, add_special_tokens=False))
+                for choice in label_choices(cfg).choices
             )
 
     def constrained_labels(self) -> tuple[str, ...]:
@@ -149,13 +150,21 @@ class RowPreparer:
             ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
         return render_template(self.template, ctx)
 
-    def encode(self, user_text: str) -> list[int]:
-        check_nonempty(user_text)
+    def encode(self, user_text: str, allow_blank: bool = False) -> list[int]:
+        if not allow_blank:
+            check_nonempty(user_text)
         if self.wrap:
             return self.tok.encode(self.wrap(user_text), add_special_tokens=False)
         if self.cfg.system_prompt:  # no chat template: the system prompt leads as plain text
             user_text = f"{self.cfg.system_prompt}\n\n{user_text}"
         return self.tok.encode(user_text, add_special_tokens=True)
+
+    def encode_reference(self, user_text: str) -> list[int]:
+        """A label-calibration reference prompt (label_references), wrapped like the rows' prompts."""
+        if self.render_chat is not None and self.template is None and not self.cfg.prompt_column:
+            return list(self.tok.encode(self.render_chat([{"role": "user", "content": user_text}]),
+                                        add_special_tokens=False))  # fmt: skip
+        return self.encode(user_text, allow_blank=True)
 
     def encode_messages(self, row: dict[str, Any]) -> list[int] | None:
         """The row's conversation through the chat template, or None when the row has no messages and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +17,8 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.inference import execute
+from prefixflow.pipeline.label_watch import LabelWatch
+from prefixflow.pipeline.labeling import CalibrationError
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.output_schema import base_record, encode_part, error_record, output_schema
 from prefixflow.pipeline.planning import Shard
@@ -52,12 +54,13 @@ class ShardResult:
     elapsed_s: float = 0.0
     skipped: bool = False
     resumed_rows: int = 0  # rows found already flushed by an earlier attempt
+    label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: rows per label
 
     @classmethod
     def from_marker(cls, marker: commits.CommitMarker, skipped: bool, resumed_rows: int = 0) -> ShardResult:
         return cls(marker.shard_id, marker.rows, marker.error_rows, dict(marker.errors_by_class),
                    marker.prompt_tokens, marker.cached_tokens, marker.output_tokens,
-                   marker.elapsed_s, skipped, resumed_rows)  # fmt: skip
+                   marker.elapsed_s, skipped, resumed_rows, dict(marker.label_counts))  # fmt: skip
 
 
 def is_committed(spec: JobSpec, shard: Shard) -> bool:
@@ -91,10 +94,13 @@ class _Flusher:
         self.buffer = []
 
 
-def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None = None) -> ShardResult:
+def run_shard(
+    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None = None, *,
+    label_watch: LabelWatch | None = None,
+) -> ShardResult:  # fmt: skip
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
-    Raises ShardError when the input file cannot be read."""
+    Raises ShardError when the input file cannot be read. ``label_watch`` sees every finished row."""
     start = time.perf_counter()
     layout = output_layout(spec)
     record = check_fingerprint(spec, layout, read_run_record(layout))
@@ -128,6 +134,8 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink |
 
     def emit(rec: dict[str, Any]) -> None:
         flusher.add(rec)
+        if label_watch is not None:
+            label_watch.observe(rec)
         if progress is not None:
             progress.advance(1, rec["prompt_tokens"], rec["cached_tokens"], rec["output_tokens"])
 
@@ -142,8 +150,11 @@ def run_shard(spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink |
             pending.append(prep.prepare(row, base, shard.relpath, key))
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
-    for rec in execute(llm, prep, pending, cfg.output.flush_rows):
-        emit(rec)
+    try:
+        for rec in execute(llm, prep, pending, cfg.output.flush_rows):
+            emit(rec)
+    except CalibrationError as exc:  # rows flushed so far stay staged; a rerun resumes after them
+        raise ShardError(shard.shard_id, str(exc)) from exc
     flusher.flush()
     parts = kept_parts + flusher.parts
     covered = sum(p.rows for p in parts)
@@ -165,16 +176,29 @@ class ShardOutcome:
 
 
 def run_shards(
-    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None
-) -> Iterator[ShardOutcome]:
+    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[ShardOutcome]:  # fmt: skip
     """The shard loop of `prefixflow run` and of every flow lane: ``shards`` in order on one engine.
 
     A shard that fails (unreadable input, an unexpected error) is yielded with its error and the
     others still run; errors about the whole output (another run replaced it, the fingerprint no
-    longer matches) are raised, since every further shard would fail the same way."""
+    longer matches) are raised, since every further shard would fail the same way.
+    ``warn`` receives warnings about the rows (label collapse); by default the progress display's
+    ``warn`` when it has one, else the ``prefixflow`` logger."""
+    warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
+    watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
+    yield from _shard_loop(spec, shards, llm, progress, watch)
+    if watch is not None:
+        watch.finish()
+
+
+def _shard_loop(
+    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None, watch: LabelWatch | None
+) -> Iterator[ShardOutcome]:
     for shard in shards:
         try:
-            result = run_shard(spec, shard, llm, progress)
+            result = run_shard(spec, shard, llm, progress, label_watch=watch)
         except ShardError as exc:
             yield ShardOutcome(shard, error=exc)
         except PipelineError:

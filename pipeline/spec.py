@@ -50,6 +50,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "ordering": "admission order: scheduling only",
     "enforce_eager": "CUDA graphs replay the same kernels",
     "tensor_parallel_size": "how the same weights are split over devices",
+    "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
 }
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline.config import StorageConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.label_watch import collapse_warning
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.run_record import output_layout, read_run_record
@@ -35,6 +37,8 @@ class RunSummary:
     complete: bool = False
     shards_pending: list[str] = field(default_factory=list)
     shards_in_progress: list[str] = field(default_factory=list)
+    label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
+    label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
 
     @property
     def tokens_per_s(self) -> float:
@@ -55,13 +59,20 @@ class RunSummary:
         return d
 
 
-def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> RunSummary:
+def summarize_layout(
+    layout: Layout, output: str, planned: list[str] | None, num_labels: int = 0
+) -> RunSummary:
+    """Totals over the commit markers; ``num_labels`` (how many labels a label job lists) enables the
+    label-collapse check."""
     markers = commits.list_markers(layout)
     done = {m.shard_id for m in markers}
     classes: dict[str, int] = {}
+    labels: dict[str, int] = {}
     for m in markers:
         for k, v in m.errors_by_class.items():
             classes[k] = classes.get(k, 0) + v
+        for k, v in m.label_counts.items():
+            labels[k] = labels.get(k, 0) + v
     staging = layout.path("_staging")
     staged = {p[len(staging) :].strip("/").split("/")[0] for p in layout.store.list_files(staging)}
     pending = [s for s in planned if s not in done] if planned is not None else []
@@ -80,7 +91,14 @@ def summarize_layout(layout: Layout, output: str, planned: list[str] | None) -> 
         complete=planned is not None and not pending,
         shards_pending=pending,
         shards_in_progress=sorted(staged - done),
+        label_counts=dict(sorted(labels.items())),
+        label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
     )
+
+
+def listed_labels(job: Mapping[str, Any]) -> int:
+    """How many labels a job config (as the run record stores it) lists; 0 unless it is a label job."""
+    return len(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else 0
 
 
 def finalize(spec: JobSpec) -> RunSummary:
@@ -89,7 +107,7 @@ def finalize(spec: JobSpec) -> RunSummary:
     for marker in commits.list_markers(layout):
         commits.publish(layout, marker)
     planned = [s.shard_id for s in plan_shards(spec)]
-    summary = summarize_layout(layout, spec.output, planned)
+    summary = summarize_layout(layout, spec.output, planned, listed_labels(asdict(spec.config)))
     manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
     layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
@@ -111,4 +129,6 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
         planned = [sh.shard_id for sh in plan_shards(spec)]
     except Exception:
         planned = None
-    return summarize_layout(layout, output, planned), record
+    recorded = record.get("spec", {}).get("job", {})
+    num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
+    return summarize_layout(layout, output, planned, num_labels), record

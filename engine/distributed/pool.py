@@ -20,14 +20,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup, dist
-from prefixflow.engine.distributed.worker import SHUTDOWN, RankExecutor, WorkerSpec, worker_main
+from prefixflow.engine.distributed.launch import WorkerProcess
+from prefixflow.engine.distributed.worker import SHUTDOWN, RankExecutor, WorkerSpec
 
 STARTUP_BOUND_S = 120.0  # spawn + import torch on a loaded machine
 EXIT_GRACE_S = 5.0
@@ -38,7 +37,7 @@ class TensorParallelError(RuntimeError):
 
 
 class WorkerPool:
-    """Ranks 1..world-1 as spawned processes, plus rank 0's ``DistributedGroup`` in this process."""
+    """Ranks 1..world-1 as launched processes, plus rank 0's ``DistributedGroup`` in this process."""
 
     def __init__(
         self,
@@ -54,25 +53,29 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.failure: TensorParallelError | None = None
         self._closed = False
-        ctx = mp.get_context("spawn")
+        self._group: DistributedGroup | None = None
         bound = _seconds(timeout_s)
         self._store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=bound, wait_for_workers=False)
-        self._procs: list[BaseProcess] = []
+        self._procs: list[WorkerProcess] = []
         self._conns: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _terminate, self._procs, self._conns)
+        self._finalizer = weakref.finalize(self, _terminate, self._procs)
         threads = num_threads or torch.get_num_threads()
         for rank in range(1, world):
-            parent_end, child_end = ctx.Pipe()
             spec = WorkerSpec(rank, world, self._store.port, str(devices[rank]), timeout_s, threads, os.getpid(), factory)
-            proc = ctx.Process(target=worker_main, args=(spec, child_end), name=f"prefixflow-tp{rank}", daemon=True)
-            proc.start()
-            child_end.close()
+            proc = WorkerProcess(spec)
             self._procs.append(proc)
-            self._conns.append(parent_end)
+            self._conns.append(proc.conn)
         self._await("hello", STARTUP_BOUND_S + timeout_s)
-        self.group = DistributedGroup(0, world, devices[0], self._store, timeout_s)
+        self._group = DistributedGroup(0, world, devices[0], self._store, timeout_s)
         if devices[0].type == "cuda":
             threading.Thread(target=self._abort_on_exit, name="prefixflow-tp-monitor", daemon=True).start()
+
+    @property
+    def group(self) -> DistributedGroup:
+        """Rank 0's process groups (the workers have all joined them once the pool exists)."""
+        if self._group is None:
+            raise TensorParallelError("the tensor-parallel group was never formed")
+        return self._group
 
     @property
     def pids(self) -> list[int]:
@@ -109,20 +112,22 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        if self.failure is None:
+        if self.failure is None and self._group is not None:
             try:
-                self.group.send_command(SHUTDOWN, torch.empty(0, dtype=torch.int64))
+                self._group.send_command(SHUTDOWN, torch.empty(0, dtype=torch.int64))
             except Exception:  # noqa: BLE001 - a broken worker is killed below
                 pass
         self._finalizer()
-        self.group.close()
+        if self._group is not None:
+            self._group.close()
 
     def _kill(self) -> None:
         for proc in self._procs:
             if proc.is_alive():
                 proc.kill()
         self._finalizer()
-        self.group.abort()
+        if self._group is not None:
+            self._group.abort()
 
     def _await(self, kind: str, bound_s: float | None) -> None:
         deadline = None if bound_s is None else time.monotonic() + bound_s
@@ -133,7 +138,8 @@ class WorkerPool:
                 ranks = ", ".join(str(i + 1) for i in sorted(pending))
                 self._kill()
                 raise TensorParallelError(f"tensor-parallel worker rank(s) {ranks} did not {kind} within {bound_s:.0f} s")
-            handles: list[Connection | int] = [self._conns[i] for i in pending] + [self._procs[i].sentinel for i in pending]
+            handles: list[Connection | int] = [self._conns[i] for i in pending]
+            handles += [self._procs[i].sentinel for i in pending if self._procs[i].sentinel >= 0]
             for handle in wait(handles, remaining):
                 i = next(j for j in pending if handle in (self._conns[j], self._procs[j].sentinel))
                 message = _receive(self._conns[i])
@@ -183,9 +189,9 @@ class WorkerPool:
 
     def _abort_on_exit(self) -> None:
         """CUDA only: NCCL does not notice a dead peer by itself; abort so rank 0's wait ends."""
-        sentinels = [p.sentinel for p in self._procs]
+        sentinels = [p.sentinel for p in self._procs if p.sentinel >= 0]
         while not self._closed and self.failure is None:
-            if wait(sentinels, 1.0):
+            if wait(sentinels, 1.0) or not all(p.is_alive() for p in self._procs):
                 if not self._closed:
                     self.group.abort()
                 return
@@ -200,16 +206,17 @@ def _receive(conn: Connection) -> tuple[str, Any] | None:
     return None
 
 
-def _terminate(procs: list[BaseProcess], conns: list[Connection]) -> None:
+def _terminate(procs: list[WorkerProcess]) -> None:
     """Closing our pipe ends tells each worker to exit; kill what has not after a grace period."""
-    for conn in conns:
-        conn.close()
+    for proc in procs:
+        proc.conn.close()
     deadline = time.monotonic() + EXIT_GRACE_S
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
             proc.kill()
             proc.join(EXIT_GRACE_S)
+        proc.release()
 
 
 def _seconds(value: float) -> timedelta:

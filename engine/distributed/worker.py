@@ -9,6 +9,7 @@ It reports to the parent over a pipe (``hello`` before the rendezvous, ``ready``
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import traceback
 from collections.abc import Callable
@@ -44,8 +45,14 @@ class WorkerSpec:
     factory: Callable[[ParallelGroup], RankExecutor]
 
 
+def serve(conn: Connection) -> None:
+    """Entry point of a launched worker (launch.py): receive the spec, then run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+    spec = conn.recv()
+    worker_main(spec, conn)
+
+
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Entry point of the spawned process."""
     watch_parent(conn, spec.parent_pid)
     group: DistributedGroup | None = None
     try:

@@ -31,14 +31,16 @@ class Linear(nn.Module):
         dtype: torch.dtype = torch.float32,
         method: LinearMethod | None = None,
         prefixes: Sequence[str] = (),
+        full_sizes: tuple[int, list[int]] | None = None,
     ) -> None:
+        """``full_sizes``: (inputs, output shard sizes) of the whole layer when this is one rank's part."""
         super().__init__()
         self.out_sizes = [out_sizes] if isinstance(out_sizes, int) else list(out_sizes)
         self.in_features = in_features
         self.out_features = sum(self.out_sizes)
         self.prefixes = list(prefixes) or [f"shard {i}" for i in range(len(self.out_sizes))]
         self.method = method or DenseMethod()
-        self.method.create_weights(self, in_features, self.out_sizes, dtype, self.prefixes)
+        self.method.create_weights(self, in_features, self.out_sizes, dtype, self.prefixes, full_sizes)
         self.bias = (
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )

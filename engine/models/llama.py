@@ -15,21 +15,16 @@ import torch
 from torch import nn
 
 from prefixflow.engine.attention import AttentionBackend
+from prefixflow.engine.distributed.context import TensorParallel, single_rank
+from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.models.linear import Linear
 from prefixflow.engine.models.norm import RMSNorm
+from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
 from prefixflow.kernels import KernelBackend
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-
-
-def _linear(
-    quant: QuantizationConfig, prefixes: list[str], in_features: int, out_sizes: list[int] | int,
-    dtype: torch.dtype, bias: bool = False,
-) -> Linear:  # fmt: skip
-    method = quant.linear_method(prefixes)
-    return Linear(in_features, out_sizes, bias=bias, dtype=dtype, method=method, prefixes=prefixes)
 
 
 class StepContext:
@@ -43,19 +38,31 @@ class StepContext:
 
 class Attention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend,
-        quant: QuantizationConfig, prefix: str,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        backend: AttentionBackend,
+        tp: TensorParallel,
+        quant: QuantizationConfig,
+        prefix: str,
+    ) -> None:
         super().__init__()
         self.ops, self.backend = ops, backend
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shard, d = tp.layout.attention, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, d
+        q = Partition(shard.q_heads.start * d, shard.q_heads.end * d, cfg.num_heads * d)
+        kv = Partition(shard.kv_heads.start * d, shard.kv_heads.end * d, cfg.num_kv_heads * d)
         qkv = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
-        self.qkv_proj = _linear(
-            quant, qkv, cfg.hidden_size, [q_size, kv_size, kv_size], dtype, bias=cfg.attention_bias
-        )
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, [q, kv, kv], bias=cfg.attention_bias, dtype=dtype,
+            method=quant.linear_method(qkv), prefixes=qkv,
+        )  # fmt: skip
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
-        self.o_proj = _linear(quant, [f"{prefix}.o_proj"], q_size, cfg.hidden_size, dtype, bias=o_bias)
+        o = [f"{prefix}.o_proj"]
+        self.o_proj = RowParallelLinear(
+            q, cfg.hidden_size, tp.group, bias=o_bias, dtype=dtype, method=quant.linear_method(o), prefixes=o
+        )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -78,13 +85,19 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, quant: QuantizationConfig, prefix: str
-    ) -> None:
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, tp: TensorParallel,
+        quant: QuantizationConfig, prefix: str,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.ops = ops
-        gate_up = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
-        self.gate_up_proj = _linear(quant, gate_up, cfg.hidden_size, [cfg.intermediate_size] * 2, dtype)
-        self.down_proj = _linear(quant, [f"{prefix}.down_proj"], cfg.intermediate_size, cfg.hidden_size, dtype)
+        inter = tp.layout.intermediate
+        gate_up, down = [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [f"{prefix}.down_proj"]
+        self.gate_up_proj = ColumnParallelLinear(
+            cfg.hidden_size, [inter, inter], dtype=dtype, method=quant.linear_method(gate_up), prefixes=gate_up
+        )
+        self.down_proj = RowParallelLinear(
+            inter, cfg.hidden_size, tp.group, dtype=dtype, method=quant.linear_method(down), prefixes=down
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
@@ -93,12 +106,18 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, backend: AttentionBackend,
-        quant: QuantizationConfig, prefix: str,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        backend: AttentionBackend,
+        tp: TensorParallel,
+        quant: QuantizationConfig = NO_QUANTIZATION,
+        prefix: str = "model.layers.0",
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, dtype, ops, backend, quant, f"{prefix}.self_attn")
-        self.mlp = MLP(cfg, dtype, ops, quant, f"{prefix}.mlp")
+        self.self_attn = Attention(cfg, dtype, ops, backend, tp, quant, f"{prefix}.self_attn")
+        self.mlp = MLP(cfg, dtype, ops, tp, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
@@ -120,23 +139,35 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """The decoder, or with ``tp`` one rank's slice of it: its heads, its intermediate columns, its
+    vocabulary rows. Every rank returns the same hidden states; ``compute_logits`` returns the full
+    logits on rank 0 only (None on the others)."""
+
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, attention: AttentionBackend,
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        attention: AttentionBackend,
+        tp: TensorParallel | None = None,
         quant: QuantizationConfig = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.tp = tp = tp or single_rank(cfg)
+        self.embed_tokens = VocabParallelEmbedding(tp.layout.vocab, cfg.hidden_size, tp.group, dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, dtype, ops, attention, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
+            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else _linear(quant, ["lm_head"], cfg.hidden_size, cfg.vocab_size, dtype)
+            else ColumnParallelLinear(
+                cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype, method=quant.linear_method(["lm_head"]),
+                prefixes=["lm_head"],
+            )
         )
-        self.embed_tokens.weight.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
@@ -145,8 +176,10 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
-            return nn.functional.linear(hidden, self.embed_tokens.weight).float()
-        logits: torch.Tensor = self.lm_head(hidden)
-        return logits.float()
+            local = nn.functional.linear(hidden, self.embed_tokens.weight)
+        else:
+            local = self.lm_head(hidden)
+        return gather_logits(local, self.tp.layout.vocab, self.tp.group)

@@ -81,9 +81,11 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
             _copy(module.weight, tensor, name)
             return f"{idx}.{block}.{proj}.{param}"
         return None
-    simple = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm.weight}
-    if name in simple:
-        _copy(simple[name], tensor, name)
+    if name == "model.embed_tokens.weight":
+        model.embed_tokens.load(tensor, name)  # this rank's vocabulary rows
+        return name
+    if name == "model.norm.weight":
+        _copy(model.norm.weight, tensor, name)
         return name
     lm = re.match(r"^model\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight$", name)
     if lm:

@@ -70,10 +70,11 @@ class AWQMethod(KernelMethod):
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
         group = self.group(in_features)
         n, groups, words = sum(out_sizes), -(-in_features // group), -(-sum(out_sizes) // 8)
+        in_dim = 0 if self.cfg.group_size > 0 else None  # one group per column: every rank keeps it
         return [
             ParamSpec("qweight", (in_features, words), torch.int32, 1, 0, output_pack=8),
-            ParamSpec("qzeros", (groups, words), torch.int32, 1, 0, output_pack=8, input_pack=group),
-            ParamSpec("scales", (groups, n), torch.float32, 1, 0, input_pack=group, exact_dtype=False),
+            ParamSpec("qzeros", (groups, words), torch.int32, 1, in_dim, output_pack=8, input_pack=group),
+            ParamSpec("scales", (groups, n), torch.float32, 1, in_dim, input_pack=group, exact_dtype=False),
         ]
 
     def build(self, layer: nn.Module) -> PackedWeight:

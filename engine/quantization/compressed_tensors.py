@@ -146,22 +146,29 @@ class PackedMethod(KernelMethod):
         return self.scheme.group_size if self.scheme.strategy == "group" else in_features
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
+        """As GPTQ's: group parameters split with the inputs unless per channel or act-order."""
         pack, group = 32 // self.scheme.bits, self.group(in_features)
-        n, groups = sum(out_sizes), -(-in_features // group)
+        n = sum(out_sizes)
+        if self.scheme.strategy == "channel":
+            groups, in_dim = 1, None
+        elif self.scheme.act_order:
+            groups, in_dim = -(-self.full_in // group), None
+        else:
+            groups, in_dim = -(-in_features // group), 1
         specs = [
             ParamSpec("weight_packed", (n, -(-in_features // pack)), torch.int32, 0, 1, input_pack=pack),
-            ParamSpec("weight_scale", (n, groups), torch.float32, 0, 1, input_pack=group, exact_dtype=False),
+            ParamSpec("weight_scale", (n, groups), torch.float32, 0, in_dim, input_pack=group, exact_dtype=False),
             ParamSpec("weight_shape", (2,), torch.int64, None, None, exact_dtype=False),
             ParamSpec("weight_g_idx", (in_features,), torch.int32, None, 0, optional=not self.scheme.act_order),
         ]
         if not self.scheme.symmetric:
-            specs.append(ParamSpec("weight_zero_point", (-(-n // pack), groups), torch.int32, 0, 1,
+            specs.append(ParamSpec("weight_zero_point", (-(-n // pack), groups), torch.int32, 0, in_dim,
                                    output_pack=pack, input_pack=group))  # fmt: skip
         return specs
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
-        if name == "weight_shape":  # (N_shard, K): differs per shard, so checked rather than stored
-            expected = [self.out_sizes[shard], self.in_features] if shard < len(self.out_sizes) else None
+        if name == "weight_shape":  # (N, K) of the whole projection: differs per shard, so checked, not stored
+            expected = [self.full_out[shard], self.full_in] if shard < len(self.full_out) else None
             if tensor.dtype.is_floating_point or tensor.tolist() != expected:
                 raise CheckpointError(f"{self.where(name, shard)} = {tensor.tolist()}, expected {expected}")
             self.seen.add((name, shard))
@@ -197,6 +204,11 @@ class FloatMethod(KernelMethod):
         if self.scheme.static_input:
             specs.append(ParamSpec("input_scale", (len(out_sizes),), torch.float32, 0, None, exact_dtype=False))
         return specs
+
+    def checkpoint_layout(self, name: str, shard: int = 0) -> tuple[int | None, int | None, int, int]:
+        if name == "input_scale" or (name == "weight_scale" and self.scheme.strategy == "tensor"):
+            return None, None, 1, 1  # one value for the whole projection: every rank keeps it
+        return super().checkpoint_layout(name, shard)
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         if name == "weight_scale" and shard < len(self.out_sizes):

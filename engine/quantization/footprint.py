@@ -35,7 +35,7 @@ def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | 
         return {"quantization": quant.describe(), "weight_bytes": None}
     ops = kernels.select("torch", torch.device("cpu"))  # the kernels do not change what weights take
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, DTYPES[dtype], ops, make_attention_backend(ops), quant)
+        model = LlamaForCausalLM(cfg, DTYPES[dtype], ops, make_attention_backend(ops), quant=quant)
     return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
 
 

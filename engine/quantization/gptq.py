@@ -100,13 +100,21 @@ class GPTQMethod(KernelMethod):
         self.name = f"gptq-w{cfg.bits}g{cfg.group_size}"
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
-        pack = 32 // self.cfg.bits
-        group = self.cfg.group_size if self.cfg.group_size > 0 else in_features
-        n, groups = sum(out_sizes), -(-in_features // group)
+        """Group parameters split with the inputs, except one group per column (``group_size`` -1)
+        and act-order, where a rank's inputs draw on any group: every rank keeps all groups."""
+        pack, group = 32 // self.cfg.bits, self.cfg.group_size
+        n = sum(out_sizes)
+        if group <= 0:
+            groups, in_dim = 1, None
+        elif self.cfg.desc_act:
+            groups, in_dim = -(-self.full_in // group), None
+        else:
+            groups, in_dim = -(-in_features // group), 0
+        unit = max(group, 1)
         return [
             ParamSpec("qweight", (-(-in_features // pack), n), torch.int32, 1, 0, input_pack=pack),
-            ParamSpec("qzeros", (groups, -(-n // pack)), torch.int32, 1, 0, output_pack=pack, input_pack=group),
-            ParamSpec("scales", (groups, n), torch.float32, 1, 0, input_pack=group, exact_dtype=False),
+            ParamSpec("qzeros", (groups, -(-n // pack)), torch.int32, 1, in_dim, output_pack=pack, input_pack=unit),
+            ParamSpec("scales", (groups, n), torch.float32, 1, in_dim, input_pack=unit, exact_dtype=False),
             ParamSpec("g_idx", (in_features,), torch.int32, None, 0, optional=True),
         ]
 
@@ -118,10 +126,12 @@ class GPTQMethod(KernelMethod):
         has_g_idx = any(name == "g_idx" for name, _ in self.seen)
         if self.cfg.desc_act and not has_g_idx:
             raise CheckpointError(f"{self.where('g_idx', 0)} is missing; desc_act=true checkpoints need it")
-        g_idx = buffer(layer, "g_idx").clone() if has_g_idx else None
+        # without act-order g_idx is k // group_size (as vLLM and AutoGPTQ's kernels read it: not at all)
+        g_idx = buffer(layer, "g_idx").clone() if has_g_idx and self.cfg.desc_act else None
         group = self.cfg.group_size if self.cfg.group_size > 0 else k
-        if g_idx is not None and (int(g_idx.min()) < 0 or int(g_idx.max()) >= -(-k // group)):
-            raise CheckpointError(f"{self.where('g_idx', 0)} names groups outside 0..{-(-k // group) - 1}")
+        groups = buffer(layer, "scales").shape[0]
+        if g_idx is not None and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
+            raise CheckpointError(f"{self.where('g_idx', 0)} names groups outside 0..{groups - 1}")
         scales = narrow_scales(buffer(layer, "scales"))
         return PackedWeight(
             buffer(layer, "qweight").clone(), scales, bits, k, group, zeros.to(scales.dtype), -1, None, g_idx

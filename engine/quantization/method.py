@@ -50,15 +50,20 @@ class LinearMethod:
         self.in_features = 0
         self.dtype = torch.float32
         self.prefixes: list[str] = []
+        self.full_in = 0  # inputs of the whole layer (tensor parallelism gives a rank a part)
+        self.full_out: list[int] = []
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
         raise NotImplementedError
 
     def create_weights(
-        self, layer: nn.Module, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype, prefixes: Sequence[str]
-    ) -> None:
+        self, layer: nn.Module, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype,
+        prefixes: Sequence[str], full_sizes: tuple[int, list[int]] | None = None,
+    ) -> None:  # fmt: skip
+        """Buffers for this layer (or this rank's part: ``full_sizes`` are the whole layer's)."""
         self.in_features, self.out_sizes, self.dtype = in_features, list(out_sizes), dtype
         self.prefixes = list(prefixes)
+        self.full_in, self.full_out = full_sizes or (in_features, list(out_sizes))
         for spec in self.param_specs(in_features, out_sizes, dtype):
             self.specs[spec.name] = spec
             allocate(layer, spec)
@@ -67,13 +72,22 @@ class LinearMethod:
         prefix = self.prefixes[shard] if shard < len(self.prefixes) else f"shard {shard}"
         return f"{prefix}.{name}"
 
+    def checkpoint_layout(self, name: str, shard: int = 0) -> tuple[int | None, int | None, int, int]:
+        """(output axis, input axis, outputs per stored element, inputs per stored element) of checkpoint
+        tensor ``name``: how tensor parallelism cuts it before ``load``."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise self.unexpected(name, shard)
+        return spec.output_dim, spec.input_dim, spec.output_pack, spec.input_pack
+
+    def unexpected(self, name: str, shard: int) -> CheckpointError:
+        takes = ", ".join(sorted(self.specs))
+        return CheckpointError(f"unexpected tensor {self.where(name, shard)}: this layer is {self.name} and takes {takes}")
+
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         spec = self.specs.get(name)
         if spec is None:
-            takes = ", ".join(sorted(self.specs))
-            raise CheckpointError(
-                f"unexpected tensor {self.where(name, shard)}: this layer is {self.name} and takes {takes}"
-            )
+            raise self.unexpected(name, shard)
         load_shard(layer, spec, tensor, shard, self.out_sizes, self.where(name, shard), self.seen)
 
     def check_complete(self) -> None:
@@ -96,6 +110,11 @@ class DenseMethod(LinearMethod):
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
         return [ParamSpec("weight", (sum(out_sizes), in_features), dtype, 0, 1, exact_dtype=False)]
+
+    def checkpoint_layout(self, name: str, shard: int = 0) -> tuple[int | None, int | None, int, int]:
+        from prefixflow.engine.quantization.gguf_blocks import BLOCK, kind_of
+
+        return (0, 1, 1, BLOCK) if kind_of(name) else super().checkpoint_layout(name, shard)
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         from prefixflow.engine.quantization.gguf_blocks import dense_from_gguf

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from prefixflow.engine.quantization.config import QuantizationConfig
-from prefixflow.engine.quantization.gguf_blocks import dense_from_gguf
+from prefixflow.engine.quantization.gguf_blocks import BLOCK, dense_from_gguf, kind_of
 from prefixflow.engine.quantization.method import KernelMethod, LinearMethod
 from prefixflow.engine.quantization.params import CheckpointError, ParamSpec, buffer, load_shard
 from prefixflow.kernels.fp8_linear import FP8, FP8_MAX, Fp8Weight
@@ -101,6 +101,13 @@ class OnlineMethod(KernelMethod):
             ParamSpec("scales", (groups, n), torch.float16, 1, 0, input_pack=INT4_GROUP),
             ParamSpec("zeros", (groups, n), torch.float16, 1, 0, input_pack=INT4_GROUP),
         ]
+
+    def checkpoint_layout(self, name: str, shard: int = 0) -> tuple[int | None, int | None, int, int]:
+        if name == "weight":
+            return 0, 1, 1, 1
+        if kind_of(name):
+            return 0, 1, 1, BLOCK
+        raise CheckpointError(f"unexpected tensor {self.where(name, shard)}: on-the-fly {self.kind} takes dense weights")
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         dense = dense_from_gguf(name, tensor, self.in_features)

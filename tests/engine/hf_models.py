@@ -33,6 +33,7 @@ ARCHITECTURES: dict[str, dict] = {
             "original_max_position_embeddings": 64,
         },
         tie_word_embeddings=False,
+        attention_bias=True,  # q/k/v and o_proj biases: o_proj's is added once after the TP all-reduce
     ),
     "mistral-mqa": dict(
         BASE,

@@ -43,7 +43,8 @@ def unpacked_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     source = resolve_model(model_dir)
     cfg = ModelConfig.from_hf(source.hf_config)
     ops = kernels.select("torch", torch.device("cpu"))
-    model = LlamaForCausalLM(cfg, torch.float32, ops, make_attention_backend(ops), resolve_quantization(source.hf_config))
+    quant = resolve_quantization(source.hf_config)
+    model = LlamaForCausalLM(cfg, torch.float32, ops, make_attention_backend(ops), quant=quant)
     copy_weights(model, source.weights())
     out = {}
     for module in model.modules():

@@ -103,7 +103,7 @@ def test_an_attention_backend_owns_its_metadata_and_decode_buffers(llama_dir, mo
         made.append(RowAttention(ops))
         return made[-1]
 
-    monkeypatch.setattr("prefixflow.engine.model_runner.make_attention_backend", make)
+    monkeypatch.setattr("prefixflow.engine.model_shard.make_attention_backend", make)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=4)
     runner = llm.engine.runner
     runner.graphs = runner.make_decode_graphs(16, capture=False)  # the CUDA-graph path, run eagerly

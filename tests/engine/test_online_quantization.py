@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from prefixflow import kernels
 from prefixflow.engine import LLM, SamplingParams
 from prefixflow.engine.attention import make_attention_backend
+from prefixflow.engine.distributed.context import single_rank
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.llama import DecoderLayer
 from prefixflow.engine.presets import load_preset
@@ -105,7 +106,7 @@ def _layer_linear_bytes(kind: str | None, ctx: KernelContext, narrow: int = 1) -
     cfg = ModelConfig.from_hf(preset)
     quant = resolve_quantization({}, kind)
     ops = kernels.select("torch", ctx.device)
-    layer = DecoderLayer(cfg, ctx.dtype, ops, make_attention_backend(ops), quant, "model.layers.0")
+    layer = DecoderLayer(cfg, ctx.dtype, ops, make_attention_backend(ops), single_rank(cfg), quant)
     gen = torch.Generator().manual_seed(0)
     total = 0
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):

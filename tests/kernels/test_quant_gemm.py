@@ -146,3 +146,15 @@ def test_fp8_reference_performs_both_roundings():
     want = (xq.float() * sx) @ (weight.weight.float() * scale[:, None]).t()
     close(fp8_linear_reference(x, weight), want, 1e-6)
     assert (fp8_linear_reference(x, weight) - x @ w.t()).abs().max() < 0.1 * (x @ w.t()).abs().max()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cpu_kernel_for_groups_of_unequal_size(bits):
+    """One tensor-parallel rank of an act-order layer: its inputs draw unevenly on the groups."""
+    w = packed(96, 32, bits, 16, mins=True)
+    uneven = torch.randint(0, w.scales.shape[0], (96,), generator=torch.Generator().manual_seed(3)).int()
+    w = PackedWeight(w.qweight, w.scales, bits, 96, 16, w.zeros, -1, w.mins, uneven)
+    kernel = select_cpu_kernel(w, torch.float32)
+    assert kernel.name == "cpu-dequant-gather"
+    x = torch.randn(4, 96)
+    close(kernel(x), quant_linear_reference(x, w), 1e-6)

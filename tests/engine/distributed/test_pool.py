@@ -10,6 +10,7 @@ import torch
 
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from tests.engine.distributed import toy_executor as toy
+from tests.engine.tp_support import assert_processes_gone
 
 
 def _pool(world: int = 2, timeout_s: float = 30.0, factory=toy.make_toy) -> tuple[WorkerPool, toy.ToyExecutor]:
@@ -19,25 +20,9 @@ def _pool(world: int = 2, timeout_s: float = 30.0, factory=toy.make_toy) -> tupl
     return pool, executor
 
 
-def _gone(pids: list[int], within_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+def _gone(pids: list[int]) -> bool:
+    assert_processes_gone(pids)
+    return True
 
 
 def test_commands_reach_workers_and_collectives_sum_and_gather():
@@ -67,6 +52,7 @@ def test_worker_exception_is_reported_with_its_traceback():
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_killed_worker_is_an_error_at_once():
     pool, executor = _pool()
     pids = pool.pids
@@ -109,6 +95,7 @@ PARENT_SCRIPT = """
 import os, signal, sys, torch
 from prefixflow.engine.distributed.pool import WorkerPool
 from tests.engine.distributed import toy_executor as toy
+from tests.engine.tp_support import assert_processes_gone
 pool = WorkerPool(2, [torch.device("cpu")] * 2, 30.0, toy.make_toy, num_threads=1)
 executor = toy.make_toy(pool.group)
 pool.wait_ready()
