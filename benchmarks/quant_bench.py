@@ -42,7 +42,7 @@ def load(model: str, variant: str, dtype: str, kv_bytes: int, bench_model: Any =
         source = model_source(bench_model)
     llm = LLM(source, dtype=dtype, device="cpu", quantization=quantization, kv_cache_memory_bytes=kv_bytes)
     if attention == "loop":  # the per-request reference path, for comparison
-        backend = llm.engine.runner.attention
+        backend = llm.engine.runner.shard.attention
         backend.ops = dataclasses.replace(backend.ops, paged_attention=reference.paged_attention)
     return llm
 
