@@ -5,16 +5,19 @@
 
 ``distinct_prefix_tokens`` counts the nodes of the token trie of all prompts: the least number of
 prompt tokens any engine must compute. ``block_cache_min_tokens`` is the least a block-granular
-prefix cache that never serves a prompt's last token can compute (with unlimited memory).
+prefix cache that never serves a prompt's last token can compute (with unlimited memory). Both live in
+prefixflow.pipeline.advisor.sharing (the workload advisor reports them for a user's own data).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.common import random_tokens
+from prefixflow.pipeline.advisor.sharing import block_cache_min_tokens, distinct_prefix_tokens
+
+__all__ = ["Workload", "block_cache_min_tokens", "distinct_prefix_tokens"]
 
 
 @dataclass
@@ -95,40 +98,3 @@ def chat(
     params = dict(num_conversations=num_conversations, turns=turns, system_len=s_len, user_len=u_len,
                   assistant_len=a_len, output_len=output_len, scale=scale, seed=seed)  # fmt: skip
     return Workload("chat", [r[0] for r in rows], [r[1] for r in rows], params)
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def distinct_prefix_tokens(prompts: Sequence[Sequence[int]]) -> int:
-    """Number of nodes in the token trie of ``prompts`` (exact).
-
-    In lexicographic order, a prompt's longest common prefix with any earlier prompt is its common
-    prefix with its predecessor, so each prompt adds ``len - lcp(predecessor)`` new nodes.
-    """
-    ordered = sorted(tuple(p) for p in prompts)
-    total, prev = 0, ()
-    for p in ordered:
-        total += len(p) - _lcp(prev, p)
-        prev = p
-    return total
-
-
-def block_cache_min_tokens(prompts: Sequence[Sequence[int]], block_size: int) -> int:
-    """Least prompt tokens a block-level prefix cache computes with unlimited memory and ideal order.
-
-    Each prompt (in trie order) reuses the full blocks of its longest common prefix with an earlier
-    prompt, never covering its own last token; identical prompts therefore recompute one block.
-    """
-    ordered = sorted(tuple(p) for p in prompts)
-    total, prev = 0, ()
-    for p in ordered:
-        shared = min(_lcp(prev, p), len(p) - 1)
-        total += len(p) - (shared // block_size) * block_size
-        prev = p
-    return total

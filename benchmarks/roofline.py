@@ -1,17 +1,9 @@
 """Roofline lower bound for an offline generation job, from a model shape, a workload and ceilings
-measured on this machine in the same run.
+measured on this machine in the same run. The cost model itself (ModelShape, job_cost,
+lower_bound_seconds) lives in prefixflow.pipeline.advisor.roofline, torch-free, so that
+`prefixflow plan --advise` can use it; this module re-exports it and adds the measurement.
 
-bound = max(total FLOPs / peak FLOP/s, total bytes / copy bandwidth)   (perfect overlap)
-
-FLOPs: every computed token pays 2 x (decoder matmul parameters) plus attention over its context
-(4 x q_heads x head_dim x keys, per layer); only tokens that produce a sampled token pay the LM
-head. The input-embedding table is a gather, not a matmul, so it is not counted: counting it (the
-common "2 x all parameters" rule, 16.06 GFLOP/token for Llama-3.1-8B) would overstate a bound that
-must never exceed what is achievable.
-Bytes: all matmul weights once per step (a step cannot be shorter than one pass over the weights),
-plus per decode token its whole context of K/V, plus one K/V write per computed token.
-Steps: at least the longest output (each step yields one token per request), and at least
-total computed tokens / per-step token budget when a budget is given.
+bound = max(total FLOPs / peak FLOP/s, total bytes / copy bandwidth); what is counted is described there.
 
 Run: PYTHONPATH=. python benchmarks/roofline.py --model llama-3.1-8b --workload varied
 """
@@ -25,72 +17,26 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from prefixflow.pipeline.advisor.roofline import (
+    Ceilings,
+    JobCost,
+    ModelShape,
+    Workload,
+    job_cost,
+    lower_bound_seconds,
+)
+
+__all__ = ["Ceilings", "JobCost", "ModelShape", "Workload", "job_cost", "load_shape", "lower_bound_seconds",
+           "measure_ceilings", "parse_workload", "varied_workload"]  # fmt: skip
+
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "configs" / "models"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of a Llama-family decoder that the cost model needs (HF config.json keys)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> ModelShape:
-        heads = int(cfg["num_attention_heads"])
-        return cls(
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_q_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def layer_matmul_params(self) -> int:
-        """q, k, v, o projections and the gate/up/down MLP of one decoder layer."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_q_heads * d * 2 + h * self.num_kv_heads * d * 2
-        return attn + 3 * h * self.intermediate_size
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def matmul_params(self) -> int:
-        """Weights a forward pass multiplies by (read once per step)."""
-        return self.num_layers * self.layer_matmul_params + self.lm_head_params
-
-    @property
-    def total_params(self) -> int:
-        """Everything in the checkpoint: matmuls, input embedding (unless tied), RMSNorm weights."""
-        embed = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        norms = (2 * self.num_layers + 1) * self.hidden_size
-        return self.matmul_params + embed + norms
-
-    def kv_bytes_per_token(self, elem_bytes: int = 2) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem_bytes
-
-    def attention_flops(self, keys: int) -> int:
-        """QK^T and PV for one query token over `keys` keys, all layers."""
-        return 4 * self.num_layers * self.num_q_heads * self.head_dim * keys
 
 
 def load_shape(model: str) -> ModelShape:
@@ -101,9 +47,6 @@ def load_shape(model: str) -> ModelShape:
     if not path.exists():
         path = MODELS_DIR / f"{model}.json"
     return ModelShape.from_config(json.loads(path.read_text()))
-
-
-Workload = Sequence[tuple[int, int]]  # (prompt_len, output_len) per request
 
 
 def varied_workload(n: int = 256, lo: int = 100, hi: int = 1024, seed: int = 0) -> list[tuple[int, int]]:
@@ -123,87 +66,6 @@ def parse_workload(spec: str) -> list[tuple[int, int]]:
         )
         return [(p, o)] * n
     return [(int(p), int(o)) for p, o in json.loads(Path(spec).read_text())]
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """Measured machine ceilings: copy bandwidth (bytes read + written per second) and matmul rate."""
-
-    bytes_per_s: float
-    flops_per_s: float
-    device: str
-    dtype: str
-
-
-@dataclass(frozen=True)
-class JobCost:
-    flops: float
-    bytes: float
-    steps: int
-    computed_tokens: int
-    output_tokens: int
-    weight_bytes: float
-    kv_read_bytes: float
-    kv_write_bytes: float
-
-
-def _sum_range(a: int, b: int) -> int:
-    """a + (a+1) + ... + b, 0 when b < a."""
-    return (a + b) * (b - a + 1) // 2 if b >= a else 0
-
-
-def job_cost(
-    shape: ModelShape,
-    workload: Workload,
-    weight_bytes_per_param: float = 2.0,
-    kv_elem_bytes: int = 2,
-    max_tokens_per_step: int | None = None,
-) -> JobCost:
-    """Total FLOPs and bytes of a job; see the module docstring for what is counted."""
-    kvb = shape.kv_bytes_per_token(kv_elem_bytes)
-    flops = kv_read = 0
-    computed = outputs = longest = 0
-    for prompt_len, output_len in workload:
-        if prompt_len < 1 or output_len < 1:
-            raise ValueError(f"need prompt_len, output_len >= 1, got {(prompt_len, output_len)}")
-        last = prompt_len + output_len - 2  # position of the last fed token (the final sample is never fed)
-        tokens = last + 1
-        # token at position p attends to p + 1 keys
-        flops += 2 * shape.num_layers * shape.layer_matmul_params * tokens
-        flops += 2 * shape.lm_head_params * output_len
-        flops += shape.attention_flops(_sum_range(1, last + 1))
-        kv_read += kvb * _sum_range(prompt_len + 1, last + 1)  # decode tokens re-read their context
-        computed += tokens
-        outputs += output_len
-        longest = max(longest, output_len)
-    steps = longest
-    if max_tokens_per_step:
-        steps = max(steps, math.ceil(computed / max_tokens_per_step))
-    weight_bytes = shape.matmul_params * weight_bytes_per_param * steps
-    kv_write = kvb * computed
-    return JobCost(
-        flops=float(flops),
-        bytes=float(weight_bytes + kv_read + kv_write),
-        steps=steps,
-        computed_tokens=computed,
-        output_tokens=outputs,
-        weight_bytes=float(weight_bytes),
-        kv_read_bytes=float(kv_read),
-        kv_write_bytes=float(kv_write),
-    )
-
-
-def lower_bound_seconds(
-    shape: ModelShape,
-    workload: Workload,
-    ceilings: Ceilings,
-    weight_bytes_per_param: float = 2.0,
-    kv_elem_bytes: int = 2,
-    max_tokens_per_step: int | None = None,
-) -> float:
-    """The job's roofline lower bound in seconds: max(FLOPs / peak, bytes / bandwidth)."""
-    cost = job_cost(shape, workload, weight_bytes_per_param, kv_elem_bytes, max_tokens_per_step)
-    return max(cost.flops / ceilings.flops_per_s, cost.bytes / ceilings.bytes_per_s)
 
 
 def _timed(fn, device: torch.device, repeats: int) -> float:

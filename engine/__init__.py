@@ -1,23 +1,60 @@
-"""prefixflow's inference engine: paged KV cache, continuous batching, prefix caching."""
+"""prefixflow's inference engine: paged KV cache, continuous batching, prefix caching.
 
-from prefixflow.engine.config import EngineConfig
-from prefixflow.engine.llm import LLM
-from prefixflow.engine.model_identity import describe_model
-from prefixflow.engine.model_source import ModelSource
-from prefixflow.engine.outputs import RequestOutput, TokenLogprob
-from prefixflow.engine.sampling_params import SamplingParams
-from prefixflow.engine.stats import EngineStats
-from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
+The public names are imported lazily (PEP 562), so ``import prefixflow.engine.<module>`` for a
+torch-free module (sampling parameters, the engine config, ``inspect_model``) does not load torch:
+``prefixflow plan --advise`` and config validation run where torch is missing.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "LLM": "prefixflow.engine.llm",
+    "EngineConfig": "prefixflow.engine.config",
+    "EngineStats": "prefixflow.engine.stats",
+    "ModelCard": "prefixflow.engine.model_card",
+    "ModelSource": "prefixflow.engine.model_source",
+    "RequestOutput": "prefixflow.engine.outputs",
+    "SamplingParams": "prefixflow.engine.sampling_params",
+    "StructuredOutputs": "prefixflow.engine.structured",
+    "TokenLogprob": "prefixflow.engine.outputs",
+    "describe_model": "prefixflow.engine.model_identity",
+    "inspect_model": "prefixflow.engine.model_card",
+    "structured_outputs_error": "prefixflow.engine.structured",
+}
 
 __all__ = [
     "LLM",
     "EngineConfig",
     "EngineStats",
+    "ModelCard",
     "ModelSource",
     "describe_model",
+    "inspect_model",
     "RequestOutput",
     "SamplingParams",
     "StructuredOutputs",
     "TokenLogprob",
     "structured_outputs_error",
 ]
+
+if TYPE_CHECKING:
+    from prefixflow.engine.config import EngineConfig
+    from prefixflow.engine.llm import LLM
+    from prefixflow.engine.model_card import ModelCard, inspect_model
+    from prefixflow.engine.model_identity import describe_model
+    from prefixflow.engine.model_source import ModelSource
+    from prefixflow.engine.outputs import RequestOutput, TokenLogprob
+    from prefixflow.engine.sampling_params import SamplingParams
+    from prefixflow.engine.stats import EngineStats
+    from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'prefixflow.engine' has no attribute {name!r}")

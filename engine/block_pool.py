@@ -22,7 +22,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
-    key: tuple | None = None  # (parent hash, token ids): the collision guard
+    key: tuple[int | None, tuple[int, ...]] | None = None  # (parent hash, token ids): the collision guard
 
 
 class BlockPool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
 
 from prefixflow.engine.call_streams import CallStreams
 from prefixflow.engine.config import EngineConfig
@@ -27,7 +27,7 @@ class LLM:
     or call ``close()`` to stop them deterministically.
     """
 
-    def __init__(self, model: str | ModelSource = "tiny", **options) -> None:
+    def __init__(self, model: str | ModelSource = "tiny", **options: Any) -> None:
         known = {f.name for f in fields(EngineConfig)}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -56,15 +56,14 @@ class LLM:
         request_ids: Sequence[str] | None = None,
     ) -> Iterator[RequestOutput]:
         """Yield each output as soon as its request finishes (errors first)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        n = len(prompts)
+        batch = _as_batch(prompts)
+        n = len(batch)
         param_list = self._broadcast_params(params, n)
         ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
         if len(ids) != n:
             raise ValueError(f"{len(ids)} request_ids for {n} prompts")
         specs: list[RequestSpec] = []
-        for i, (prompt, p) in enumerate(zip(prompts, param_list)):
+        for i, (prompt, p) in enumerate(zip(batch, param_list)):
             token_ids, problem = self._tokenize(prompt)
             problem = problem or self.engine.validate(token_ids, p)
             if problem:
@@ -74,7 +73,10 @@ class LLM:
         yield from self._run(specs)
 
     def score_choices(
-        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]], usage: list | None = None
+        self,
+        prompts: Sequence[Prompt],
+        choices: Sequence[Sequence[str]],
+        usage: list[dict[str, Any]] | None = None,
     ) -> list[list[float] | str]:
         """Total log-probability of each choice as a continuation of its prompt.
 
@@ -155,23 +157,24 @@ class LLM:
         return ids, None
 
     @staticmethod
-    def _broadcast_params(params, n: int) -> list[SamplingParams]:
+    def _broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):
             return [params] * n
-        params = list(params)
-        if len(params) != n:
-            raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        return params
+        items = list(params)
+        if len(items) != n:
+            raise ValueError(f"{len(items)} SamplingParams for {n} prompts")
+        return items
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         template = getattr(self.tokenizer, "chat_template", None) or self.engine.source.chat_template
         if not template:
             raise ValueError(f"model {self.config.model!r} has no chat template")
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )
+        return text
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes now (garbage collection and interpreter exit do it
@@ -192,3 +195,12 @@ class LLM:
         """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
         model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
         return dict(self.engine.model_identity)
+
+
+def _as_batch(prompts: Sequence[Prompt] | Prompt) -> list[Prompt]:
+    """One prompt (a string or a list of token ids) or a sequence of prompts, as a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if len(prompts) and isinstance(prompts[0], int):
+        return [cast(Sequence[int], prompts)]
+    return list(cast(Sequence[Prompt], prompts))

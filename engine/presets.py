@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 _REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -29,14 +30,15 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
-def load_preset(name: str) -> dict:
+def load_preset(name: str) -> dict[str, Any]:
     path = configs_dir() / f"{name}.json"
     if not path.exists():
         raise ValueError(f"unknown preset {name!r}; available: {', '.join(available_presets())}")
-    return json.loads(path.read_text())
+    preset: dict[str, Any] = json.loads(path.read_text())
+    return preset
 
 
-def hf_config_of(preset: dict) -> dict:
+def hf_config_of(preset: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in preset.items() if k != "prefixflow"}
 
 
@@ -61,7 +63,7 @@ def materialize(name: str) -> Path:
     return target
 
 
-def save_random_model(hf_config: dict, out: Path, seed: int = 0) -> None:
+def save_random_model(hf_config: dict[str, Any], out: Path, seed: int = 0) -> None:
     """Random-init a transformers model from ``hf_config`` and save it with a locally trained tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -77,7 +79,9 @@ def save_random_model(hf_config: dict, out: Path, seed: int = 0) -> None:
     config.eos_token_id = eos
     config.bos_token_id = None
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=eos, bos_token_id=None, pad_token_id=eos)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=eos, bos_token_id=None, pad_token_id=eos
+    )
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

@@ -3,8 +3,8 @@
 
 ``sample_batch`` is what the model runner calls: it samples the whole batch at once and, should that
 fail, each row alone, so a request whose values break sampling becomes that request's error only.
-Per-request logits masks (today: no stop token before ``min_tokens``; a grammar would add its own)
-are applied in ``_apply_masks``, before any row is sampled.
+Logits masks come first: the structured-output bitmask (one batched in-place op, ``apply_bitmask_``),
+then the per-request bans of ``_apply_masks`` (no stop token before ``min_tokens``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass
@@ -46,7 +47,7 @@ class EngineStats:
         done = self.computed_prompt_tokens + self.output_tokens
         return done / self.elapsed_s if self.elapsed_s else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "prefix_hit_rate": self.prefix_hit_rate,

@@ -3,17 +3,20 @@ produces its final text, truncated at a stop string."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from prefixflow.engine.outputs import FinishReason
 from prefixflow.engine.request import Request
 from prefixflow.engine.utf8_tail import trim_incomplete_utf8
 
 
 class StopChecker:
-    def __init__(self, tokenizer, eos_ids: tuple[int, ...], max_model_len: int) -> None:
+    def __init__(self, tokenizer: Any, eos_ids: tuple[int, ...], max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
         self.max_model_len = max_model_len
 
-    def check(self, req: Request) -> tuple[str, str | int | None] | None:
+    def check(self, req: Request) -> tuple[FinishReason, str | int | None] | None:
         """Return ``(finish_reason, stop_reason)`` once the newest token ends the request."""
         params = req.params
         token = req.token_ids[-1]
@@ -43,4 +46,5 @@ class StopChecker:
         return trim_incomplete_utf8(text, self.tokenizer, req.output_token_ids, req.params.skip_special_tokens)
 
     def _decode(self, req: Request) -> str:
-        return self.tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)
+        text: str = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)
+        return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -14,7 +15,7 @@ CHATML_TEMPLATE = (
 
 
 @lru_cache(maxsize=4)
-def train_tokenizer(vocab_size: int):
+def train_tokenizer(vocab_size: int) -> Any:
     """Deterministic for a given corpus and size; returns a transformers fast tokenizer with ChatML."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -30,7 +31,7 @@ def train_tokenizer(vocab_size: int):
     )
     lines = CORPUS.read_text(encoding="utf-8").splitlines()
     tok.train_from_iterator(lines, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     job = p.add_argument_group("job (as in `prefixflow run`)")
     add_job_flags(job)
     add_new_run_flag(job)
+    job.add_argument("--credentials-block", metavar="NAME",
+                     help="Prefect Secret block (secret/NAME) whose value is a JSON object of storage options "
+                          "such as key/secret; without it, credentials come from the environment or AWS profile")  # fmt: skip
 
     lanes = p.add_argument_group("engine lanes")
     lanes.add_argument("--lanes", type=int, help="number of engine lanes (default: one per GPU, 1 on CPU)")
@@ -78,13 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
-    """The batch_inference parameters a scheduled run gets (unset flags are left to defaults)."""
+    """The batch_inference parameters a scheduled run gets (unset flags are left to defaults). Raises
+    JobConfigError for credential-like storage options: deployment parameters are stored in plain text."""
+    from prefixflow.flows.credentials import refuse_plain_secrets
+
+    overrides = overrides_from_args(args)
+    refuse_plain_secrets(overrides.get("storage_options"), overrides.get("endpoint_url"))
     params: dict[str, Any] = {
         "input": args.input,
         "output": args.output,
         "model": args.model,
         "job": args.job,
-        **overrides_from_args(args),
+        **overrides,
+        "credentials_block": args.credentials_block,
         "new_run": args.new_run or None,
         "lanes": args.lanes,
         "gpus_per_lane": args.gpus_per_lane,
@@ -123,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """Entry point of `prefixflow serve`. Blocks while serving; SIGINT or SIGTERM stops it."""
+    from prefixflow.pipeline import PipelineError
+
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        parameters = flow_parameters(args)
+    except PipelineError as exc:
+        print(f"prefixflow serve: error: {exc}", file=sys.stderr)
+        return 2
     if not args.cron and not args.interval:
         print("prefixflow serve: no schedule given; runs start only when triggered "
               "(add --cron or --interval for a schedule)", file=sys.stderr)  # fmt: skip
@@ -131,7 +147,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     common: dict[str, Any] = {
         "schedules": schedules(args),
-        "parameters": flow_parameters(args),
+        "parameters": parameters,
         "tags": args.tag or None,
         "description": f"prefixflow batch inference {args.input} -> {args.output}",
     }

@@ -6,11 +6,12 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import Flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 
+from prefixflow.flows.credentials import redact_parameters, refuse_plain_secrets, with_credentials
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metrics
@@ -33,6 +34,14 @@ class ShardsFailed(RuntimeError):
     """Some shards could not be committed after all lane retries."""
 
 
+class _RedactingFlow(Flow[..., dict[str, Any]]):
+    """A Flow whose parameters reach the Prefect API with credential-like storage options redacted
+    (the run itself then refuses them: see flows/credentials.py)."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return super().serialize_parameters(redact_parameters(parameters))
+
+
 @task(name="plan-shards", persist_result=False, cache_policy=NO_CACHE)
 def plan_job(
     input: str,
@@ -41,22 +50,27 @@ def plan_job(
     job: str | dict[str, Any] | None,
     new_run: bool,
     overrides: dict[str, Any],
+    credentials_block: str | None = None,
 ) -> tuple[JobSpec, list[ShardInfo]]:
-    """Validate the job, check or write the output fingerprint, and describe every shard."""
+    """Validate the job, check or write the output's run record, and describe every shard. The spec
+    comes back without the block's credentials (each task that needs them loads the block itself)."""
     logger = get_run_logger()
     spec = load_job(input, output, model, job, **overrides)
-    prepare_output(spec, new_run=new_run)
-    infos = describe_shards(spec, plan_shards(spec))
+    with_keys = with_credentials(spec, credentials_block)
+    prepare_output(with_keys, new_run=new_run)
+    infos = describe_shards(with_keys, plan_shards(with_keys))
     rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
     logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)
     return spec, infos
 
 
 @task(name="summarize-run", persist_result=False, cache_policy=NO_CACHE)
-def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float) -> dict[str, Any]:
+def summarize_run(
+    spec: JobSpec, reports: list[LaneReport], wall_s: float, credentials_block: str | None = None
+) -> dict[str, Any]:
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
     `complete` says whether every shard is committed) and publish the summary table artifact."""
-    metrics = run_metrics(finalize(spec).as_dict(), reports, wall_s)
+    metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
@@ -65,7 +79,6 @@ def summarize_run(spec: JobSpec, reports: list[LaneReport], wall_s: float) -> di
     return metrics
 
 
-@flow(name="batch-inference", persist_result=False)
 def batch_inference(
     input: str,
     output: str,
@@ -79,8 +92,10 @@ def batch_inference(
     flush_seconds: float | None = None,
     quantization: str | None = None,
     engine: dict[str, Any] | None = None,
+    tensor_parallel_size: int | None = None,
     endpoint_url: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    credentials_block: str | None = None,
     new_run: bool = False,
     lanes: int | None = None,
     gpus_per_lane: int | None = None,
@@ -105,18 +120,25 @@ def batch_inference(
     when missing), waiting while every device is held by another lane or flow, and fails if the
     Prefect API cannot grant them; `concurrency_limit=None` runs without. Ray lanes rely on Ray's
     `num_gpus` scheduling. Shards that still fail leave the flow Failed, after the summary,
-    naming each uncommitted shard.
+    naming each uncommitted shard. With `tensor_parallel_size=N` (or `engine.tensor_parallel_size`
+    in the job) each lane's engine spans N GPUs: a lane takes N GPUs (`gpus_per_lane` defaults to N;
+    Ray lanes ask for `num_gpus=N`) and the default lane count is the visible GPUs divided by N.
+    Storage credentials never go in as parameters (Prefect stores those in plain text): they come
+    from the environment / AWS credential chain, or from `credentials_block`, a Prefect Secret block
+    holding a JSON object of storage options.
     """
     overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
+    refuse_plain_secrets(storage_options, endpoint_url)
     logger = get_run_logger()
     started = time.time()
-    with make_task_runner(ray_address, lanes or max(1, visible_gpus())) as runner:
-        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address))
+    tp = engine_tensor_parallel_size(input, model, job, overrides)
+    with make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
+        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp)
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
             # the flow process may have no GPU while Ray lanes do: pin the device so the job
             # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
             overrides["engine"] = {**(engine or {}), "device": "cuda"}
-        spec, infos = plan_job(input, output, model, job, new_run, overrides)
+        spec, infos = plan_job(input, output, model, job, new_run, overrides, credentials_block)
         groups = [[info.shard for info in group] for group in deal_shards(infos, layout.lanes)]
         logger.info(
             "%d shards on %d lanes (%s, %d GPU(s) per lane)",
@@ -125,20 +147,20 @@ def batch_inference(
             "ray" if layout.on_ray else "threads",
             layout.gpus_per_lane,
         )
-        progress = ShardProgress(spec, groups)
+        progress = ShardProgress(with_credentials(spec, credentials_block), groups)
         lane_task = run_lane.with_options(
             retries=lane_retries,
             retry_delay_seconds=[retry_delay_s * 2**i for i in range(max(1, lane_retries))],
             timeout_seconds=lane_timeout_s,
         )
-        futures = _submit_lanes(runner, lane_task, spec, groups, layout, concurrency_limit)
+        futures = _submit_lanes(runner, lane_task, spec, groups, layout, concurrency_limit, credentials_block)
         _wait_with_progress(futures, progress, progress_poll_s)
         reports, lane_errors = _collect(futures)
     for message in lane_errors:
         logger.error(message)
 
     progress.finish()
-    metrics = summarize_run(spec, reports, time.time() - started)
+    metrics = summarize_run(spec, reports, time.time() - started, credentials_block)
     failed = progress.uncommitted()
     if failed:
         raise ShardsFailed(
@@ -149,6 +171,18 @@ def batch_inference(
     return {**metrics, "lanes": [_lane_row(report) for report in reports]}
 
 
+def engine_tensor_parallel_size(
+    input: str, model: str, job: str | dict[str, Any] | None, overrides: dict[str, Any]
+) -> int:
+    """The tensor-parallel size the lanes' engines will run with (from the flag or the job's engine
+    settings), read before the lanes are laid out because it decides how many GPUs each one takes."""
+    spec = load_job(input, "", model, job, **overrides)
+    return int(spec.config.engine.get("tensor_parallel_size") or 1)
+
+
+batch_inference = _RedactingFlow(fn=batch_inference, name="batch-inference", persist_result=False)
+
+
 def _submit_lanes(
     runner: TaskRunner,
     lane_task: Any,
@@ -156,6 +190,7 @@ def _submit_lanes(
     groups: list[list[Any]],
     layout: LaneLayout,
     limit: str | None,
+    credentials_block: str | None,
 ) -> list[PrefectFuture[LaneReport]]:
     """Submit one lane task per shard group: thread lanes take per-device limits named after
     `limit`; Ray lanes get `num_gpus` per task instead (Ray's scheduler keeps them apart)."""
@@ -169,6 +204,7 @@ def _submit_lanes(
         "limit": limit if layout.local else None,
         "gpus_per_lane": layout.gpus_per_lane,
         "local": layout.local,
+        "credentials_block": credentials_block,
     }
     with options:
         return [

@@ -14,11 +14,21 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefixflow.flows.credentials import with_credentials
 from prefixflow.flows.devices import DeviceGroup
 from prefixflow.flows.faults import fail_once_after_commit
 from prefixflow.flows.slots import lane_devices
 from prefixflow.flows.task_runners import pin_thread_to_gpu
-from prefixflow.pipeline import Engine, JobSpec, Shard, ShardResult, is_committed, open_engine, run_shards
+from prefixflow.pipeline import (
+    Engine,
+    JobSpec,
+    Shard,
+    ShardResult,
+    hold_output,
+    is_committed,
+    open_engine,
+    run_shards,
+)
 
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
 # (lazy module attributes) race, and loading in turn also bounds the host-memory peak.
@@ -57,6 +67,7 @@ def run_lane(
     limit: str | None = None,
     gpus_per_lane: int = 0,
     local: bool = True,
+    credentials_block: str | None = None,
 ) -> LaneReport:
     """Run `shards` in order on one engine, committing each; skip shards already committed.
 
@@ -66,8 +77,10 @@ def run_lane(
     shard (which makes Prefect retry it, and mark it Failed once retries are exhausted).
     A `local` (thread) lane first takes a free device group of `gpus_per_lane` GPUs (the CPU
     when 0) through the per-device concurrency limits named by the prefix `limit` and pins
-    itself to it; a Ray lane runs on the GPUs Ray gave its task.
+    itself to it; a Ray lane runs on the GPUs Ray gave its task. Storage credentials come from the
+    environment or from the Prefect block `credentials_block`, loaded here.
     """
+    spec = with_credentials(spec, credentials_block)
     logger = get_run_logger()
     report = LaneReport(lane=lane)
     pending = [s for s in shards if not is_committed(spec, s)]
@@ -117,20 +130,26 @@ def _run_shards(
     failures: dict[str, str] = {}
     if group is not None and group.ordinals:
         report.gpus = list(group.ordinals)
-        pin_thread_to_gpu(group.ordinals[0])  # the engine's `cuda` device for this thread
+        # the engine's `cuda` device for this thread; a tensor-parallel engine's ranks take the
+        # group's consecutive ordinals from here
+        pin_thread_to_gpu(group.ordinals[0])
     llm = _load_engine(spec)
     try:
         warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
-        for outcome in run_shards(spec, pending, llm, warn=warn):
-            shard_id = outcome.shard.shard_id
-            if outcome.result is None:
-                failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
-                logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
-                continue
-            report.results.append(outcome.result)
-            _log_shard(logger, lane, outcome.result)
-            fail_once_after_commit(lane, shard_id)
+        with hold_output(spec):  # a --new-run elsewhere is refused while this lane writes
+            for outcome in run_shards(spec, pending, llm, warn=warn):
+                shard_id = outcome.shard.shard_id
+                if outcome.result is None:
+                    failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")
+                    logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
+                    continue
+                report.results.append(outcome.result)
+                _log_shard(logger, lane, outcome.result)
+                fail_once_after_commit(lane, shard_id)
     finally:
+        close = getattr(llm, "close", None)
+        if close is not None:
+            close()  # a tensor-parallel engine's worker processes leave now, not at collection
         del llm
         gc.collect()
     return failures

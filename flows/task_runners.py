@@ -57,15 +57,24 @@ class LaneLayout:
         return not self.on_ray
 
 
-def lane_layout(lanes: int | None, gpus_per_lane: int | None, on_ray: bool) -> LaneLayout:
-    """Defaults: one GPU per lane when GPUs exist (else 0) and as many lanes as GPU groups (else 1).
+def lane_layout(
+    lanes: int | None, gpus_per_lane: int | None, on_ray: bool, tensor_parallel_size: int = 1
+) -> LaneLayout:
+    """Defaults: `tensor_parallel_size` GPUs per lane when GPUs exist (else 0: the CPU) and as many
+    lanes as such GPU groups (else 1). A lane whose engine is tensor-parallel must hold one GPU per rank.
 
     On Ray this counts the cluster's GPUs, so call it after the Ray task runner has connected.
     """
+    tp = tensor_parallel_size
     gpus_here = ray_cluster_gpus() if on_ray else visible_gpus()
-    gpus = (1 if gpus_here else 0) if gpus_per_lane is None else gpus_per_lane
+    gpus = (tp if gpus_here else 0) if gpus_per_lane is None else gpus_per_lane
     if gpus < 0:
         raise ValueError(f"gpus_per_lane must be >= 0, got {gpus}")
+    if gpus and gpus != tp:
+        raise ValueError(
+            f"gpus_per_lane={gpus} but tensor_parallel_size={tp}: a lane's engine uses one GPU per "
+            f"tensor-parallel rank, so set gpus_per_lane to {tp} (or leave it unset)"
+        )
     if not on_ray:
         device_groups(gpus, gpu_ids())  # fails fast when gpus_per_lane exceeds the visible GPUs
     n = lanes if lanes is not None else max(1, gpus_here // max(1, gpus))

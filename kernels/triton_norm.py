@@ -71,4 +71,7 @@ def rms_norm(
             HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
             num_warps=min(16, max(1, block // 512)),
         )  # fmt: skip
-    return out if residual is None else (out, residual_out)
+    if residual is None:
+        return out
+    assert residual_out is not None
+    return out, residual_out

@@ -7,14 +7,16 @@ from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputError,
     JobConfigError,
+    OutputBusy,
     OutputNotPrepared,
     OutputStateError,
     PipelineError,
+    RunSuperseded,
     ShardError,
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
-from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import (
     ProgressSink,
     ShardOutcome,
@@ -34,11 +36,14 @@ __all__ = [
     "JobConfig",
     "JobConfigError",
     "JobSpec",
+    "OutputBusy",
     "OutputNotPrepared",
     "OutputStateError",
     "PipelineError",
     "ProgressSink",
+    "RunRecord",
     "RunSummary",
+    "RunSuperseded",
     "Shard",
     "ShardError",
     "ShardInfo",
@@ -46,6 +51,7 @@ __all__ = [
     "ShardResult",
     "describe_shards",
     "finalize",
+    "hold_output",
     "is_committed",
     "load_job",
     "open_engine",

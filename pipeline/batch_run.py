@@ -2,7 +2,7 @@
 
 The run lives in a state folder beside the results, ``RESULTS.prefixflow/`` (local or S3):
 
-    RESULTS.prefixflow/input/requests-<digest>.parquet   the requests as Parquet, named by the file's digest
+    RESULTS.prefixflow/_batch_input/requests-<digest>.parquet   the requests as Parquet, named by the file's digest
     RESULTS.prefixflow/_prefixflow.json, _commits/, data/ ...   an ordinary run over that table
 
 Every guarantee of an ordinary run carries over: shards commit exactly once and a rerun resumes.
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.errors import FingerprintMismatch, InputError, JobConfigError, OutputStateError
-from prefixflow.pipeline.layout import Layout
+from prefixflow.pipeline.layout import BATCH_INPUT_DIR, Layout
 from prefixflow.pipeline.openai_batch import (
     BatchRequest,
     batch_job,
@@ -50,7 +50,7 @@ class BatchJob:
     spec: JobSpec
     results: str
     num_requests: int
-    converted: str  # file name of the requests table under input/
+    converted: str  # file name of the requests table under _batch_input/
 
 
 def is_batch_input(url: str, storage: StorageConfig) -> bool:
@@ -100,14 +100,14 @@ def prepare_batch(
     requests = parse_batch(data, input)
     name = f"requests-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
     state = results.rstrip("/") + STATE_SUFFIX
-    spec = load_job(f"{state}/input/{name}", state, model, job_data, **overrides)
+    spec = load_job(f"{state}/{BATCH_INPUT_DIR}/{name}", state, model, job_data, **overrides)
     layout = output_layout(spec)
     _check_results_owner(results, layout, storage, new_run)
     record = read_run_record(layout)
-    if record is not None and record["spec"]["input"] != spec.input and not new_run:
+    if record is not None and record.spec["input"] != spec.input and not new_run:
         raise FingerprintMismatch(f"{input} has changed since the run in {state} started (its content differs); "
                                   "rerun with the original file, pass --new-run to start over, or pick another --output")  # fmt: skip
-    converted = layout.path("input", name)
+    converted = layout.path(BATCH_INPUT_DIR, name)
     if not layout.store.exists(converted):
         layout.store.write_atomic(converted, requests_table(requests))
     return BatchJob(spec, normalize_url(results), len(requests), name)
@@ -122,7 +122,7 @@ def _job_dict(job: str | dict[str, Any] | None) -> dict[str, Any]:
 def _check_results_owner(results: str, layout: Layout, storage: StorageConfig, new_run: bool) -> None:
     """Never replace a results file that another tool (or a deleted run) left, unless told to."""
     store = Store.open(results, storage)
-    if store.exists(store.root) and not layout.store.exists(layout.fingerprint) and not new_run:
+    if store.exists(store.root) and not layout.store.exists(layout.record) and not new_run:
         raise OutputStateError(f"{results} exists but {layout.store.root} holds no prefixflow run that wrote it; "
                                "pass --new-run to replace it, or pick another --output")  # fmt: skip
 
@@ -130,7 +130,7 @@ def _check_results_owner(results: str, layout: Layout, storage: StorageConfig, n
 def cleanup_inputs(batch: BatchJob) -> None:
     """Drop converted tables of earlier file versions (left after a --new-run)."""
     layout = output_layout(batch.spec)
-    for path in layout.store.list_files(layout.path("input")):
+    for path in layout.store.list_files(layout.path(BATCH_INPUT_DIR)):
         if path.rsplit("/", 1)[-1] != batch.converted:
             layout.store.remove_tree(path)
 
@@ -144,10 +144,10 @@ def write_results(batch: BatchJob) -> int:
     if record is None:
         raise OutputStateError(f"{layout.store.root} holds no run record")
     store = layout.store
-    requests = pq.read_table(io.BytesIO(store.read_bytes(layout.path("input", batch.converted))),
+    requests = pq.read_table(io.BytesIO(store.read_bytes(layout.path(BATCH_INPUT_DIR, batch.converted))),
                              columns=["custom_id", "line", "request_kind", "request_error"]).to_pylist()  # fmt: skip
     records: dict[str, dict[str, Any]] = {}
-    for path in store.list_files(layout.path("data")):
+    for path in store.list_files(layout.for_run(record.run_id).data):
         if path.endswith(".parquet"):
             for row in pq.read_table(io.BytesIO(store.read_bytes(path)), columns=RESULT_COLUMNS).to_pylist():
                 if row["id"] in records:
@@ -158,7 +158,7 @@ def write_results(batch: BatchJob) -> int:
         raise OutputStateError(
             f"{len(missing)} requests have no committed result yet (first: {missing[0]!r})"
         )
-    body = results_jsonl(requests, records, spec.model, record["fingerprint_hash"], int(record["created_at"]))
+    body = results_jsonl(requests, records, spec.model, record.fingerprint_hash, int(record.created_at))
     target = Store.open(batch.results, spec.config.storage)
     target.write_atomic(target.root, body)
     return len(requests)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from prefixflow.pipeline.config import StorageConfig
-from prefixflow.pipeline.errors import PipelineError
+from prefixflow.pipeline.errors import JobConfigError, PipelineError, storage_problem
+from prefixflow.pipeline.interrupts import INTERRUPTED_HINT, Terminated, interruptible
 from prefixflow.pipeline.job_flags import (
     DEFAULT_MODEL,
     add_job_flags,
@@ -57,11 +59,14 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
     add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    from prefixflow.pipeline.advisor.cli import add_advise_flags
+
+    add_advise_flags(plan)
     status = sub.add_parser("status", help="progress and totals of a run, finished or not")
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
-    demo = sub.add_parser("demo", help="summarize and label a small bundled dataset end to end")
+    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end")
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
@@ -145,25 +150,39 @@ def cmd_plan_batch(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
     from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.planning import describe_shards, plan_shards
 
+    advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
+        if advising:
+            raise JobConfigError("--advise reads Parquet input with a job config; for an OpenAI Batch file, "
+                                 "`plan` lists its requests")  # fmt: skip
         return cmd_plan_batch(args, console)
     spec = _spec(args, "")
-    infos = describe_shards(spec, plan_shards(spec))
-    num_rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
-    broken = [i.shard.error for i in infos if i.shard.error]
+    shards = plan_shards(spec)
+    broken = [s.error for s in shards if s.error]
     if args.json:
+        infos = describe_shards(spec, shards)
         rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
                  "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
                  "error": i.shard.error} for i in infos]  # fmt: skip
-        print(json.dumps({"shards": rows, "num_rows": num_rows}))
+        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards)}
+        if advising:
+            run_advice(spec, args, console, plan)
+        else:
+            print(json.dumps(plan))
+    elif advising:  # the advice counts tokens for real; the per-shard listing would only bury it
+        console.print(f"[bold]{len(shards)} shards, {sum(s.num_rows for s in shards)} rows[/]")
+        run_advice(spec, args, console, None)
     else:
+        infos = describe_shards(spec, shards)
         for i in infos:
             note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
             console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
-        console.print(f"[bold]{len(infos)} shards, {num_rows} rows, ~{tokens} tokens[/]")
+        console.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
+                      f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
     for error in broken:  # a plan that cannot run as given does not pass
         console.print(f"[red]error:[/] {error}", soft_wrap=True)
     return 2 if broken else 0
@@ -178,12 +197,18 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(
             json.dumps(
-                {**summary.as_dict(), "model": record["spec"]["model"], "input": record["spec"]["input"]}
+                {**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"]}
             )
         )
         return 0
-    console.print(f"input {record['spec']['input']}  model {record['spec']['model']}  "
-                  f"fingerprint {record['fingerprint_hash']}")  # fmt: skip
+    console.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
+                  f"fingerprint {record.fingerprint_hash}")  # fmt: skip
+    if summary.foreign_files:
+        console.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
+                      "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
+    if summary.replaced_runs:
+        console.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
+                      "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
     print_summary(console, summary)
     console.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"
@@ -200,19 +225,33 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
         return 2
     args = build_parser(extra_commands).parse_args(argv)
     console = Console(stderr=True)
-    try:
-        if args.command == "run":
-            return cmd_run(args, console)
-        if args.command == "plan":
-            return cmd_plan(args, console)
-        if args.command == "status":
-            return cmd_status(args, console)
-        from prefixflow.pipeline.demo import run_demo
+    with interruptible():
+        try:
+            return _dispatch(args, console)
+        except PipelineError as exc:
+            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            return 2
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (see interruptible)
+            console.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
+            return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+        except Exception as exc:
+            problem = storage_problem(exc)
+            if problem is None:
+                raise
+            console.print(f"[red]error:[/] {problem}", soft_wrap=True)
+            return 2
 
-        return run_demo(args.workdir, args.model, args.rows, console)
-    except PipelineError as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
-        return 2
+
+def _dispatch(args: argparse.Namespace, console: Console) -> int:
+    if args.command == "run":
+        return cmd_run(args, console)
+    if args.command == "plan":
+        return cmd_plan(args, console)
+    if args.command == "status":
+        return cmd_status(args, console)
+    from prefixflow.pipeline.demo import run_demo
+
+    return run_demo(args.workdir, args.model, args.rows, console)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Staging, commit and publication of one shard's part files (the exactly-once core).
 
-Order of events for a shard: parts are written (atomically) under _staging/<shard>/<attempt>/;
-when every row of the shard is in some staged part, the marker _commits/<shard>.json is created
-exclusively (the commit point) listing the chosen parts; then each listed part is copied to its
-data/ name; then staging is removed. A crash at any point is repaired by re-running: before the
-marker nothing is visible; after it, ``publish`` is idempotent.
+Order of events for a shard (all paths inside the run's own folders, see layout.py): parts are written
+(atomically) under _staging/<run>/<shard>/<attempt>/; when every row of the shard is in some staged part,
+the marker _commits/<run>/<shard>.json is created exclusively (the commit point) listing the chosen
+parts; then each listed part is copied to its data/<run>/ name; then staging is removed. A crash at any
+point is repaired by re-running: before the marker nothing is visible; after it, ``publish`` is
+idempotent. A marker counts only for the run whose id it carries.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import pyarrow.parquet as pq
@@ -104,9 +106,10 @@ class MarkerPart:
 class CommitMarker:
     """The commit point of one shard: which staged parts hold its rows, and their totals.
 
-    Stored as ``_commits/<shard>.json``; readers of the output trust nothing else."""
+    Stored as ``_commits/<run>/<shard>.json``; readers of the output trust nothing else."""
 
     shard_id: str
+    run_id: str
     fingerprint: str
     attempt: str
     committed_at: float
@@ -133,6 +136,7 @@ class CommitMarker:
 
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
                  elapsed_s: float, num_rows: int) -> CommitMarker:  # fmt: skip
+    """The marker of ``layout``'s run for ``shard_id`` over ``parts``."""
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
     for p in parts:
@@ -142,6 +146,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
             labels[k] = labels.get(k, 0) + v
     return CommitMarker(
         shard_id=shard_id,
+        run_id=layout.run_id,
         fingerprint=fingerprint,
         attempt=attempt,
         committed_at=time.time(),
@@ -158,15 +163,21 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
     )
 
 
-def commit(layout: Layout, shard_id: str, marker: CommitMarker) -> CommitMarker:
-    """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish."""
+def commit(
+    layout: Layout, marker: CommitMarker, before_publish: Callable[[], None] | None = None
+) -> CommitMarker:
+    """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish
+    (after ``before_publish``, which raises to stop) and clean the shard's staging up (best effort:
+    a concurrent attempt may still write there; ``finalize`` removes what stays)."""
     hook("commit_begin")
-    if not layout.store.create_exclusive(layout.marker(shard_id), marker.to_json()):
-        marker = read_marker(layout, shard_id)
+    if not layout.store.create_exclusive(layout.marker(marker.shard_id), marker.to_json()):
+        marker = read_marker(layout, marker.shard_id)
     hook("commit_marker")
+    if before_publish is not None:
+        before_publish()
     publish(layout, marker)
     hook("commit_end")
-    layout.store.remove_tree(layout.staging(shard_id))
+    layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
     return marker
 
 
@@ -187,9 +198,28 @@ def publish(layout: Layout, marker: CommitMarker) -> None:
 
 
 def read_marker(layout: Layout, shard_id: str) -> CommitMarker:
-    return CommitMarker.from_json(layout.store.read_bytes(layout.marker(shard_id)))
+    """The marker of ``shard_id`` in ``layout``'s run; ValueError if it is not one of this run's."""
+    marker = CommitMarker.from_json(layout.store.read_bytes(layout.marker(shard_id)))
+    if marker.run_id != layout.run_id or marker.shard_id != shard_id:
+        raise ValueError(f"{layout.marker(shard_id)} belongs to run {marker.run_id}, not {layout.run_id}")
+    return marker
+
+
+def committed_marker(layout: Layout, shard_id: str) -> CommitMarker | None:
+    """The shard's marker if this run committed it, else None (a marker of another run never counts)."""
+    try:
+        return read_marker(layout, shard_id)
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        return None
 
 
 def list_markers(layout: Layout) -> list[CommitMarker]:
-    paths = [p for p in layout.store.list_files(layout.commits) if p.endswith(".json")]
-    return [CommitMarker.from_json(layout.store.read_bytes(p)) for p in paths]
+    """Every marker of ``layout``'s run (a file that is not one of its markers is skipped)."""
+    out = []
+    for path in layout.store.list_files(layout.commits):
+        if path.endswith(".json"):
+            shard_id = path.rsplit("/", 1)[-1].removesuffix(".json")
+            marker = committed_marker(layout, shard_id)
+            if marker is not None:
+                out.append(marker)
+    return out

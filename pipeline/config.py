@@ -73,11 +73,43 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class TemplateLimits:
+    """Per-row limits on rendering a prompt template (pipeline/sandbox.py); a row over either becomes a
+    ``template_limit`` error row instead of hanging or exhausting the run."""
+
+    seconds: float = 10.0
+    max_chars: int = 4_000_000
+
+
+@dataclass(frozen=True)
 class StorageConfig:
-    """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores."""
+    """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores.
+    ``options`` may hold credentials, so they are never written to disk and left out of the repr."""
 
     endpoint_url: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "credential", "private", "sas", "signature")
+_SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "api_key",
+                "connection_string"}  # fmt: skip
+
+
+def secret_option_paths(options: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the storage options that look like credentials (``key``, ``secret``, ``token``,
+    ``client_kwargs.aws_secret_access_key``, a password in a URL ...), searched through nested mappings."""
+    found: list[str] = []
+    if isinstance(options, dict):
+        for name, value in options.items():
+            path = f"{prefix}{name}"
+            lowered = str(name).lower()
+            if lowered in _SECRET_KEYS or any(w in lowered for w in _SECRET_WORDS):
+                found.append(path)
+            else:
+                found += secret_option_paths(value, path + ".")
+    elif isinstance(options, str) and "://" in options and "@" in options.split("://", 1)[1].split("/", 1)[0]:
+        found.append(prefix.rstrip(".") or "<url>")  # user:password@host
+    return found
 
 
 @dataclass(frozen=True)
@@ -99,6 +131,7 @@ class JobConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     engine: dict[str, Any] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    template_limits: TemplateLimits = field(default_factory=TemplateLimits)
     schema: dict[str, Any] | None = None  # task extract: the JSON schema (its content, also when given as a path)
 
     def effective_template(self) -> str | None:
@@ -222,6 +255,14 @@ def _output(data: Any) -> OutputConfig:
     return cfg
 
 
+def _template_limits(data: Any) -> TemplateLimits:
+    cfg = TemplateLimits(**_sub(TemplateLimits, data, "template_limits"))
+    if isinstance(cfg.seconds, bool) or not isinstance(cfg.seconds, (int, float)) or cfg.seconds <= 0:
+        raise _fail("template_limits.seconds", f"expected a positive number of seconds, got {cfg.seconds!r}")
+    _pos_int(cfg.max_chars, "template_limits.max_chars")
+    return cfg
+
+
 def _storage(data: Any) -> StorageConfig:
     cfg = StorageConfig(**_sub(StorageConfig, data, "storage"))
     _opt_str(cfg.endpoint_url, "storage.endpoint_url")
@@ -284,6 +325,7 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         output=_output(data.get("output")),
         engine=_engine(data.get("engine")),
         storage=_storage(data.get("storage")),
+        template_limits=_template_limits(data.get("template_limits")),
         schema=parse_schema(data.get("schema"), task),
     )
     clash = sorted(set(cfg.keep_columns) & set(OUTPUT_COLUMNS))
@@ -324,7 +366,7 @@ def _check_messages(cfg: JobConfig) -> None:
 def _check_template(source: str | None, path: str) -> None:
     if source is None:
         return
-    from prefixflow.pipeline.prompts import compile_template
+    from prefixflow.pipeline.sandbox import compile_template
 
     try:
         compile_template(source)

@@ -19,7 +19,7 @@ from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.run_record import output_layout, read_run_record
 from prefixflow.pipeline.spec import JobSpec, load_job
 
-JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"))
+JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"), ("extract", "demo_extract.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
 MAX_ROWS = 24
 
@@ -79,14 +79,18 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
             if name == "label":
                 probs = ", ".join(f"{k} {v:.2f}" for k, v in (row["label_probs"] or {}).items())
                 result = f"{row['label']}  ({probs})"
+            elif name == "extract":
+                result = str(row["extracted"] or row["error"])[:100]
             else:
                 result = (row["output"] or row["error"] or "").strip().replace("\n", " ")[:100]
             console.print(f"  {row['id']}  {row['title']:<14} -> {result}", markup=False, soft_wrap=True)
     console.rule("read the results")
     summaries = os.path.join(results, "summarize-out", "data", "**", "*.parquet")
     labels = os.path.join(results, "label-out", "data", "**", "*.parquet")
+    extracted = os.path.join(results, "extract-out", "data", "**", "*.parquet")
     snippet = (f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
-               f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))")  # fmt: skip
+               f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))\n"
+               f"extracted = pl.read_parquet({extracted!r})\nprint(extracted.select('id', 'extracted').unnest('extracted'))")  # fmt: skip
     console.print(snippet, markup=False, soft_wrap=True)
     console.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
     return 1 if failed else 0
@@ -97,8 +101,9 @@ def _note_replaced(spec: JobSpec, console: Console) -> None:
     prefixflow's demo job): say so rather than replace it silently."""
     try:
         record = read_run_record(output_layout(spec))
+        fingerprint = record.fingerprint_hash if record is not None else None
     except PipelineError:
-        record = {"fingerprint_hash": "unreadable"}
-    if record is not None and record["fingerprint_hash"] != spec.fingerprint_hash():
+        fingerprint = "unreadable"
+    if fingerprint is not None and fingerprint != spec.fingerprint_hash():
         console.print(f"[yellow]note:[/] replacing the earlier demo run in {spec.output} (its settings differ)",
                       soft_wrap=True)  # fmt: skip

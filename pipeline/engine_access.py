@@ -1,8 +1,9 @@
 """The only door from the pipeline into the engine: its public facade (imported lazily), the ``Engine``
 protocol the pipeline codes against, and ``open_engine``.
 
-Lazy so that planning, status and config validation work without importing torch. The protocols name
-exactly what the pipeline uses, so a test double or another engine only has to provide that.
+Lazy so that planning, status, config validation and the advisor (``inspect_model``: config and
+tokenizer without weights) work without importing torch. The protocols name exactly what the pipeline
+uses, so a test double or another engine only has to provide that.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ if TYPE_CHECKING:
         SamplingParams,
         StructuredOutputs,
         describe_model,
+        inspect_model,
         structured_outputs_error,
     )
     from prefixflow.pipeline.spec import JobSpec
 
 __all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
-           "open_engine", "structured_outputs_error"]  # fmt: skip
+           "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip
 
 FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
-          "structured_outputs_error")  # fmt: skip
+          "structured_outputs_error", "inspect_model")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,15 @@ class OutputStateError(PipelineError):
     """The output root cannot hold a run (a file, unwritable, an unreadable fingerprint record)."""
 
 
+class OutputBusy(PipelineError):
+    """Another live process holds the output in a way this command cannot share (a --new-run while a job
+    writes it, or a job while a --new-run replaces it); the message names the holder."""
+
+
+class RunSuperseded(PipelineError):
+    """A --new-run replaced the output's run while this process was writing it; nothing more is committed."""
+
+
 class OutputNotPrepared(PipelineError):
     """run_shard/finalize was called before prepare_output wrote the job fingerprint."""
 
@@ -35,12 +44,26 @@ class ShardError(PipelineError):
         self.shard_id = shard_id
 
 
+_STORAGE_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3", "gcsfs", "adlfs")
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """One line for an error of the storage layer (endpoint down, credentials refused, DNS), or None when
+    ``exc`` is something else (a bug, which should keep its traceback)."""
+    module = type(exc).__module__.split(".")[0]
+    if module in _STORAGE_MODULES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return (f"storage cannot be reached or read ({type(exc).__name__}: {exc}); check the URL, "
+                "--endpoint-url, the network and the credentials (environment or AWS profile)")  # fmt: skip
+    return None
+
+
 # Row-level error classes: a bad row becomes an output row with one of these in `error_class`.
 NULL_ID = "null_id"
 DUPLICATE_ID = "duplicate_id"
 NULL_PROMPT = "null_prompt"
 EMPTY_PROMPT = "empty_prompt"
 TEMPLATE_ERROR = "template_error"
+TEMPLATE_LIMIT = "template_limit"
 BAD_TYPE = "bad_type"
 UNDECODABLE_TEXT = "undecodable_text"
 PROMPT_TOO_LONG = "prompt_too_long"
@@ -55,6 +78,7 @@ ERROR_CLASSES = (
     NULL_PROMPT,
     EMPTY_PROMPT,
     TEMPLATE_ERROR,
+    TEMPLATE_LIMIT,
     BAD_TYPE,
     UNDECODABLE_TEXT,
     PROMPT_TOO_LONG,

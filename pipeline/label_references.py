@@ -12,7 +12,8 @@ import re
 
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.prompts import compile_template, template_columns
+from prefixflow.pipeline.prompts import template_columns
+from prefixflow.pipeline.sandbox import compile_template
 
 _LAST_TAG = re.compile(r"(\}\}|%\})(?![\s\S]*(\}\}|%\}))")
 

@@ -13,7 +13,8 @@ from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
-from prefixflow.pipeline.run_record import prepare_output
+from prefixflow.pipeline.rows import check_max_tokens
+from prefixflow.pipeline.run_record import check_output, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
@@ -23,24 +24,39 @@ def run_local(
     spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
     console: Console | None = None,
 ) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
-    """Every shard of the job, one after another; a failing shard is reported, the others still run."""
+    """Every shard of the job, one after another; a failing shard is reported, the others still run.
+
+    Everything that can fail on a bad job (model, engine settings, columns, output root) fails before
+    the run record is written: the engine is loaded first when any shard is left to run."""
     console = console or Console(stderr=True)
     shards = plan_shards(spec)
-    prepare_output(spec, new_run=new_run)
-    todo = [s for s in shards if not is_committed(spec, s)]
-    console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
-                  f"{len(shards) - len(todo)} already committed")  # fmt: skip
-    failures: list[ShardError] = []
-    if todo:
-        llm = llm or open_engine(spec)
-        mode = "off" if progress is False else "bar" if progress else "auto"
-        with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode, engine_stats=getattr(llm, "stats", None),
-                             console=console) as bar:  # fmt: skip
-            for outcome in run_shards(spec, todo, llm, progress=bar):
-                if outcome.error is not None:
-                    failures.append(outcome.error)
-                    console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
-    return finalize(spec), failures
+    check_output(spec, new_run)
+    owned = llm is None
+    if llm is None and any(not is_committed(spec, s) for s in shards):
+        llm = open_engine(spec)
+    try:
+        if llm is not None:
+            check_max_tokens(spec.config, llm.max_model_len)
+        failures: list[ShardError] = []
+        with hold_output(spec):
+            prepare_output(spec, new_run=new_run)
+            todo = [s for s in shards if not is_committed(spec, s)]
+            console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
+                          f"{len(shards) - len(todo)} already committed")  # fmt: skip
+            if todo:
+                llm = llm or open_engine(spec)
+                mode = "off" if progress is False else "bar" if progress else "auto"
+                with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
+                                     engine_stats=getattr(llm, "stats", None), console=console) as bar:  # fmt: skip
+                    for outcome in run_shards(spec, todo, llm, progress=bar):
+                        if outcome.error is not None:
+                            failures.append(outcome.error)
+                            console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
+            return finalize(spec), failures
+    finally:
+        close = getattr(llm, "close", None) if owned else None
+        if close is not None:
+            close()  # tensor-parallel worker processes leave with the run
 
 
 def print_summary(console: Console, summary: RunSummary) -> None:

@@ -1,14 +1,23 @@
-"""Output rows: one fixed Arrow schema per job so every part file (and every reader) agrees."""
+"""Output rows: one Arrow schema per run, fixed at plan time, so every part file (and every reader) agrees.
+
+Kept input columns take the type their input files agree on: types are unified across files (a column
+missing from a file, or all-null there, takes the others' type; int32 and int64 give int64, int and float
+give float64, string and large_string give large_string). Types that cannot be unified (string in one
+file, list in another) are refused before the run starts, naming the column and the files.
+"""
 
 from __future__ import annotations
 
+import base64
 import io
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.json_columns import shape_of
 
 BASE_FIELDS = [
@@ -27,9 +36,9 @@ BASE_FIELDS = [
 ]
 
 
-def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
+def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
     """Base columns, then label columns for label jobs (``extracted`` for extract jobs), then the input
-    columns the job keeps."""
+    columns the job keeps (typed by ``kept_types``, from ``kept_column_types``; string where unknown)."""
     fields = list(BASE_FIELDS)
     if cfg.task == "label":
         fields.append(pa.field("label", pa.string()))
@@ -40,15 +49,57 @@ def output_schema(cfg: JobConfig, input_schema: pa.Schema | None) -> pa.Schema:
         fields.append(pa.field("extracted", shape_of(cfg.schema).type))
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:
-        if name in taken:
-            continue
-        typ = pa.string()
-        if input_schema is not None and name in input_schema.names:
-            typ = input_schema.field(name).type
-            if pa.types.is_dictionary(typ):
-                typ = typ.value_type
-        fields.append(pa.field(name, typ))
+        if name not in taken:
+            fields.append(pa.field(name, (kept_types or {}).get(name, pa.string())))
     return pa.schema(fields)
+
+
+def kept_column_types(cfg: JobConfig, files: Sequence[tuple[str, pa.Schema]]) -> dict[str, pa.DataType]:
+    """One type per kept column over all input ``files`` ((name, schema) pairs); raises JobConfigError
+    naming the column and two files when their types cannot be unified."""
+    out: dict[str, pa.DataType] = {}
+    for name in cfg.keep_columns:
+        seen: list[tuple[str, pa.DataType]] = []
+        for relpath, schema in files:
+            if name not in schema.names:
+                continue
+            typ = schema.field(name).type
+            typ = typ.value_type if pa.types.is_dictionary(typ) else typ
+            if not pa.types.is_null(typ):
+                seen.append((relpath, typ))
+        unified: pa.DataType = pa.string()
+        for i, (relpath, typ) in enumerate(seen):
+            if i == 0:
+                unified = typ
+                continue
+            try:
+                unified = pa.unify_schemas([pa.schema([pa.field(name, unified)]), pa.schema([pa.field(name, typ)])],
+                                           promote_options="permissive").field(name).type  # fmt: skip
+            except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                first = next((f for f, t in seen[:i] if not _merges(t, typ)), seen[0][0])
+                raise JobConfigError(
+                    f"keep_columns: column {name!r} is {dict(seen)[first]} in {first} but {typ} in {relpath}; "
+                    "one output needs one type per column: cast it in the input files or drop it from keep_columns"
+                ) from exc
+        out[name] = unified
+    return out
+
+
+def _merges(a: pa.DataType, b: pa.DataType) -> bool:
+    try:
+        pa.unify_schemas([pa.schema([pa.field("c", a)]), pa.schema([pa.field("c", b)])], promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+def schema_to_text(schema: pa.Schema) -> str:
+    """The schema as text for the run record (Arrow IPC, base64)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def base_record(key: int, row_id: str, source: str, kept: dict[str, Any]) -> dict[str, Any]:

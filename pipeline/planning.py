@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from prefixflow.pipeline.errors import InputError, JobConfigError
 from prefixflow.pipeline.prompts import (
     as_text,
@@ -172,7 +174,7 @@ def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     elif template is None:
         text = as_text(row.get(cfg.prompt_column or ""), f"column {cfg.prompt_column!r}")
     else:
-        text = render_template(template, ctx)
+        text = render_template(template, ctx, cfg.template_limits)
     return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 
@@ -193,16 +195,22 @@ def _text_bytes(store: Store, shard: Shard, columns: set[str]) -> int:
     return total
 
 
-def check_input_columns(spec: JobSpec) -> None:
-    """Fail fast when a column the job names exists in none of the input files (a typo would otherwise
-    turn every row into an error row). A column missing from only some files stays a per-row error."""
+def input_schemas(spec: JobSpec) -> list[tuple[str, pa.Schema]]:
+    """(relative path, Arrow schema) of every readable input file, from the footers only."""
     store, files = list_inputs(spec.input, spec.config.storage)
-    present: set[str] = set()
+    out = []
     for f in files:
         try:
-            present |= set(parquet_file(store, f.path).schema_arrow.names)
+            out.append((f.relpath, parquet_file(store, f.path).schema_arrow))
         except Exception:
             continue  # unreadable files fail their own shard
+    return out
+
+
+def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | None = None) -> None:
+    """Fail fast when a column the job names exists in none of the input files (a typo would otherwise
+    turn every row into an error row). A column missing from only some files stays a per-row error."""
+    present = {name for _, schema in (input_schemas(spec) if schemas is None else schemas) for name in schema.names}
     if not present:
         return
     cfg = spec.config

@@ -7,39 +7,34 @@ makes a missing column a clear per-row error instead of a silently empty prompt.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2 import meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import meta, nodes
 
+from prefixflow.pipeline.config import TemplateLimits
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import (
     BAD_TYPE,
     EMPTY_PROMPT,
     NULL_PROMPT,
     TEMPLATE_ERROR,
+    TEMPLATE_LIMIT,
     UNDECODABLE_TEXT,
     RowError,
 )
-from prefixflow.pipeline.template_cells import BlankCellPrinted, NullCellPrinted, cell_value, is_none
-
-_ENV = ImmutableSandboxedEnvironment(
-    undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True
-)
-_ENV.tests["none"] = is_none  # a null cell is a MissingCell, and still `is none`
+from prefixflow.pipeline.sandbox import ENV, TemplateLimitExceeded, compile_template, render_limited
+from prefixflow.pipeline.template_cells import BlankCellPrinted, NullCellPrinted, cell_value
 
 
-@lru_cache(maxsize=64)
-def compile_template(source: str) -> jinja2.Template:
-    """Compile once per process; raises jinja2.TemplateSyntaxError on bad syntax."""
-    return _ENV.from_string(source)
+def parse_template(source: str) -> nodes.Template:
+    """The template's syntax tree (the advisor reads which text is static and which comes from the row)."""
+    return ENV.parse(source)
 
 
 def template_columns(source: str) -> set[str]:
     """Names the template reads from the row (so only those columns are loaded)."""
-    return set(meta.find_undeclared_variables(_ENV.parse(source)))
+    return set(meta.find_undeclared_variables(ENV.parse(source)))
 
 
 def static_prefix(source: str | None) -> str:
@@ -64,14 +59,17 @@ def as_text(value: Any, what: str) -> str:
     return value
 
 
-def render_template(source: str, row: dict[str, Any]) -> str:
-    """Render one row; every failure (missing column, sandbox violation, runtime error) is a RowError.
+def render_template(source: str, row: dict[str, Any], limits: TemplateLimits | None = None) -> str:
+    """Render one row within ``limits`` (sandbox.py); every failure (missing column, sandbox violation,
+    runtime error, a limit) is a RowError.
 
     A null or blank cell the template prints is a ``null_prompt`` / ``empty_prompt`` row error, unless
     the template handles it (see ``template_cells``)."""
     context = {k: cell_value(k, _decoded(v)) for k, v in row.items()}
     try:
-        return compile_template(source).render(**context)
+        return render_limited(compile_template(source), context, limits or TemplateLimits())
+    except TemplateLimitExceeded as exc:
+        raise RowError(TEMPLATE_LIMIT, f"template stopped: {exc}") from exc
     except NullCellPrinted as exc:
         raise RowError(NULL_PROMPT, str(exc)) from exc
     except BlankCellPrinted as exc:

@@ -55,6 +55,18 @@ class Prepared:
         return self.prompt
 
 
+def max_tokens_problem(max_tokens: int, max_model_len: int) -> str:
+    return (f"max_tokens is {max_tokens} but the model's context length (max_model_len) is {max_model_len}: "
+            "prompt and output must fit in it together; set max_tokens below the context length")  # fmt: skip
+
+
+def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
+    """Fail fast when the job's own max_tokens leaves no room for any prompt (every row would fail)."""
+    value = cfg.sampling.get("max_tokens")
+    if isinstance(value, int) and value >= max_model_len:
+        raise JobConfigError(f"job config: sampling.max_tokens: {max_tokens_problem(value, max_model_len)}")
+
+
 def derived_id(relpath: str, row_index: int) -> str:
     return f"{relpath}#{row_index}"
 
@@ -148,7 +160,7 @@ class RowPreparer:
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
             ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
-        return render_template(self.template, ctx)
+        return render_template(self.template, ctx, self.cfg.template_limits)
 
     def encode(self, user_text: str, allow_blank: bool = False) -> list[int]:
         if not allow_blank:
@@ -180,7 +192,11 @@ class RowPreparer:
         return list(self.tok.encode(self.render_chat(messages), add_special_tokens=False))
 
     def budget(self, params: Any) -> int:
-        return self.max_len - max(int(params.max_tokens or 0), self.reserve)
+        """Prompt tokens left after the output: raises a bad_sampling RowError when none are left."""
+        output = int(params.max_tokens or 0)
+        if output >= self.max_len:
+            raise RowError(BAD_SAMPLING, max_tokens_problem(output, self.max_len))
+        return self.max_len - max(output, self.reserve)
 
     def prepare(self, row: dict[str, Any], base: dict[str, Any], relpath: str, key: int) -> Prepared:
         """Raises RowError for a bad row; otherwise returns a request (or map_reduce chunks)."""
@@ -240,6 +256,7 @@ class RowPreparer:
 
     def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
         """The reduce step's prompt, or None when the joined summaries are still too long."""
-        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)})
+        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)},
+                               self.cfg.template_limits)  # fmt: skip
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None

@@ -12,7 +12,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from prefixflow.pipeline import commit as commits
+from prefixflow.pipeline import lease
 from prefixflow.pipeline.config import OutputConfig
+from prefixflow.pipeline.duplicates import load_duplicates
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
@@ -20,10 +22,10 @@ from prefixflow.pipeline.inference import execute
 from prefixflow.pipeline.label_watch import LabelWatch
 from prefixflow.pipeline.labeling import CalibrationError
 from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.output_schema import base_record, encode_part, error_record, output_schema
+from prefixflow.pipeline.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.planning import Shard
 from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
-from prefixflow.pipeline.run_record import check_fingerprint, load_duplicates, output_layout, read_run_record
+from prefixflow.pipeline.run_record import current_run, ensure_current, output_layout
 from prefixflow.pipeline.sources import read_rows
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
@@ -64,8 +66,12 @@ class ShardResult:
 
 
 def is_committed(spec: JobSpec, shard: Shard) -> bool:
-    layout = output_layout(spec)
-    return layout.store.exists(layout.marker(shard.shard_id))
+    """The current run of ``spec.output`` committed ``shard`` (False when there is no run of this job)."""
+    try:
+        layout, _ = current_run(spec)
+    except PipelineError:
+        return False
+    return commits.committed_marker(layout, shard.shard_id) is not None
 
 
 class _Flusher:
@@ -100,12 +106,20 @@ def run_shard(
 ) -> ShardResult:  # fmt: skip
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
-    Raises ShardError when the input file cannot be read. ``label_watch`` sees every finished row."""
+    Raises ShardError when the input file cannot be read, RunSuperseded when a --new-run replaced the
+    output's run meanwhile (nothing of this shard is then published). ``label_watch`` sees every
+    finished row."""
+    with lease.hold(output_layout(spec)):
+        return _run_shard(spec, shard, llm, progress, label_watch)
+
+
+def _run_shard(
+    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None, label_watch: LabelWatch | None
+) -> ShardResult:
     start = time.perf_counter()
-    layout = output_layout(spec)
-    record = check_fingerprint(spec, layout, read_run_record(layout))
-    if layout.store.exists(layout.marker(shard.shard_id)):
-        marker = commits.read_marker(layout, shard.shard_id)
+    layout, record = current_run(spec)
+    marker = commits.committed_marker(layout, shard.shard_id)
+    if marker is not None:
         commits.publish(layout, marker)
         if progress is not None:
             progress.resumed(marker.rows)
@@ -128,7 +142,7 @@ def run_shard(
         raise ShardError(shard.shard_id, f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
                          "the file changed since planning")  # fmt: skip
     cfg = spec.config
-    flusher = _Flusher(layout, shard.shard_id, output_schema(cfg, table.schema), cfg.output)
+    flusher = _Flusher(layout, shard.shard_id, record.schema, cfg.output)
     prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
     pending: list[Prepared] = []
 
@@ -160,9 +174,10 @@ def run_shard(
     covered = sum(p.rows for p in parts)
     if covered != shard.num_rows:
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
-    marker = commits.build_marker(layout, shard.shard_id, record["fingerprint_hash"], flusher.attempt, parts,
+    marker = commits.build_marker(layout, shard.shard_id, record.fingerprint_hash, flusher.attempt, parts,
                                   time.perf_counter() - start, shard.num_rows)  # fmt: skip
-    marker = commits.commit(layout, shard.shard_id, marker)
+    ensure_current(layout, record)
+    marker = commits.commit(layout, marker, before_publish=lambda: ensure_current(layout, record))
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
 
 

@@ -32,6 +32,7 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "truncate_side": ("summarize", "truncate_side"),
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
+    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 

@@ -74,23 +74,33 @@ class Store:
         return sorted(p for p in found if not p.rsplit("/", 1)[-1].startswith(".tmp-"))
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        if self.is_local:
-            tmp = self._local_tmp(path, data)
-            os.replace(tmp, path)
-        else:
+        if not self.is_local:
             self.fs.pipe_file(path, data)
+            return
+        for last in (False, False, True):  # a concurrent cleanup may remove the folder under us: retry
+            try:
+                os.replace(self._local_tmp(path, data), path)
+                return
+            except FileNotFoundError:
+                if last:
+                    raise
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists. True if we created it, False if it was there."""
         if self.is_local:
-            tmp = self._local_tmp(path, data)
-            try:
-                os.link(tmp, path)
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
+            for last in (False, False, True):
+                try:
+                    tmp = self._local_tmp(path, data)
+                    try:
+                        os.link(tmp, path)
+                        return True
+                    finally:
+                        os.unlink(tmp)
+                except FileExistsError:
+                    return False
+                except FileNotFoundError:  # the folder was removed under us: retry
+                    if last:
+                        raise
         if self.is_s3:
             try:  # s3fs sends IfNoneMatch="*"; S3 (and moto's server) answer 412 -> FileExistsError
                 self.fs.pipe_file(path, data, mode="create")
@@ -106,7 +116,7 @@ class Store:
     def copy(self, src: str, dst: str) -> None:
         """Place the bytes of ``src`` at ``dst`` (idempotent: same bytes each time)."""
         if self.is_local:
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            _ensure_dir(os.path.dirname(dst))
             try:
                 os.link(src, dst)
             except FileExistsError:
@@ -118,22 +128,61 @@ class Store:
         else:
             self.fs.copy(src, dst)
 
-    def remove_tree(self, path: str) -> None:
+    def list_dir(self, path: str) -> list[str]:
+        """Names directly below ``path`` (files and folders), sorted; empty when it does not exist."""
         self.fs.invalidate_cache(path)
         try:
-            self.fs.rm(path, recursive=True)
+            entries = self.fs.ls(path, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        base = path.rstrip("/")
+        found = (str(e).rstrip("/") for e in entries)
+        return sorted({e[len(base) + 1 :].split("/")[0] for e in found if e.startswith(base + "/")})
+
+    def remove(self, path: str) -> None:
+        """Delete one file; a missing file is fine."""
+        try:
+            self.fs.rm_file(path)
         except FileNotFoundError:
             pass
 
+    def remove_tree(self, path: str, best_effort: bool = False) -> None:
+        """Delete ``path`` and everything below it; a missing path is fine. ``best_effort`` (cleanup of
+        leftovers another process may still be writing into) never raises: what stays is removed later."""
+        self.fs.invalidate_cache(path)
+        try:
+            if self.is_local and best_effort:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if not best_effort:
+                raise
+
     def _local_tmp(self, path: str, data: bytes) -> str:
         folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
+        _ensure_dir(folder)
         tmp = f"{folder}/.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         return tmp
+
+
+def _ensure_dir(folder: str) -> None:
+    """``os.makedirs(folder, exist_ok=True)``, also while another process removes a parent: makedirs then
+    raises FileExistsError for a folder that vanished between its own mkdir and its check."""
+    for _ in range(5):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            return
+        except FileExistsError:
+            if os.path.exists(folder) and not os.path.isdir(folder):
+                raise
+    os.makedirs(folder, exist_ok=True)
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

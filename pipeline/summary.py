@@ -9,12 +9,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixflow.pipeline import commit as commits
+from prefixflow.pipeline import lease
 from prefixflow.pipeline.config import StorageConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.label_watch import collapse_warning
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.planning import plan_shards
-from prefixflow.pipeline.run_record import output_layout, read_run_record
+from prefixflow.pipeline.run_record import (
+    RunRecord,
+    current_run,
+    foreign_files,
+    output_layout,
+    read_run_record,
+    sweep,
+)
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
 
@@ -37,6 +45,9 @@ class RunSummary:
     complete: bool = False
     shards_pending: list[str] = field(default_factory=list)
     shards_in_progress: list[str] = field(default_factory=list)
+    run_id: str = ""
+    foreign_files: list[str] = field(default_factory=list)  # in data/ but written by no run (status only)
+    replaced_runs: list[str] = field(default_factory=list)  # data/ folders of replaced runs, not yet removed
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
 
@@ -60,11 +71,11 @@ class RunSummary:
 
 
 def summarize_layout(
-    layout: Layout, output: str, planned: list[str] | None, num_labels: int = 0
-) -> RunSummary:
-    """Totals over the commit markers; ``num_labels`` (how many labels a label job lists) enables the
-    label-collapse check."""
-    markers = commits.list_markers(layout)
+    layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
+    num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
+) -> RunSummary:  # fmt: skip
+    """Totals of ``layout``'s run from its ``markers``; ``num_labels`` (how many labels a label job
+    lists) enables the label-collapse check."""
     done = {m.shard_id for m in markers}
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -73,8 +84,7 @@ def summarize_layout(
             classes[k] = classes.get(k, 0) + v
         for k, v in m.label_counts.items():
             labels[k] = labels.get(k, 0) + v
-    staging = layout.path("_staging")
-    staged = {p[len(staging) :].strip("/").split("/")[0] for p in layout.store.list_files(staging)}
+    staged = set(layout.store.list_dir(layout.staging()))
     pending = [s for s in planned if s not in done] if planned is not None else []
     return RunSummary(
         output=output,
@@ -91,6 +101,9 @@ def summarize_layout(
         complete=planned is not None and not pending,
         shards_pending=pending,
         shards_in_progress=sorted(staged - done),
+        run_id=layout.run_id,
+        foreign_files=foreign or [],
+        replaced_runs=replaced or [],
         label_counts=dict(sorted(labels.items())),
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
     )
@@ -101,34 +114,59 @@ def listed_labels(job: Mapping[str, Any]) -> int:
     return len(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else 0
 
 
+def _unlisted_data(layout: Layout) -> tuple[list[commits.CommitMarker], list[str]]:
+    """The run's markers, and the files in its data/ folder that none of them lists. Data files are
+    listed before markers: a part is published only after its marker exists, so a concurrent commit
+    can never make its own file look unlisted."""
+    files = layout.store.list_files(layout.data)
+    markers = commits.list_markers(layout)
+    listed = {layout.path(p.data) for m in markers for p in m.parts}
+    return markers, [layout.rel(f) for f in files if f not in listed]
+
+
 def finalize(spec: JobSpec) -> RunSummary:
-    """Re-publish any committed part a crash left unpublished, then write _manifest.json with totals."""
-    layout = output_layout(spec)
-    for marker in commits.list_markers(layout):
-        commits.publish(layout, marker)
-    planned = [s.shard_id for s in plan_shards(spec)]
-    summary = summarize_layout(layout, spec.output, planned, listed_labels(asdict(spec.config)))
-    manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
-    layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    """Re-publish any committed part a crash left unpublished, remove what replaced runs and finished
+    attempts left, then write _manifest.json with the totals. Raises OutputStateError when data/ holds
+    files no run wrote (readers would take their rows for results)."""
+    with lease.hold(output_layout(spec)):
+        layout, record = current_run(spec)
+        sweep(output_layout(spec), record)
+        for marker in commits.list_markers(layout):
+            commits.publish(layout, marker)
+        markers, foreign = _unlisted_data(layout)
+        if foreign:
+            raise foreign_files(layout, foreign)
+        for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
+            layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
+        planned = [s.shard_id for s in plan_shards(spec)]
+        summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
+        manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
+        layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
 
 
-def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummary, dict[str, Any]]:
+def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummary, RunRecord]:
     """Where a run stands, from its output root alone (re-plans the input when it is reachable)."""
     storage = storage or StorageConfig()
-    layout = Layout(Store.open(output, storage))
-    record = read_run_record(layout)
+    root = Layout(Store.open(output, storage))
+    record = read_run_record(root)
     if record is None:
         raise JobConfigError(f"{output} holds no prefixflow run (no _prefixflow.json); check the path")
+    layout = root.for_run(record.run_id)
     planned = None
     try:
-        s = record["spec"]
+        s = record.spec
         endpoint = storage.endpoint_url or s["job"]["storage"].get("endpoint_url")
         job = dict(s["job"], storage={"endpoint_url": endpoint, "options": storage.options})
         spec = JobSpec(s["input"], s["output"], s["model"], parse_job_config(job))
         planned = [sh.shard_id for sh in plan_shards(spec)]
     except Exception:
         planned = None
-    recorded = record.get("spec", {}).get("job", {})
+    markers, foreign = _unlisted_data(layout)
+    folders = [n for n in root.store.list_dir(root.path("data")) if n != record.run_id]
+    others = [f"data/{n}" for n in folders if n not in record.retired_runs]
+    replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
+    recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
-    return summarize_layout(layout, output, planned, num_labels), record
+    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced)
+    return summary, record

@@ -44,18 +44,19 @@ class MissingCell(jinja2.StrictUndefined):
     def is_null(self) -> bool:
         return self._cell_value is None
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> bool:  # type: ignore[override]
         return False
 
-    def __eq__(self, other: object) -> bool:
+    # StrictUndefined types these as raising (-> Never); a MissingCell compares as its cell's value.
+    def __eq__(self, other: object) -> bool:  # type: ignore[override]
         if isinstance(other, MissingCell):
             return other._cell_value == self._cell_value
         return bool(other == self._cell_value)
 
-    def __ne__(self, other: object) -> bool:
+    def __ne__(self, other: object) -> bool:  # type: ignore[override]
         return not self.__eq__(other)
 
-    def __hash__(self) -> int:
+    def __hash__(self) -> int:  # type: ignore[override]
         return hash(self._cell_value)
 
 

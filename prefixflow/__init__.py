@@ -21,6 +21,7 @@ _EXPORTS = {
     "EngineConfig": "prefixflow.engine",
     "RequestOutput": "prefixflow.engine",
     "describe_model": "prefixflow.engine",
+    "StructuredOutputs": "prefixflow.engine",
     "batch_inference": "prefixflow.flows",
     "load_job": "prefixflow.pipeline",
     "plan_shards": "prefixflow.pipeline",
@@ -32,6 +33,7 @@ __all__ = [
     "EngineConfig",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputs",
     "__version__",
     "batch_inference",
     "describe_model",
@@ -41,7 +43,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from prefixflow.engine import LLM, EngineConfig, RequestOutput, SamplingParams, describe_model
+    from prefixflow.engine import (
+        LLM,
+        EngineConfig,
+        RequestOutput,
+        SamplingParams,
+        StructuredOutputs,
+        describe_model,
+    )
     from prefixflow.flows import batch_inference
     from prefixflow.pipeline import load_job, plan_shards, run_shard
 

@@ -52,7 +52,7 @@ def _scan(buf: mmap.mmap) -> int:
 
 
 def _skip_string(buf: mmap.mmap, pos: int) -> int:
-    (n,) = struct.unpack_from("<Q", buf, pos)
+    n: int = struct.unpack_from("<Q", buf, pos)[0]
     return pos + 8 + n
 
 
@@ -62,6 +62,8 @@ def _skip_value(buf: mmap.mmap, pos: int, vtype: int) -> int:
     if vtype == _STRING:
         return _skip_string(buf, pos)
     if vtype == _ARRAY:
+        item_type: int
+        count: int
         item_type, count = struct.unpack_from("<IQ", buf, pos)
         pos += 12
         if item_type in _FIXED:

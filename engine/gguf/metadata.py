@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from gguf import GGUFReader, GGUFValueType
+
+if TYPE_CHECKING:  # torch-free at run time: the advisor reads GGUF metadata without loading torch
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -44,10 +46,10 @@ def architecture(reader: GGUFReader) -> str:
             f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)} "
             "(Llama, Mistral, SmolLM-style models)"
         )
-    return arch
+    return str(arch)
 
 
-def build_hf_config(reader: GGUFReader, dtype: torch.dtype) -> dict:
+def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict[str, Any]:
     """Map the ``llama.*`` hyperparameters and tokenizer ids onto HF ``config.json`` field names."""
     arch = architecture(reader)
 
@@ -73,6 +75,8 @@ def build_hf_config(reader: GGUFReader, dtype: torch.dtype) -> dict:
     vocab = get("vocab_size", None) or (len(tokens.data) if tokens is not None else None)
     if vocab is None and embed is not None:
         vocab = int(embed.shape[-1])
+    if vocab is None:
+        raise ValueError("GGUF file has no vocabulary size, no tokenizer.ggml.tokens and no token_embd.weight")
     cfg: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -109,7 +113,7 @@ def build_hf_config(reader: GGUFReader, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, head_dim: int, theta: float) -> dict | None:
+def _rope_scaling(reader: GGUFReader, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
     """HF ``rope_scaling`` from the ``rope.scaling.*`` keys, or from a Llama-3 ``rope_freqs`` tensor.
 
     llama.cpp stores Llama 3.1+ frequency scaling as per-frequency divisors, not as parameters; the
@@ -141,7 +145,7 @@ def _llama3_divisors(
     return 1.0 / ((1.0 - smooth) / factor + smooth)
 
 
-def _fit_llama3_scaling(divisors: np.ndarray, head_dim: int, theta: float) -> dict | None:
+def _fit_llama3_scaling(divisors: np.ndarray, head_dim: int, theta: float) -> dict[str, Any] | None:
     if np.allclose(divisors, 1.0):
         return None
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +119,7 @@ def dequantized(t: ReaderTensor) -> np.ndarray:
 
 
 def iter_hf_weights(
-    reader: GGUFReader, hf_config: dict, dtype: torch.dtype
+    reader: GGUFReader, hf_config: dict[str, Any], dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, tensor)`` one at a time, so peak memory stays about one dequantized tensor."""
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]

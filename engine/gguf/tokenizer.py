@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFReader
 
@@ -26,12 +27,13 @@ def eos_token_ids(reader: GGUFReader) -> tuple[int, ...]:
 
 
 def chat_template(reader: GGUFReader) -> str | None:
-    return field_value(reader, "tokenizer.chat_template", None)
+    value = field_value(reader, "tokenizer.chat_template", None)
+    return None if value is None else str(value)
 
 
 def build_tokenizer(
     reader: GGUFReader, path: Path, template: str | None, cache_key: str | None = None
-) -> object:
+) -> Any:
     """The fast tokenizer transformers builds from the GGUF vocabulary and merges (no hub access).
 
     Building it re-parses the file and converts the vocabulary (about 5 s for a 49k vocabulary), so
@@ -44,15 +46,24 @@ def build_tokenizer(
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise ValueError(f"GGUF file {str(path)!r} has no tokenizer vocabulary (tokenizer.ggml.tokens)")
     cached = _cache_dir(cache_key) if cache_key else None
-    if cached is not None and (cached / "tokenizer.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(cached))
-    else:
+    tok = cached_tokenizer(cache_key) if cache_key else None
+    if tok is None:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         if cached is not None:
             _save(tok, cached)
     if template is not None:
         tok.chat_template = template
     return tok
+
+
+def cached_tokenizer(cache_key: str) -> Any:
+    """The tokenizer an earlier ``build_tokenizer`` saved for this file, or None (chat template not set)."""
+    from transformers import AutoTokenizer
+
+    cached = _cache_dir(cache_key)
+    if not (cached / "tokenizer.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(str(cached))
 
 
 def _cache_dir(cache_key: str) -> Path:
@@ -66,7 +77,7 @@ def _cache_dir(cache_key: str) -> Path:
     return cache_dir() / "gguf-tokenizers" / key
 
 
-def _save(tok: object, target: Path) -> None:
+def _save(tok: Any, target: Path) -> None:
     """Write to a temporary sibling and rename, so a concurrent reader never sees half a tokenizer.
 
     A cache that cannot be written (read-only home, full disk) only costs time, never the load.

@@ -80,7 +80,8 @@ class Attention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).reshape(k.shape)
         q, k = self.ops.rotary(q, k, ctx.positions, ctx.cos_sin_cache)
         out = self.backend.forward(q, k, v, k_cache, v_cache, ctx.attn_metadata, self.scale)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        projected: torch.Tensor = self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return projected
 
 
 class MLP(nn.Module):
@@ -173,8 +174,9 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, ctx, k_cache, v_cache)
-        x, _ = self.norm(x, residual)
-        return x
+        hidden: torch.Tensor
+        hidden, _ = self.norm(x, residual)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""

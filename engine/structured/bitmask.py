@@ -34,11 +34,7 @@ def _byte_bits(device: torch.device) -> torch.Tensor:
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
     """[rows, vocab_size] bool on ``device``. Words are little-endian int32, so byte k of word w holds
     tokens 32w+8k .. 32w+8k+7: on the host numpy unpacks them in C; on a GPU a 256-entry table does."""
-    assert sys.byteorder == "little", "token bitmasks assume a little-endian host"
-    if device.type == "cpu":
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, count=vocab_size, bitorder="little")
-        return torch.from_numpy(bits.view(np.bool_))
-    return unpack_with_table(bitmask.to(device, non_blocking=True), vocab_size)
+    return _unpack(bitmask, vocab_size, device, invert=False)
 
 
 def unpack_with_table(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -47,7 +43,26 @@ def unpack_with_table(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return table[bitmask.view(torch.uint8).long()].view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
+def _unpack(bitmask: torch.Tensor, vocab_size: int, device: torch.device, invert: bool) -> torch.Tensor:
+    assert sys.byteorder == "little", "token bitmasks assume a little-endian host"
+    if device.type == "cpu":
+        packed = bitmask.numpy().view(np.uint8)
+        if invert:
+            packed = np.invert(packed)  # a few KB per row: cheaper than inverting the unpacked mask
+        bits = np.unpackbits(packed, axis=1, count=vocab_size, bitorder="little")
+        return torch.from_numpy(bits.view(np.bool_))
+    allowed = unpack_with_table(bitmask.to(device, non_blocking=True), vocab_size)
+    return allowed.logical_not() if invert else allowed
+
+
 def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set disallowed logits to -inf in place; all-ones rows (unconstrained requests) stay as they are."""
-    allowed = allowed_tokens(bitmask, logits.shape[-1], logits.device)
-    logits.masked_fill_(allowed.logical_not(), float("-inf"))
+    """Set disallowed logits to -inf in place; all-ones rows (unconstrained requests) stay as they are.
+
+    One op either way: on the host numpy's masked copy (branch-free, several times faster than
+    ``masked_fill_`` on a mask with mixed runs), on a GPU ``masked_fill_``.
+    """
+    disallowed = _unpack(bitmask, logits.shape[-1], logits.device, invert=True)
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
+        np.copyto(logits.numpy(), np.float32(-np.inf), where=disallowed.numpy())
+    else:
+        logits.masked_fill_(disallowed, float("-inf"))

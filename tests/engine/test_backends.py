@@ -3,21 +3,14 @@ padded decode-graph buffers as with the torch reference path."""
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels.triton_* import
-
-from prefixflow.engine import LLM, SamplingParams  # noqa: E402
-from prefixflow.engine.decode_graphs import bucket_sizes  # noqa: E402
-from tests.engine.hf_models import hf_greedy, random_prompts  # noqa: E402
+from prefixflow.engine import LLM, SamplingParams
+from prefixflow.engine.decode_graphs import bucket_sizes
+from tests.engine.hf_models import hf_greedy, random_prompts
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
-def test_triton_backend_matches_torch_backend(llama_dir):
+def test_triton_backend_matches_torch_backend(llama_dir, triton_interpreter):
     prompts = random_prompts(3, 5, 40, seed=3)
     options = dict(dtype="float32", device="cpu", max_num_batched_tokens=32, block_size=16)
     ref = LLM(str(llama_dir), kernel_backend="torch", **options).generate(prompts, PARAMS)

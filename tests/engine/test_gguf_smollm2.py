@@ -3,6 +3,11 @@
 Reference: ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` in float32, greedy ``generate``
 one prompt at a time (no padding, so nothing but the model decides its tokens). The engine gets all
 prompts at once, so they share continuous batches with chunked prefills of different lengths.
+
+Slow (about 130 s on a shared 2-core machine: two loads of the model, one of them transformers'
+dequantizing GGUF loader, and 12 reference generations), so it runs in the slow set (CI runs that
+too). The default run keeps the GGUF path covered by test_gguf_loader.py (engine against transformers
+on small GGUF files) and the embedded model by test_smollm2_quality.py.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import pytest
 import torch
 
 from prefixflow.engine.embedded import resolve_embedded
+
+pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 24
 QUESTIONS = [

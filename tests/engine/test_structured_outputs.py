@@ -204,12 +204,13 @@ def test_bitmask_unpacking_matches_bit_arithmetic():
     ).bool()
     assert torch.equal(allowed_tokens(mask, vocab, torch.device("cpu")), expected)
     assert torch.equal(unpack_with_table(mask, vocab), expected)  # the GPU path's arithmetic, on the CPU
-    logits = torch.randn(3, vocab, generator=gen)
-    masked = logits.clone()
-    apply_bitmask_(masked, mask)
-    assert torch.equal(masked[expected], logits[expected])
-    assert torch.isneginf(masked[~expected]).all()
-    assert torch.equal(masked[1], logits[1])
+    for dtype in (torch.float32, torch.float64):  # numpy's masked copy, then the masked_fill_ path
+        logits = torch.randn(3, vocab, generator=gen, dtype=dtype)
+        masked = logits.clone()
+        apply_bitmask_(masked, mask)
+        assert torch.equal(masked[expected], logits[expected])
+        assert torch.isneginf(masked[~expected]).all()
+        assert torch.equal(masked[1], logits[1])
 
 
 def _tokenizer_bytes(tok, token_id: int) -> bytes:

@@ -50,3 +50,19 @@ def test_more_gpus_per_lane_than_visible_is_an_error():
         device_groups(2, ["0"])
     with pytest.raises(ValueError, match="no GPU is visible"):
         device_groups(1, [])
+
+
+def test_a_tensor_parallel_lane_takes_one_gpu_per_rank(monkeypatch: pytest.MonkeyPatch):
+    from prefixflow.flows.task_runners import lane_layout
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
+    layout = lane_layout(None, None, on_ray=False, tensor_parallel_size=2)
+    assert (layout.lanes, layout.gpus_per_lane) == (2, 2)  # the fifth GPU cannot host a TP=2 engine
+    assert [g.ordinals for g in device_groups(layout.gpus_per_lane, gpu_ids())] == [(0, 1), (2, 3)]
+    with pytest.raises(ValueError, match="gpus_per_lane=1 but tensor_parallel_size=2: .* set gpus_per_lane to 2"):
+        lane_layout(None, 1, on_ray=False, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="only 5 GPU"):
+        lane_layout(None, None, on_ray=False, tensor_parallel_size=8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cpu = lane_layout(None, None, on_ray=False, tensor_parallel_size=2)  # CPU ranks (gloo) in one lane
+    assert (cpu.lanes, cpu.gpus_per_lane) == (1, 0)

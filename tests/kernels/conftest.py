@@ -1,21 +1,16 @@
-"""Kernel-test setup: Triton runs under its interpreter on CPU-only machines.
+"""Kernel-test setup: Triton runs under its interpreter on CPU-only machines, test by test.
 
-triton 3.x reads TRITON_INTERPRET when a kernel is decorated (`triton.knobs.runtime.interpret`,
-looked up from the environment at `@triton.jit` time), i.e. when a kernels.triton_* module is first
-imported. Setting it here, before any test module imports those, makes the kernels interpreted.
-On a CUDA machine it is left alone so the same tests compile real kernels.
+Every test here uses the suite's ``triton_interpreter`` fixture (tests/conftest.py), which sets
+TRITON_INTERPRET=1 for that test only when there is no CUDA device; on a CUDA machine it is left
+alone so the same tests compile real kernels.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 if (
@@ -24,6 +19,11 @@ if (
     sys.path.insert(0, _ROOT)
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpreted_on_cpu(triton_interpreter: None) -> None:
+    """Kernel tests import and launch Triton kernels: under the interpreter on CPU."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,11 +4,16 @@ chunked prefill (small token budget) and a prefix-cache hit so steps mix chunks 
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
-engine = pytest.importorskip("prefixflow.engine")
-pytest.importorskip("triton")
+from prefixflow import engine
+
+# find_spec, not importorskip: importing triton at collection would decorate its functions for real,
+# before the triton_interpreter fixture can switch the interpreter on for a test.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 PROMPTS = [[1, 5, 9, 33, 7] * 6, [3, 4] * 10 + [8], [1, 5, 9, 33, 7] * 6 + [11, 12], [42]]
 

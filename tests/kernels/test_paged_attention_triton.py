@@ -8,7 +8,15 @@ import torch
 from prefixflow.kernels import reference
 from tests.kernels.kernel_testlib import DEVICE, PagedBatch, build_paged_batch, poisoned_like, relative_error
 
-triton_attention = pytest.importorskip("prefixflow.kernels.triton_attention")
+pytest.importorskip("triton")
+
+
+def triton_attention():  # type: ignore[no-untyped-def]
+    """The kernel module, imported inside a test (under the triton_interpreter fixture on CPU): imported at
+    collection, its kernels would be decorated for compilation."""
+    import prefixflow.kernels.triton_attention as module
+
+    return module
 
 MIXED = [(1, 37), (7, 30), (20, 20)]  # decode, prefill chunk over a cached prefix, fresh prefill
 F32_BOUND = 2e-5
@@ -19,7 +27,7 @@ def check(batch: PagedBatch, scale: float, bound: float = F32_BOUND, **kwargs: i
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
     ref = reference.paged_attention(*args, scale)
     out = poisoned_like(batch.q)
-    returned = triton_attention.paged_attention(*args, scale, out=out, **kwargs)
+    returned = triton_attention().paged_attention(*args, scale, out=out, **kwargs)
     assert returned.data_ptr() == out.data_ptr()
     assert relative_error(out, ref) < bound
 
@@ -84,9 +92,9 @@ def test_results_do_not_depend_on_batch_neighbours() -> None:
     """A request's output is the same alone or inside a mixed batch."""
     full = build_paged_batch(MIXED, 4, 2, head_dim=32, block_size=16, seed=11)
     args = (full.q, full.k_cache, full.v_cache, full.block_tables, full.query_start_loc, full.seq_lens)
-    out_full = triton_attention.paged_attention(*args, 0.2, num_kv_splits=1)
+    out_full = triton_attention().paged_attention(*args, 0.2, num_kv_splits=1)
     lo, hi = int(full.query_start_loc[1]), int(full.query_start_loc[2])
-    alone = triton_attention.paged_attention(
+    alone = triton_attention().paged_attention(
         full.q[lo:hi], full.k_cache, full.v_cache, full.block_tables[1:2],
         torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE), full.seq_lens[1:2], 0.2, num_kv_splits=1,
     )  # fmt: skip

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 # Small engine settings shared by every test that runs the tiny model (in-process or in a subprocess),
 # so their job fingerprints agree and greedy outputs are comparable.
@@ -54,3 +59,39 @@ def job(task: str = "generate", **extra: Any) -> dict[str, Any]:
         else:
             base[key] = value
     return base
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_args(inp: Path, out: Path | str, job_file: Path, *extra: str) -> list[str]:
+    """`prefixflow run` arguments for the tiny model (as a user would type them, minus the program)."""
+    return ["run", "--input", str(inp), "--output", str(out), "--model", MODEL, "--job", str(job_file),
+            "--no-progress", *extra]  # fmt: skip
+
+
+def start_cli(args: list[str], hooks: str = "", hook_sleep: float = 0.2, **env: str) -> subprocess.Popen[str]:
+    """`python -m prefixflow.pipeline.cli ARGS` as a subprocess; ``hooks`` names pipeline/hooks.py points
+    to pause at (their names then appear on stderr as ``HOOK <name>``)."""
+    full_env = dict(os.environ, PREFIXFLOW_TEST_HOOKS=hooks, PREFIXFLOW_TEST_HOOK_SLEEP=str(hook_sleep), **env)
+    return subprocess.Popen([sys.executable, "-m", "prefixflow.pipeline.cli", *args], cwd=REPO, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def wait_for_hook(proc: subprocess.Popen[str], point: str, timeout_s: float = 240) -> list[str]:
+    """Read the process's stderr until it reports ``HOOK point``; return the lines read. Fails if the
+    process ends (or the time runs out) first."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stderr:
+        lines.append(line)
+        if line.strip() == f"HOOK {point}":
+            return lines
+        assert time.monotonic() < deadline, f"no HOOK {point} within {timeout_s}s: {''.join(lines[-20:])}"
+    raise AssertionError(f"the process ended (rc {proc.wait()}) before HOOK {point}: {''.join(lines[-20:])}")
+
+
+def write_job(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path

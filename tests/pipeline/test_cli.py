@@ -102,6 +102,14 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
         "negative",
         "neutral",
     }
+    extracted = pl.read_parquet(str(results / "extract-out" / "data" / "**" / "*.parquet"))
+    assert extracted.height == 6 and "extracted" in res.stderr
+    assert extracted.schema["extracted"] == pl.Struct({"sentiment": pl.String, "product": pl.String,
+                                                       "issues": pl.List(pl.String)})  # fmt: skip
+    for row in extracted.to_dicts():  # random weights: a complete object, or cut by max_tokens (schema error)
+        assert (row["extracted"] is not None and json.loads(row["output"]) == row["extracted"]) or row[
+            "error_class"
+        ] == "schema"
 
 
 def test_demo_keeps_each_models_results_apart(tmp_path: Path) -> None:

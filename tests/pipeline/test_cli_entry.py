@@ -39,14 +39,19 @@ def test_output_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert (tmp_path / "out.txt").read_text() == "not a folder"
 
 
-def test_unreadable_run_record_exits_2_and_names_new_run(
+def test_unreadable_run_record_exits_2_and_even_new_run_deletes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
-    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "data").mkdir(parents=True)
+    (tmp_path / "out" / "data" / "mine.parquet").write_text("kept")
     (tmp_path / "out" / "_prefixflow.json").write_text("{ truncated")
     assert _run(tmp_path, tmp_path / "out") == 2
-    assert "--new-run" in capsys.readouterr().err
+    assert "not a readable prefixflow run record" in capsys.readouterr().err
+    assert main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
+                 "--prompt-column", "text", "--no-progress", "--new-run"]) == 2  # fmt: skip
+    assert "move it away or write to another --output" in capsys.readouterr().err
+    assert (tmp_path / "out" / "data" / "mine.parquet").read_text() == "kept"
     assert main(["status", str(tmp_path / "out")]) == 2
 
 

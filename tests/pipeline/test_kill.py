@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.hooks import POINTS
+from prefixflow.pipeline.hooks import SHARD_POINTS
 from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
@@ -97,7 +97,7 @@ def test_kill_during_flush_and_commit_then_resume(tmp_path: Path, tiny_llm) -> N
 @pytest.mark.slow
 def test_kill_at_random_points_then_resume(tmp_path: Path, tiny_llm) -> None:
     rng = random.Random(int(os.environ.get("PREFIXFLOW_KILL_SEED", "7")))
-    trials = [("commit_marker", 1)] + [(rng.choice(POINTS), rng.randint(1, 3)) for _ in range(4)]
+    trials = [("commit_marker", 1)] + [(rng.choice(SHARD_POINTS), rng.randint(1, 3)) for _ in range(4)]
     _check_kills(tmp_path, tiny_llm, trials)
 
 

@@ -114,14 +114,14 @@ def test_an_interrupted_batch_resumes_and_answers_each_request_once(tmp_path: Pa
     batch = _write(tmp_path / "batch.jsonl", REQUESTS)
     results = tmp_path / "results.jsonl"
     job = prepare_batch(str(batch), str(results), "tiny", {"engine": dict(ENGINE)}, shard_rows=3)
-    prepare_output(job.spec)
+    run_id = prepare_output(job.spec).run_id
     first = plan_shards(job.spec)[0]
     run_shard(job.spec, first, tiny_llm)  # then the process "dies": one shard committed, no results file
     assert not results.exists()
     committed = sorted(p.name for p in (Path(job.spec.output) / "data").rglob("*.parquet"))
     assert _run(str(batch), str(results)) == 0
     validate_openai_batch_output(results.read_text(), REQUESTS)
-    data = Path(job.spec.output) / "data" / first.shard_id
+    data = Path(job.spec.output) / "data" / run_id / first.shard_id
     assert sorted(p.name for p in data.rglob("*.parquet")) == committed  # the committed shard was not redone
 
 
@@ -145,7 +145,7 @@ def test_malformed_files_changed_inputs_and_foreign_results_are_refused(tmp_path
     assert _run(str(good), str(results)) == 2 and "has changed since the run" in capsys.readouterr().err
     assert _run(str(good), str(results), "--new-run") == 0
     assert [x["custom_id"] for x in read_results(str(results))] == ["a", "b"]
-    assert len(list((Path(str(results) + ".prefixflow") / "input").iterdir())) == 1
+    assert len(list((Path(str(results) + ".prefixflow") / "_batch_input").iterdir())) == 1
 
 
 @pytest.mark.usefixtures("tiny_llm")

@@ -56,17 +56,19 @@ def test_fingerprint_mismatch_is_refused_and_new_run_resets(tmp_path: Path) -> N
     assert "max_tokens" in str(info.value) and "--new-run" in str(info.value)
     with pytest.raises(FingerprintMismatch):
         run_shard(changed, plan_shards(changed)[0], llm=None)
-    (tmp_path / "out" / "data" / "x").mkdir(parents=True)
+    first = json.loads((tmp_path / "out" / "_prefixflow.json").read_text())["run_id"]
+    (tmp_path / "out" / "data" / first / "x").mkdir(parents=True)
     prepare_output(changed, new_run=True)
-    assert not (tmp_path / "out" / "data").exists()
+    assert not (tmp_path / "out" / "data" / first).exists()
     record = json.loads((tmp_path / "out" / "_prefixflow.json").read_text())
     assert record["fingerprint_hash"] == changed.fingerprint_hash()
+    assert record["run_id"] != first and record["retired_runs"] == [first]
 
 
 def test_new_run_resumes_a_run_with_the_same_fingerprint(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    prepare_output(spec)
-    marker = tmp_path / "out" / "_commits" / "done.json"
+    run_id = prepare_output(spec).run_id
+    marker = tmp_path / "out" / "_commits" / run_id / "done.json"
     marker.parent.mkdir(parents=True)
     marker.write_text("{}")
     prepare_output(spec, new_run=True)  # same job: nothing is discarded
@@ -89,21 +91,19 @@ def _part(spec, keys: list[int]) -> bytes:
 
 def test_overlapping_staged_attempts_keep_each_row_once(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    prepare_output(spec)
-    layout = output_layout(spec)
+    layout = output_layout(spec).for_run(prepare_output(spec).run_id)
     commits.write_part(layout, "s1", "a1", 0, _part(spec, [0, 1, 2]))
     commits.write_part(layout, "s1", "a1", 1, _part(spec, [3]))
     commits.write_part(layout, "s1", "a2", 0, _part(spec, [2, 4]))  # a concurrent attempt overlapping row 2
     commits.write_part(layout, "s1", "a2", 1, _part(spec, [5]))
-    (tmp_path / "out" / "_staging" / "s1" / "a2" / "part-00002.parquet").write_bytes(b"torn")
+    (tmp_path / "out" / "_staging" / layout.run_id / "s1" / "a2" / "part-00002.parquet").write_bytes(b"torn")
     parts = commits.scan_staged(layout, "s1")
     assert sorted(k for p in parts for k in p.row_keys) == [0, 1, 2, 3, 5]
 
 
 def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    prepare_output(spec)
-    layout: Layout = output_layout(spec)
+    layout: Layout = output_layout(spec).for_run(prepare_output(spec).run_id)
     parts = [commits.write_part(layout, "s1", "a1", 0, _part(spec, [0, 1])),
              commits.write_part(layout, "s1", "a1", 1, _part(spec, [2]))]  # fmt: skip
     marker = commits.build_marker(layout, "s1", "fp", "a1", parts, 0.5, 3)
@@ -113,10 +113,10 @@ def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> No
     assert len(list((tmp_path / "out" / "data").rglob("*.parquet"))) == 1
     # A second committer loses the race and adopts the winner's marker.
     loser = commits.build_marker(layout, "s1", "fp", "zz", parts[:1], 0.1, 3)
-    assert commits.commit(layout, "s1", loser).attempt == "a1"
+    assert commits.commit(layout, loser).attempt == "a1"
     published = sorted(p.name for p in (tmp_path / "out" / "data").rglob("*.parquet"))
     assert published == ["part-a1-00000.parquet", "part-a1-00001.parquet"]
-    assert not (tmp_path / "out" / "_staging" / "s1").exists()
+    assert not (tmp_path / "out" / "_staging" / layout.run_id / "s1").exists()
     commits.publish(layout, marker)  # again: nothing to do, no error
     summary = finalize(spec)
     assert summary.shards_committed == 1 and summary.rows == 3 and not summary.complete
@@ -136,8 +136,7 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
     from prefixflow.pipeline.shard_execution import _Flusher
 
     spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
-    prepare_output(spec)
-    layout = output_layout(spec)
+    layout = output_layout(spec).for_run(prepare_output(spec).run_id)
     flusher = _Flusher(layout, "s1", output_schema(spec.config, None), spec.config.output)
     for k in range(3):
         time.sleep(0.06)

@@ -163,3 +163,14 @@ def test_cli_exits_2_naming_a_bad_regex_and_a_bad_schema(tmp_path: Path, capsys)
         assert code == 2, err
         assert words in err
         assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "path", ["configs/jobs/extract.yaml", "pipeline/data/demo_extract.yaml", "configs/jobs/label.yaml"]
+)
+def test_shipped_job_configs_load(tmp_path: Path, path: str) -> None:
+    spec = load_job(
+        str(tmp_path / "in"), str(tmp_path / "out"), "tiny", str(Path(__file__).resolve().parents[2] / path)
+    )
+    if spec.config.task == "extract":
+        assert spec.config.schema is not None and spec.config.schema["required"]

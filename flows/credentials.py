@@ -1,0 +1,85 @@
+"""Storage credentials for flow runs, kept out of Prefect's database.
+
+Flow parameters are stored by the Prefect API in plain text (and shown in the UI), so the
+batch_inference flow refuses storage options that look like credentials. A run gets its credentials
+from where the process already has them (the environment, an AWS profile, an instance or pod role:
+s3fs follows the standard AWS credential chain), or from a Prefect block named by the
+``credentials_block`` parameter: a ``Secret`` block whose value is a JSON object of fsspec storage
+options (``{"key": ..., "secret": ...}``), or an ``AwsCredentials`` block of prefect-aws. The block is
+loaded inside each task that touches storage, so its contents never become a parameter either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from prefixflow.pipeline import JobConfigError, JobSpec
+from prefixflow.pipeline.config import secret_option_paths
+
+REDACTED = "<redacted: credentials are never stored as flow parameters>"
+
+
+def refuse_plain_secrets(storage_options: dict[str, Any] | None, endpoint_url: str | None = None) -> None:
+    """Raise JobConfigError naming (never showing) credential-like storage options or a password in the
+    endpoint URL, and saying where credentials go instead."""
+    paths = secret_option_paths(storage_options or {}) + secret_option_paths({"endpoint_url": endpoint_url})
+    if paths:
+        raise JobConfigError(
+            f"storage options {', '.join(sorted(paths))} look like credentials. Prefect stores flow parameters in "
+            "plain text, so the flow does not take them: give the run its credentials through the environment "
+            "or the AWS credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance "
+            "role), or save them in a Prefect Secret block as a JSON object of storage options and pass "
+            "credentials_block='secret/<name>' (--credentials-block)"
+        )
+
+
+def redact_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The flow's parameters with credential-like storage options replaced (what reaches the API)."""
+    out = dict(parameters)
+    if secret_option_paths(out.get("storage_options") or {}):
+        out["storage_options"] = REDACTED
+    if secret_option_paths({"endpoint_url": out.get("endpoint_url")}):
+        out["endpoint_url"] = REDACTED
+    return out
+
+
+def block_options(block: str) -> dict[str, Any]:
+    """fsspec storage options from the Prefect block ``block`` ("secret/NAME", "aws-credentials/NAME",
+    or a bare NAME for a Secret block)."""
+    from prefect.blocks.core import Block
+
+    slug = block if "/" in block else f"secret/{block}"
+    try:
+        loaded = Block.load(slug)
+    except Exception as exc:  # noqa: BLE001 - a missing or unreadable block: say which and why
+        raise JobConfigError(f"credentials_block {block!r}: cannot load the Prefect block {slug!r} "
+                             f"({type(exc).__name__}: {exc})") from exc  # fmt: skip
+    if hasattr(loaded, "aws_access_key_id"):  # prefect-aws AwsCredentials
+        options: dict[str, Any] = {"key": loaded.aws_access_key_id, "secret": _plain(loaded.aws_secret_access_key)}
+        if getattr(loaded, "aws_session_token", None):
+            options["token"] = loaded.aws_session_token
+        if getattr(loaded, "region_name", None):
+            options["client_kwargs"] = {"region_name": loaded.region_name}
+        return options
+    from fastapi.encoders import jsonable_encoder  # Prefect's own dependency
+
+    value = loaded.get() if hasattr(loaded, "get") else None
+    if not isinstance(value, dict):
+        raise JobConfigError(f"credentials_block {block!r}: expected a Secret whose value is a JSON object of "
+                             "storage options, e.g. {\"key\": \"...\", \"secret\": \"...\"}")  # fmt: skip
+    return dict(jsonable_encoder(value))
+
+
+def _plain(value: Any) -> Any:
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else value
+
+
+def with_credentials(spec: JobSpec, block: str | None) -> JobSpec:
+    """``spec`` with the block's storage options merged in (its own options win only where the block is
+    silent); ``spec`` itself when no block is named."""
+    if not block:
+        return spec
+    storage = spec.config.storage
+    merged = {**storage.options, **block_options(block)}
+    return replace(spec, config=replace(spec.config, storage=replace(storage, options=merged)))

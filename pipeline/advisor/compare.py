@@ -1,0 +1,91 @@
+"""Predicted versus measured, after a run: what the advisor said the job would do on this machine, next
+to what the committed shards report, so the advisor's errors show (and its efficiency table can be
+corrected from real runs).
+
+``predict_run`` runs the advisor on a small sample for the local device at the start of a run; the
+prediction is stored at the output root (``_prediction.json``) and ``compare`` lines it up with the
+run's totals: output tokens/s per lane, prefix hit rate, preemptions and GPU-hours.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefixflow.pipeline.advisor.advise import advise
+from prefixflow.pipeline.spec import JobSpec
+
+RUN_SAMPLE_ROWS = 512  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
+PREDICTION_FILE = "_prediction.json"
+
+
+def predict_run(spec: JobSpec, sample_rows: int = RUN_SAMPLE_ROWS, card: Any = None) -> dict[str, Any]:
+    """The figures a run is later compared with, for the local device (torch-free, like the advisor)."""
+    advice = advise(spec, gpu="local", sample_size=sample_rows, card=card)
+    e = advice.estimates[0]
+    fit = advice.fits[e.precision] if e.precision in advice.fits else next(iter(advice.fits.values()))
+    requests = len(advice.workload.requests)
+    per_shard = requests / max(advice.workload.sampled_rows, 1) * spec.config.output.shard_rows
+    concurrent = min(advice.settings.get("max_num_seqs", 1), spec.config.engine.get("max_num_seqs", 256), per_shard)
+    return {
+        "device": e.device,
+        "precision": e.precision,
+        "devices_per_lane": e.devices_per_lane,
+        "sample_rows": advice.workload.sampled_rows,
+        "rows": advice.workload.total_rows,
+        "output_tokens": e.output_tokens,
+        "lower_bound_s": e.lower_bound_s,
+        "expected_s": list(e.expected_s),
+        "bound_output_tokens_per_s": e.output_tokens / e.lower_bound_s if e.lower_bound_s else 0.0,
+        "output_tokens_per_s": list(e.output_tokens_per_s),
+        "gpu_hours": list(e.gpu_hours_expected),
+        "efficiency": list(e.efficiency),
+        "efficiency_source": e.efficiency_source,
+        "prefix_hit_rate": advice.sharing.best_hit_rate,
+        # every running sequence at its 99th-percentile size fits the pool: no preemption expected
+        "preemptions": 0 if fit.seqs_at_p99 >= concurrent else None,
+    }
+
+
+def _verdict(measured: float, lo: float, hi: float) -> str:
+    if measured < lo:
+        return f"below the range ({measured / lo:.2f}x its low end)" if lo else "below"
+    if measured > hi:
+        return f"above the range ({measured / hi:.2f}x its high end)" if hi else "above"
+    return "within the range"
+
+
+def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of (metric, predicted, measured, verdict). ``measured`` is a RunSummary.as_dict() (plus
+    ``preemptions`` when known). GPU-hours are projected to the whole input when the run is partial."""
+    rows: list[dict[str, Any]] = []
+    lo, hi = prediction["output_tokens_per_s"]
+    bound = prediction["bound_output_tokens_per_s"]
+    tps = float(measured.get("output_tokens_per_s") or 0.0)
+    if measured.get("output_tokens"):
+        rows.append({"metric": "output tok/s per lane", "predicted": f"{lo:,.1f}-{hi:,.1f} (bound {bound:,.1f})",
+                     "measured": round(tps, 2), "verdict": _verdict(tps, lo, hi)})  # fmt: skip
+        rows.append({"metric": "efficiency (measured / bound)",
+                     "predicted": "{:.2f}-{:.2f} ({})".format(*prediction["efficiency"], prediction["efficiency_source"]),
+                     "measured": round(tps / bound, 4) if bound else None, "verdict": ""})  # fmt: skip
+    hit = float(measured.get("prefix_hit_rate") or 0.0)
+    rows.append({"metric": "prefix hit rate", "predicted": round(prediction["prefix_hit_rate"], 4),
+                 "measured": round(hit, 4), "verdict": f"{hit - prediction['prefix_hit_rate']:+.1%}"})  # fmt: skip
+    if measured.get("preemptions") is not None:
+        want = prediction["preemptions"]
+        got = int(measured["preemptions"])
+        rows.append({"metric": "preemptions", "predicted": "none" if want == 0 else "possible", "measured": got,
+                     "verdict": "as predicted" if (got == 0) == (want == 0) else "not as predicted"})  # fmt: skip
+    done, total = int(measured.get("rows") or 0), int(prediction.get("rows") or 0)
+    if done and total:
+        hours = float(measured.get("elapsed_s") or 0.0) * prediction.get("devices_per_lane", 1) / 3600 * total / done
+        g_lo, g_hi = prediction["gpu_hours"]
+        note = "" if done >= total else f" (projected from {done:,} of {total:,} rows)"
+        rows.append({"metric": f"{'GPU' if prediction['device'] != 'cpu' else 'device'}-hours, whole input",
+                     "predicted": f"{g_lo:.3g}-{g_hi:.3g}", "measured": float(f"{hours:.3g}"),
+                     "verdict": _verdict(hours, g_lo, g_hi) + note})  # fmt: skip
+    return rows
+
+
+def dumps(prediction: dict[str, Any]) -> bytes:
+    return json.dumps(prediction, indent=1, sort_keys=True).encode()

@@ -1,0 +1,106 @@
+"""Time and cost of the whole dataset: the roofline lower bound per device type, and the range to expect
+at the efficiency (achieved / bound) measured so far.
+
+The workload is the sample's requests (prompt length, expected output, prefix-cache hits in prefix
+order) standing for ``scale`` times as many, bounded by the engine's per-step token budget and
+sequence limit. GPU-hours count every device of a tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefixflow.pipeline.advisor.devices import DEVICES, Device
+from prefixflow.pipeline.advisor.memory import EngineLimits, Footprint, choose_precision, weight_bytes
+from prefixflow.pipeline.advisor.roofline import Ceilings, ModelShape, job_cost, lower_bound_seconds
+from prefixflow.pipeline.advisor.workload import Workload
+
+# Achieved / roofline bound. CPU: prefixflow's roofline_frac in the issue-5 throughput benchmarks
+# (benchmarks/RESULTS.md: 0.052-0.183 on the tiny model, overhead-bound). GPU: not measured yet; 0.60 is
+# the H200 goal set there, 0.25 a pessimistic floor until benchmarks/gpu_check.sh has run.
+EFFICIENCY = {
+    "cpu": (0.05, 0.18, "measured on the CPU (benchmarks/RESULTS.md, issue 5 throughput)"),
+    "gpu": (0.25, 0.60, "assumed: not yet measured on a GPU (0.60 is the H200 goal in benchmarks/RESULTS.md)"),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    device: str
+    precision: str
+    devices_per_lane: int  # tensor-parallel size
+    lower_bound_s: float
+    compute_s: float
+    memory_s: float
+    gpu_hours_lower: float
+    expected_s: tuple[float, float]
+    gpu_hours_expected: tuple[float, float]
+    efficiency: tuple[float, float]
+    efficiency_source: str
+    output_tokens: int
+    computed_tokens: int
+
+    @property
+    def bound_by(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory bandwidth"
+
+    @property
+    def output_tokens_per_s(self) -> tuple[float, float]:
+        """Expected output tokens per second of one lane (low, high)."""
+        lo, hi = self.expected_s
+        return (self.output_tokens / hi if hi else 0.0, self.output_tokens / lo if lo else 0.0)
+
+
+def ceilings(device: Device, precision: str, tp: int = 1) -> Ceilings:
+    return Ceilings(device.bytes_per_s * tp, device.peak(precision) * tp, device.name, precision)
+
+
+def bytes_per_param(shape: ModelShape, precision: str) -> float:
+    """Weight bytes per matmul parameter at ``precision`` (scales and 16-bit embedding/LM head included)."""
+    return weight_bytes(shape, precision) / shape.total_params
+
+
+def estimate(
+    shape: ModelShape, device: Device, precision: str, tp: int, w: Workload, limits: EngineLimits,
+    efficiency: tuple[float, float, str] | None = None,
+) -> Estimate:  # fmt: skip
+    """The lower bound is exactly ``roofline.lower_bound_seconds`` of the projected workload."""
+    kv_elem = 4 if device.dtype == "float32" else 2
+    ceil = ceilings(device, precision, tp)
+    args = (bytes_per_param(shape, precision), kv_elem, limits.max_num_batched_tokens, limits.max_num_seqs,
+            max(w.scale, 1e-9))  # fmt: skip
+    if not w.requests:
+        return Estimate(device.name, precision, tp, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), (0.0, 0.0), (1.0, 1.0), "", 0, 0)
+    cost = job_cost(shape, w.requests, *args)
+    bound = lower_bound_seconds(shape, w.requests, ceil, *args)
+    lo, hi, source = efficiency or EFFICIENCY["gpu" if device.is_gpu else "cpu"]
+    expected = (bound / hi, bound / lo)
+    return Estimate(
+        device=device.name,
+        precision=precision,
+        devices_per_lane=tp,
+        lower_bound_s=bound,
+        compute_s=cost.flops / ceil.flops_per_s,
+        memory_s=cost.bytes / ceil.bytes_per_s,
+        gpu_hours_lower=bound * tp / 3600,
+        expected_s=expected,
+        gpu_hours_expected=(expected[0] * tp / 3600, expected[1] * tp / 3600),
+        efficiency=(lo, hi),
+        efficiency_source=source,
+        output_tokens=cost.output_tokens,
+        computed_tokens=cost.computed_tokens,
+    )
+
+
+def estimate_all(
+    shape: ModelShape, cfg: dict[str, Any], target: Device, w: Workload, limits: EngineLimits,
+    seqs: Footprint, target_efficiency: tuple[float, float, str] | None = None,
+) -> list[Estimate]:  # fmt: skip
+    """The target device first, then every GPU type, each at the precision question 1 picks for it."""
+    devices = [target] + [d for name, d in DEVICES.items() if name != target.name]
+    out = []
+    for d in devices:
+        precision, tp = choose_precision(shape, cfg, d, limits, seqs)
+        out.append(estimate(shape, d, precision, tp, w, limits, target_efficiency if d is target else None))
+    return out

@@ -1,0 +1,220 @@
+"""The six questions, answered from the facts the advisor gathered, each with its evidence and the
+setting it leads to. Thresholds are stated where they are used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixflow.pipeline.advisor.devices import Device
+from prefixflow.pipeline.advisor.memory import (
+    HEADROOM,
+    EngineLimits,
+    Fit,
+    Footprint,
+    choose_precision,
+    crossover_tokens,
+    native_precision,
+)
+from prefixflow.pipeline.advisor.roofline import ModelShape
+from prefixflow.pipeline.advisor.sharing import Sharing
+from prefixflow.pipeline.advisor.template_order import OrderFlag
+from prefixflow.pipeline.advisor.workload import Dist, Workload
+from prefixflow.pipeline.config import JobConfig
+
+SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and ordering for
+VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
+PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
+MAX_SEQS_CAP = 1024
+QUANT_METHODS = {
+    "fp8": "fp8 W8A8 (a compressed-tensors float-quantized checkpoint)",
+    "int8": "int8 (W8A8 or weight-only)",
+    "int4": "int4 weight-only (GPTQ or AWQ, group size 128)",
+}
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Answer:
+    number: int
+    question: str
+    verdict: str  # yes | no | likely | not applicable
+    evidence: list[str]
+    recommendation: str
+
+
+@dataclass
+class Facts:
+    cfg: JobConfig
+    hf_config: dict[str, Any]
+    shape: ModelShape
+    device: Device
+    limits: EngineLimits
+    fits: dict[str, Fit]  # per precision on the target device
+    workload: Workload
+    sharing: Sharing
+    flag: OrderFlag | None
+    seqs: Footprint
+    settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
+
+    @property
+    def native(self) -> Fit:
+        return self.fits[native_precision(self.device)]
+
+    def chosen(self) -> Fit:
+        return self.fits[self.settings.get("quantization") or native_precision(self.device)]
+
+    def crossover_tokens(self, precision: str) -> float:
+        return crossover_tokens(self.device, precision)
+
+
+def q1_fit(f: Facts) -> Answer:
+    n, mem = f.native, f.device.memory_bytes
+    q = "Does the model fit with headroom?"
+    evidence = [f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
+                f"on {f.device.name} (limit {HEADROOM:.0%})"]  # fmt: skip
+    if n.pool_from_memory and f.seqs.decodes:
+        evidence.append(f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
+                        "compute-bound); the KV pool left over should hold them")  # fmt: skip
+    evidence += [f"{p}: weights {x.weight_bytes / GB:.1f} GB, KV pool {x.kv_pool_bytes / GB:.1f} GB = "
+                 f"{x.kv_tokens:,} tokens = {x.seqs_at_mean:,} sequences of the mean size"
+                 for p, x in f.fits.items() if x.fits]  # fmt: skip
+    precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
+    quant = precision if precision != n.precision else None
+    f.settings.update(quantization=quant, tensor_parallel_size=tp)
+    if n.headroom:
+        rec = (f"run {n.precision} weights unquantized; with several GPUs run one lane per GPU "
+               "(data parallel, tensor_parallel_size=1)")  # fmt: skip
+        return Answer(1, q, "yes", evidence, rec)
+    why = "the weights alone exceed the limit" if n.weight_share > HEADROOM or not n.fits else \
+        f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
+    if quant:
+        rec = (f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
+               f"or shard {n.precision} weights over more GPUs (tensor parallelism)")  # fmt: skip
+    else:
+        rec = f"{why}, and no quantized precision fixes it on one device: tensor_parallel_size={tp}"
+    return Answer(1, q, "no", evidence, rec)
+
+
+def q2_sharing(f: Facts) -> Answer:
+    s = f.sharing
+    bs = s.block_size
+    block_bytes = f.shape.kv_bytes_per_token(2 if f.device.dtype != "float32" else 4) * bs
+    evidence = [f"distinct trie tokens {s.distinct_tokens:,} of {s.prompt_tokens:,} prompt tokens "
+                f"({s.distinct_share:.0%}) in {s.requests:,} sampled requests",
+                f"block minimum {s.block_min_tokens:,} tokens at block_size {bs}: best prefix hit rate "
+                f"{s.best_hit_rate:.0%}"]  # fmt: skip
+    rows = max(f.workload.good_rows, 1)
+    evidence += [f"shared head of {h.tokens:,} tokens in {h.rows:,} rows ({h.rows / rows:.0%}): {h.preview!r}"
+                 for h in s.heads[:3]]  # fmt: skip
+    if s.cache_blocks_needed:
+        evidence.append(f"the cache must keep at least {s.cache_blocks_needed} block(s) "
+                        f"({s.cache_blocks_needed * block_bytes / 2**20:.1f} MiB) for the longest head to stay shared")  # fmt: skip
+    if f.flag:
+        evidence.append(f.flag.message)
+    yes = s.best_hit_rate >= SHARING_YES
+    f.settings["ordering"] = "prefix" if yes else "fifo"
+    f.settings["enable_prefix_caching"] = True
+    if yes:
+        rec = "keep enable_prefix_caching: true and ordering: prefix (the defaults)"
+    else:
+        rec = (f"little to share (below {SHARING_YES:.0%}): ordering: fifo does as well as prefix ordering; "
+               "the prefix cache costs nothing and may stay on")  # fmt: skip
+    if f.flag:
+        rec += f"; reorder the template: static text first, {{{{ {f.flag.variable} }}}} last"
+    return Answer(2, "Do the requests share prompt structure?", "yes" if yes else "no", evidence, rec)
+
+
+def q3_output_lengths(f: Facts) -> Answer:
+    w, cfg = f.workload, f.cfg
+    q = "Are output lengths variable?"
+    if w.output_source == "scoring":
+        return Answer(3, q, "no", ["label scoring: every request is its prompt plus one label, one step of output"],
+                      "nothing to batch by length; continuous batching costs nothing here")  # fmt: skip
+    cap = w.output_cap
+    evidence = [f"max_tokens per row: p50 {cap.p50}, p90 {cap.p90}, max {cap.max} (spread {cap.cv:.2f})"
+                if cap.n else "no row sets max_tokens: rows run until EOS or the context limit"]
+    pilot = f.workload.pilot
+    if pilot is not None and pilot.output_tokens:
+        d = Dist.of(pilot.output_tokens)
+        evidence.append(f"pilot: generated p50 {d.p50}, p90 {d.p90}, max {d.max} tokens (spread {d.cv:.2f}); "
+                        f"finish reasons {pilot.finish_reasons}")  # fmt: skip
+        verdict = "yes" if d.cv >= VARIABLE_CV or cap.cv >= VARIABLE_CV else "no"
+    elif cap.cv >= VARIABLE_CV or w.unbounded_rows:
+        verdict = "yes"
+    elif bool(cfg.sampling.get("ignore_eos")):
+        verdict = "no"
+        evidence.append("ignore_eos: every row generates exactly its max_tokens")
+    else:
+        verdict = "likely"
+        evidence.append("rows stop at EOS before the cap at lengths only a pilot measures (--pilot N)")
+    rec = {"yes": "continuous batching: a finished row frees its slot at once (always on in prefixflow)",
+           "likely": "continuous batching (always on in prefixflow); measure the spread with --pilot N",
+           "no": "equal lengths: static batching would do as well; continuous batching costs nothing"}[verdict]  # fmt: skip
+    return Answer(3, q, verdict, evidence, rec)
+
+
+def q4_fragmentation(f: Facts) -> Answer:
+    x = f.chosen()
+    ctx = max(x.max_model_len, 1)
+    contiguous = x.kv_tokens // ctx
+    paged = x.seqs_at_mean
+    evidence = [f"KV pool {x.kv_tokens:,} tokens ({x.precision} weights): reserving max_model_len {ctx:,} per "
+                f"sequence (contiguous cache) fits {contiguous:,} sequences; paged, with shared heads stored once, "
+                f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
+    capped = contiguous < f.limits.max_num_seqs
+    verdict = "yes" if capped and paged >= PAGING_GAIN * max(contiguous, 1) else "no"
+    seqs = max(1, min(paged, MAX_SEQS_CAP))
+    f.settings["max_num_seqs"] = seqs
+    f.settings["max_model_len"] = x.max_model_len
+    if verdict == "yes":
+        rec = (f"paging (always on): max_num_seqs={seqs} uses the pool; a contiguous cache would stop at "
+               f"{contiguous}")  # fmt: skip
+    else:
+        rec = f"paging does not decide the batch here; max_num_seqs={seqs} fills the pool"
+    return Answer(4, "Does KV fragmentation cap the batch?", verdict, evidence, rec)
+
+
+def q5_speculation(f: Facts) -> Answer:
+    q = "Is per-token latency the metric?"
+    x = f.chosen()
+    cross = f.crossover_tokens(x.precision)
+    evidence = ["an offline batch job is measured in rows per GPU-hour, not in seconds per token"]
+    f.settings["speculative_decoding"] = False
+    if f.workload.output_source == "scoring":
+        return Answer(5, q, "not applicable", evidence + ["label scoring generates nothing to speculate on"],
+                      "no speculative decoding")  # fmt: skip
+    batch = min(x.seqs_at_mean, f.limits.max_num_seqs)
+    evidence.append(f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
+                    f"tokens ({x.precision} on {f.device.name})")  # fmt: skip
+    if batch >= cross / 4:
+        rec = "no speculative decoding: at this batch the spare compute that draft tokens need is not there"
+    else:
+        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, "
+               "so draft tokens would be nearly free: speculative decoding could raise tokens/s (not built in prefixflow)")  # fmt: skip
+    return Answer(5, q, "no", evidence, rec)
+
+
+def q6_contention(f: Facts) -> Answer:
+    q = "Do prefill and decode contend at scale?"
+    p = f.workload.projected
+    prefill, decode = p["computed_prompt_tokens"], p["output_tokens"]
+    share = prefill / (prefill + decode) if prefill + decode else 0.0
+    x = f.chosen()
+    cross = f.crossover_tokens(x.precision)
+    budget = max(4096, min(16384, 1 << max(0, int(16 * cross) - 1).bit_length()))
+    f.settings["max_num_batched_tokens"] = budget
+    evidence = [f"prefill {prefill:,} computed tokens vs decode {decode:,} ({share:.0%} prefill)",
+                "disaggregation (separate prefill and decode machines) serves latency targets of online "
+                "traffic; one offline job has none"]  # fmt: skip
+    rec = (f"chunked mixed steps: max_num_batched_tokens={budget} (>= 16x the {cross:.0f}-token compute "
+           "crossover, so prefill chunks run at full matmul rate and decodes ride along)")  # fmt: skip
+    if f.workload.output_source == "scoring" or share > 0.95:
+        return Answer(6, q, "no", evidence + ["almost no decode: steps are prefill only"], rec)
+    if share < 0.05:
+        return Answer(6, q, "no", evidence + ["almost no prefill: steps are decode only"], rec)
+    return Answer(6, q, "yes", evidence, rec)
+
+
+def answer_all(f: Facts) -> list[Answer]:
+    return [q(f) for q in (q1_fit, q2_sharing, q3_output_lengths, q4_fragmentation, q5_speculation, q6_contention)]

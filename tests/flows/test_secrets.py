@@ -1,0 +1,129 @@
+"""Storage credentials never become Prefect flow parameters, logs or artifacts (issue 10, item 6).
+
+The run gets them from a Prefect Secret block named by `credentials_block` (the environment has none,
+so the S3 store, moto's server, cannot be used without them); plain credentials in `storage_options`
+are refused, and never stored."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+
+from tests.flows.support import JOB, SHARD_ROWS, requires_pipeline, write_dataset
+
+pytestmark = [requires_pipeline, pytest.mark.timeout(300)]
+
+KEY_ID = "AKIAPREFIXFLOWKEYID42"
+SECRET = "pf-secret-" + uuid.uuid4().hex
+
+
+async def _api_dump(flow_run_id: Any) -> str:
+    """Everything the Prefect API holds about one flow run: its parameters, task runs, logs, artifacts."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    async with get_client() as client:
+        parts = [(await client.read_flow_run(flow_run_id)).model_dump_json()]
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        parts += [r.model_dump_json() for r in runs]
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        parts += [log.model_dump_json() for log in logs]
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        parts += [a.model_dump_json() for a in arts]
+    assert len(logs) > 3 and len(runs) >= 3  # the dump really covers the run
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def no_ambient_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str, tmp_path: Path) -> str:
+    name = f"secrets-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}, skip_instance_cache=True)
+    fs.mkdir(name)
+    write_dataset(tmp_path / "in")
+    fs.put(str(tmp_path / "in") + "/", f"{name}/in/", recursive=True)
+    return name
+
+
+def test_credentials_from_a_secret_block_never_reach_the_api(
+    prefect_server: str, s3_endpoint: str, bucket: str, no_ambient_credentials: None
+) -> None:
+    from prefect.blocks.system import Secret
+
+    from prefixflow.flows import batch_inference
+
+    Secret(value={"key": KEY_ID, "secret": SECRET}).save("pf-s3-credentials", overwrite=True)
+    bare = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}, skip_instance_cache=True)
+    with pytest.raises(Exception, match="credentials"):
+        bare.ls(bucket)  # without the block this process cannot use the store at all
+    state = batch_inference(
+        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out", model="tiny", job=JOB, shard_rows=SHARD_ROWS,
+        endpoint_url=s3_endpoint, credentials_block="secret/pf-s3-credentials", lanes=1, concurrency_limit=None,
+        retry_delay_s=0.0, progress_poll_s=0.5, return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state.message
+    assert state.result()["rows"] == 20 and state.result()["complete"]
+    dump = asyncio.run(_api_dump(state.state_details.flow_run_id))
+    assert "pf-s3-credentials" in dump  # the block's name is a parameter ...
+    assert SECRET not in dump and KEY_ID not in dump  # ... its contents are not
+    fs = s3fs.S3FileSystem(key=KEY_ID, secret=SECRET, client_kwargs={"endpoint_url": s3_endpoint})
+    for name in ("_prefixflow.json", "_manifest.json"):
+        text = fs.cat_file(f"{bucket}/out/{name}").decode()
+        assert SECRET not in text and KEY_ID not in text
+
+
+def test_plain_credentials_in_storage_options_are_refused_and_never_stored(
+    prefect_server: str, s3_endpoint: str, bucket: str
+) -> None:
+    from prefixflow.flows import batch_inference
+
+    state = batch_inference(
+        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out2", model="tiny", job=JOB, endpoint_url=s3_endpoint,
+        storage_options={"key": KEY_ID, "secret": SECRET, "anon": False}, lanes=1, concurrency_limit=None,
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_failed()
+    assert "look like credentials" in state.message and "credentials_block" in state.message
+    assert SECRET not in state.message
+    dump = asyncio.run(_api_dump_of_failed(state.state_details.flow_run_id))
+    assert SECRET not in dump and KEY_ID not in dump and "redacted" in dump
+
+
+async def _api_dump_of_failed(flow_run_id: Any) -> str:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run_id)
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return "\n".join([run.model_dump_json(), *(log.model_dump_json() for log in logs)])
+
+
+def test_serve_refuses_credentials_as_deployment_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixflow.flows.cli import serve_main
+
+    code = serve_main(["--input", "in/", "--output", "s3://b/out", "--storage-option", f"secret={SECRET}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "look like credentials" in err and SECRET not in err

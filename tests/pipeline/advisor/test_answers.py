@@ -1,0 +1,103 @@
+"""Constructed datasets flip the six answers the way they should (torch-free path, tiny tokenizer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from prefixflow.engine import inspect_model
+from prefixflow.pipeline.advisor.advise import advise
+from prefixflow.pipeline.spec import load_job
+from tests.pipeline.advisor.support import instruction, random_prompts, unique_texts, write_rows
+
+
+def _answer(advice, number: int):
+    return next(a for a in advice.answers if a.number == number)
+
+
+def test_shared_instruction_shares_with_the_right_block_minimum(tmp_path) -> None:
+    instr = instruction(300)
+    texts = unique_texts(40)
+    folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
+    job = {"task": "generate", "id_column": "id", "chat": "off", "template": instr + "\n\n{{ text }}",
+           "sampling": {"max_tokens": 8}}  # fmt: skip
+    advice = advise(load_job(folder, "", "tiny", job), gpu="h200")
+
+    tok = inspect_model("tiny").tokenizer  # the oracle: the prompts as the engine gets them, tokenized here
+    prompts = [tok.encode(instr + "\n\n" + t, add_special_tokens=True) for t in texts]
+    shared = len(os.path.commonprefix(prompts))
+    assert shared >= 1000, "the instruction must be at least 1,000 tokens long"
+    assert len({p[shared] for p in prompts}) == len(prompts), "every row must diverge right after it"
+    total = sum(map(len, prompts))
+    # the first prompt in prefix order computes everything; each other one reuses shared // 16 full blocks
+    assert advice.sharing.prompt_tokens == total
+    assert advice.sharing.block_min_tokens == total - (len(prompts) - 1) * (shared // 16) * 16
+    assert advice.sharing.distinct_tokens == total - (len(prompts) - 1) * shared
+    assert advice.sharing.cache_blocks_needed == shared // 16
+    assert advice.sharing.heads[0].tokens == shared and advice.sharing.heads[0].rows == 40
+    q2 = _answer(advice, 2)
+    assert q2.verdict == "yes" and advice.settings["ordering"] == "prefix"
+    assert f"{advice.sharing.block_min_tokens:,}" in " ".join(q2.evidence)
+
+
+def test_unique_random_prompts_share_nothing(tmp_path) -> None:
+    rows = [{"prompt": p} for p in random_prompts(60)]
+    folder = write_rows(tmp_path / "in", rows)
+    job = {"task": "generate", "prompt_column": "prompt", "chat": "off", "sampling": {"max_tokens": 8}}
+    advice = advise(load_job(folder, "", "tiny", job), gpu="h200")
+    assert advice.sharing.best_hit_rate < 0.05
+    assert _answer(advice, 2).verdict == "no"
+    assert advice.settings["ordering"] == "fifo"
+
+
+def test_variable_max_tokens_make_output_lengths_variable(tmp_path) -> None:
+    texts = unique_texts(50)
+    rows = [{"text": t, "max_len": 8 * (1 + (i * 7) % 40)} for i, t in enumerate(texts)]
+    folder = write_rows(tmp_path / "in", rows)
+    base = {"task": "generate", "template": "Describe: {{ text }}", "chat": "off"}
+    variable = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16},
+                                                    "sampling_columns": {"max_tokens": "max_len"}}), gpu="h200")  # fmt: skip
+    assert _answer(variable, 3).verdict == "yes"
+    assert variable.workload.output_cap.max == 320 and variable.workload.output_cap.p50 < 320
+    fixed = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16, "ignore_eos": True}}),
+                   gpu="h200")  # fmt: skip
+    assert _answer(fixed, 3).verdict == "no"
+    eos = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16}}), gpu="h200")
+    assert _answer(eos, 3).verdict == "likely" and "--pilot" in _answer(eos, 3).recommendation
+
+
+@pytest.fixture
+def review_folder(tmp_path) -> str:
+    return write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(30))])
+
+
+def test_llama_8b_on_l4_needs_quantization_or_tp(review_folder) -> None:
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}}
+    advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
+    q1 = _answer(advice, 1)
+    assert q1.verdict == "no"
+    assert "quantize" in q1.recommendation and "tensor parallel" in q1.recommendation
+    assert advice.settings["quantization"] == "fp8"  # L4 has fp8 math
+    assert advice.fits["bf16"].weight_share > 0.6 and not advice.fits["bf16"].headroom
+    l4 = advice.estimates[0]
+    assert l4.device == "l4" and l4.precision == "fp8"
+
+
+def test_tiny_model_on_h200_fits(review_folder) -> None:
+    advice = advise(load_job(review_folder, "", "tiny", {"task": "summarize", "sampling": {"max_tokens": 16}}),
+                    gpu="h200")  # fmt: skip
+    q1 = _answer(advice, 1)
+    assert q1.verdict == "yes" and advice.settings["quantization"] is None
+    assert advice.settings["tensor_parallel_size"] == 1
+
+
+def test_label_scoring_has_no_decode(review_folder) -> None:
+    job = {"task": "label", "id_column": "id", "template": "Sentiment of: {{ text }}",
+           "label": {"labels": ["positive", "negative"]}}  # fmt: skip
+    advice = advise(load_job(review_folder, "", "tiny", job), gpu="h200")
+    assert advice.workload.output_source == "scoring"
+    assert len(advice.workload.requests) == 2 * 30  # one request per label
+    assert _answer(advice, 3).verdict == "no"
+    assert _answer(advice, 5).verdict == "not applicable"
+    assert _answer(advice, 6).verdict == "no"
