@@ -112,3 +112,11 @@ def _children() -> set[int]:
             except (FileNotFoundError, IndexError):
                 pass
     return out
+
+
+@pytest.mark.slow
+def test_bad_settings_found_while_starting_are_value_errors_and_leave_no_worker(llama_dir):
+    before = _children()
+    with pytest.raises(ValueError, match="holds fewer than 2 blocks"):
+        LLM(str(llama_dir), **OPTIONS, kv_cache_memory_bytes=10)
+    assert_processes_gone(list(_children() - before))
