@@ -27,6 +27,8 @@ from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.kernels import KernelBackend
 
+INIT_BOUND_S = 1800.0  # KV profiling and CUDA-graph capture (Triton compiles) on every rank
+
 
 class ModelRunner:
     def __init__(
@@ -61,7 +63,8 @@ class ModelRunner:
             tp = for_group(model_cfg, self.pool.group)  # rank 0 loads while the workers do
             self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
             self.pool.wait_ready()
-            self.num_blocks = int(self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64)))  # type: ignore[call-overload]
+            init = self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S)
+            self.num_blocks = int(init)  # type: ignore[call-overload]
         except TensorParallelError as exc:
             self.pool.close()
             if isinstance(exc.__cause__, ValueError):  # a bad setting rank 0 found itself (a KV budget too

@@ -130,9 +130,12 @@ class ModelShard:
         else:
             hidden = self.forward(step, self.kv_caches)
         rows = torch.from_numpy(np.asarray(logit_rows, dtype=np.int64)).to(self.device)
-        if rows.numel() == 0:
-            return None
-        return self.model.compute_logits(hidden[rows])
+        logits = self.model.compute_logits(hidden[rows]) if rows.numel() else None
+        if self.tp.world > 1 and self.device.type == "cuda":
+            # NCCL runs asynchronously: wait here, inside the pool's guard, so a failed or aborted
+            # collective surfaces as this step's TensorParallelError rather than later in sampling
+            torch.cuda.current_stream(self.device).synchronize()
+        return logits
 
     def forward(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:
         dev = self.device
