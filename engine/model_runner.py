@@ -19,7 +19,7 @@ from prefixflow.engine.distributed.context import for_group, layout_for, single_
 from prefixflow.engine.distributed.pool import WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.model_shard import INIT_CACHE, STEP, ModelShard, WorkerShardFactory
+from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
@@ -133,6 +133,13 @@ class ModelRunner:
             for owner, value in zip(step.score_owner, picked):
                 out.prompt_logprobs[owner] = out.prompt_logprobs.get(owner, 0.0) + value
         return out
+
+    def collective_stats(self) -> torch.Tensor | None:
+        """Per rank ``[all_reduce_s, all_reduce_calls, gather_s, broadcast_s]`` since the start (None
+        without tensor parallelism). A collective call, so only between steps."""
+        if self.pool is None:
+            return None
+        return self.pool.run(self.shard, COLLECTIVE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do without them). Idempotent."""

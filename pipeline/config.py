@@ -58,7 +58,9 @@ class LabelConfig:
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
     # measured on reference prompts: contextual | domain | none
     calibration: str = "contextual"
-    content_free: tuple[str, ...] = ("N/A", "", "[MASK]")  # contextual: stand-ins for the row's values
+    # contextual: stand-ins for the row's values. Not "" (Zhao et al. use it too): a blank field is an
+    # error row, never scored, and as a stand-in it over-corrected (benchmarks/RESULTS.md, issue 14)
+    content_free: tuple[str, ...] = ("N/A", "[MASK]")
     length_norm: str = "sum"  # a label's log-prob: sum over its tokens | mean per token
     case_variants: bool = True  # "Billing" also counts for "billing" (and the reverse)
 
