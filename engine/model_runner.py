@@ -21,6 +21,7 @@ from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
 from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
@@ -40,6 +41,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
+        resolve_quantization(source.hf_config, cfg.quantization)  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
@@ -81,6 +83,15 @@ class ModelRunner:
     @property
     def ops(self) -> KernelBackend:
         return self.shard.ops
+
+    @property
+    def quantization(self) -> QuantizationConfig:
+        return self.shard.quantization
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of parameters rank 0 holds on its device (each rank holds its own slice)."""
+        return self.shard.weight_bytes
 
     @property
     def block_bytes(self) -> int:

@@ -93,6 +93,7 @@ def batch_inference(
     shard_rows: int | None = None,
     flush_rows: int | None = None,
     flush_seconds: float | None = None,
+    quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     endpoint_url: str | None = None,

@@ -140,3 +140,12 @@ def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:
     assert "zz-broken.parquet" in res.stderr and "1 shard(s) failed" in res.stderr
     summary = json.loads(res.stdout)
     assert summary["rows"] == 3 and not summary["complete"] and len(summary["failed_shards"]) == 1
+
+
+def test_bad_quantization_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    write_dataset(tmp_path / "in", files=1)
+    code = main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
+                 "--quantization", "int3"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "quantization='int3'" in err and "int8, int4, fp8" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))
