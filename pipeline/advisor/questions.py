@@ -26,10 +26,10 @@ SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and orderin
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
 PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
 MAX_SEQS_CAP = 1024
-QUANT_METHODS = {
-    "fp8": "fp8 W8A8 (a compressed-tensors float-quantized checkpoint)",
-    "int8": "int8 (W8A8 or weight-only)",
-    "int4": "int4 weight-only (GPTQ or AWQ, group size 128)",
+QUANT_METHODS = {  # the engine's `quantization:` setting quantizes a full-precision checkpoint as it loads
+    "fp8": "fp8 W8A8 (engine quantization: fp8, or an fp8 compressed-tensors checkpoint)",
+    "int8": "int8 weights (engine quantization: int8)",
+    "int4": "int4 weights, groups of 128 (engine quantization: int4, or a GPTQ/AWQ checkpoint)",
 }
 GB = 1e9
 
