@@ -55,6 +55,7 @@ class Facts:
     sharing: Sharing
     flag: OrderFlag | None
     seqs: Footprint
+    checkpoint: tuple[str, int | None] = ("", None)  # how the checkpoint stores its weights, bytes on disk
     settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
 
     @property
@@ -73,6 +74,11 @@ def q1_fit(f: Facts) -> Answer:
     q = "Does the model fit with headroom?"
     evidence = [f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
                 f"on {f.device.name} (limit {HEADROOM:.0%})"]  # fmt: skip
+    stored, size = f.checkpoint
+    if stored and stored not in ("float32", "bfloat16", "float16"):
+        on_disk = f" ({size / GB:.2f} GB on disk)" if size else ""
+        evidence.append(f"the checkpoint is stored as {stored}{on_disk}: the engine keeps the formats it supports "
+                        "quantized as stored; the rows below are its full-precision and on-the-fly choices")  # fmt: skip
     if n.pool_from_memory and f.seqs.decodes:
         evidence.append(f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
                         "compute-bound); the KV pool left over should hold them")  # fmt: skip
