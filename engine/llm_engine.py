@@ -137,6 +137,9 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def num_unfinished(self) -> int:
+        return self.scheduler.num_unfinished()
+
     def step(self) -> dict[int, RequestOutput]:
         """One step: schedule, execute, update. Returns the requests that finished, by key."""
         start = time.perf_counter()
