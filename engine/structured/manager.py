@@ -24,6 +24,7 @@ from prefixflow.engine.structured.backend import (
     GrammarError,
     StructuredOutputsUnavailable,
     build_grammar,
+    clean_message,
     tokenizer_info,
     xgrammar,
 )
@@ -48,11 +49,10 @@ class StructuredOutputManager:
         self._worker: ThreadPoolExecutor | None = None
         self._bitmask: torch.Tensor | None = None
         self._pending: tuple[_FillPlan, Future[float] | None] | None = None
-        self._fill_estimate_s = 0.0  # moving average of in-line fills: decides whether to overlap
+        self._fill_estimate_s = 0.0  # moving average of fill times: decides whether to overlap
         self.fill_s = 0.0  # time spent filling masks (worker or in line)
-        self.wait_s = (
-            0.0  # time the step loop spent on masks (in-line fills, waits for the worker): not hidden
-        )
+        # time the step loop spent on masks (in-line fills, waits for the worker): the part not hidden
+        self.wait_s = 0.0
         self.masked_steps = 0
         self.overlapped_steps = 0  # steps whose fill ran on the worker while the model ran
 
@@ -77,7 +77,9 @@ class StructuredOutputManager:
         try:
             compiled = self._compiler.compile_grammar(grammar)
         except RuntimeError as exc:
-            raise GrammarError(f"cannot compile the {so.kind.replace('_', ' ')}: {exc}") from None
+            raise GrammarError(
+                f"cannot compile the {so.kind.replace('_', ' ')}: {clean_message(exc)}"
+            ) from None
         self._compiled[key] = compiled
         if len(self._compiled) > MAX_CACHED_GRAMMARS:
             self._compiled.popitem(last=False)
