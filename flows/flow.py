@@ -14,7 +14,7 @@ from prefect.task_runners import TaskRunner
 from prefixflow.flows.credentials import redact_parameters, refuse_plain_secrets, with_credentials
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
-from prefixflow.flows.reporting import ShardProgress, publish_summary, run_metrics
+from prefixflow.flows.reporting import ShardProgress, publish_comparison, publish_summary, run_metrics
 from prefixflow.flows.slots import DEFAULT_LIMIT
 from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
@@ -26,6 +26,7 @@ from prefixflow.pipeline import (
     load_job,
     plan_shards,
     prepare_output,
+    record_prediction,
 )
 from prefixflow.pipeline.job_flags import job_overrides
 
@@ -58,6 +59,7 @@ def plan_job(
     spec = load_job(input, output, model, job, **overrides)
     with_keys = with_credentials(spec, credentials_block)
     prepare_output(with_keys, new_run=new_run)
+    record_prediction(with_keys, warn=logger.warning)  # compared with the measured totals at the end
     infos = describe_shards(with_keys, plan_shards(with_keys))
     rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
     logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)
@@ -72,6 +74,7 @@ def summarize_run(
     `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
+    publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
     if metrics.get("label_warning"):

@@ -12,6 +12,7 @@ from prefixflow.flows.lanes import LaneReport
 from prefixflow.pipeline import JobSpec, Shard, is_committed
 
 SUMMARY_KEY = "prefixflow-run-summary"
+COMPARISON_KEY = "prefixflow-predicted-vs-measured"
 PROGRESS_KEY = "prefixflow-progress"
 
 
@@ -66,7 +67,18 @@ def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:
     description = f"prefixflow run summary for {output}"
     if metrics.get("label_warning"):
         description = f"WARNING: {metrics['label_warning']}\n\n{description}"
-    return create_table_artifact(summary_table(metrics), key=SUMMARY_KEY, description=description)
+    rows = summary_table({k: v for k, v in metrics.items() if k != "predicted_vs_measured"})
+    return create_table_artifact(rows, key=SUMMARY_KEY, description=description)
+
+
+def publish_comparison(rows: Sequence[Mapping[str, Any]], output: str) -> UUID | None:
+    """The advisor's prediction for the run next to what it measured (a table artifact), when the run
+    made one (docs/advisor.md)."""
+    if not rows:
+        return None
+    table = [{k: r[k] for k in ("metric", "predicted", "measured", "verdict")} for r in rows]
+    return create_table_artifact(table, key=COMPARISON_KEY,
+                                 description=f"prefixflow: predicted (plan --advise) vs measured for {output}")  # fmt: skip
 
 
 class ShardProgress:

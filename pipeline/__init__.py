@@ -1,6 +1,7 @@
 """prefixflow's data pipeline: Parquet in (local or any fsspec URL), prompts to the engine, exactly-once
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
+from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
@@ -57,6 +58,7 @@ __all__ = [
     "open_engine",
     "plan_shards",
     "prepare_output",
+    "record_prediction",
     "run_shard",
     "run_shards",
     "status",

@@ -123,6 +123,7 @@ class CommitMarker:
     elapsed_s: float
     parts: tuple[MarkerPart, ...]
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs; absent in older markers
+    preemptions: int = 0  # the engine's preemptions while this attempt generated; absent in older markers
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -135,7 +136,7 @@ class CommitMarker:
 
 
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
-                 elapsed_s: float, num_rows: int) -> CommitMarker:  # fmt: skip
+                 elapsed_s: float, num_rows: int, preemptions: int = 0) -> CommitMarker:  # fmt: skip
     """The marker of ``layout``'s run for ``shard_id`` over ``parts``."""
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -160,6 +161,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
         elapsed_s=elapsed_s,
         parts=tuple(p.marker_part(layout) for p in parts),
         label_counts=dict(sorted(labels.items())),
+        preemptions=preemptions,
     )
 
 

@@ -5,10 +5,13 @@ Scale-out belongs to flows/; this is the one-lane path, and it shares every step
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
@@ -44,6 +47,7 @@ def run_local(
             console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
                           f"{len(shards) - len(todo)} already committed")  # fmt: skip
             if todo:
+                record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
@@ -62,6 +66,8 @@ def run_local(
 def print_summary(console: Console, summary: RunSummary) -> None:
     """The closing summary: the table, then where the rows are (unwrapped, so it can be copied)."""
     console.print(summary_table(summary))
+    if summary.predicted_vs_measured:
+        console.print(comparison_table(summary.predicted_vs_measured))
     console.print(f"results: {summary.data_glob}   read with polars.scan_parquet({summary.data_glob!r})",
                   soft_wrap=True, markup=False)  # fmt: skip
 
@@ -96,6 +102,16 @@ def summary_table(summary: RunSummary) -> Table:
         t.add_row(k, Text(v))
     if summary.label_warning:
         t.add_row(Text("warning", style="bold yellow"), Text(summary.label_warning, style="yellow"))
+    return t
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> Table:
+    """What the advisor predicted when the run started (docs/advisor.md) next to what the run measured."""
+    t = Table(title="predicted vs measured (plan --advise)")
+    for col in ("metric", "predicted", "measured", ""):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(Text(str(r["metric"])), Text(str(r["predicted"])), Text(str(r["measured"])), Text(str(r["verdict"])))
     return t
 
 

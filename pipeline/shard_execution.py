@@ -57,12 +57,14 @@ class ShardResult:
     skipped: bool = False
     resumed_rows: int = 0  # rows found already flushed by an earlier attempt
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: rows per label
+    preemptions: int = 0  # the engine's, while the committing attempt generated
 
     @classmethod
     def from_marker(cls, marker: commits.CommitMarker, skipped: bool, resumed_rows: int = 0) -> ShardResult:
         return cls(marker.shard_id, marker.rows, marker.error_rows, dict(marker.errors_by_class),
                    marker.prompt_tokens, marker.cached_tokens, marker.output_tokens,
-                   marker.elapsed_s, skipped, resumed_rows, dict(marker.label_counts))  # fmt: skip
+                   marker.elapsed_s, skipped, resumed_rows, dict(marker.label_counts),
+                   marker.preemptions)  # fmt: skip
 
 
 def is_committed(spec: JobSpec, shard: Shard) -> bool:
@@ -164,6 +166,7 @@ def _run_shard(
             pending.append(prep.prepare(row, base, shard.relpath, key))
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
+    preempted = _preemptions(llm)
     try:
         for rec in execute(llm, prep, pending, cfg.output.flush_rows):
             emit(rec)
@@ -175,10 +178,17 @@ def _run_shard(
     if covered != shard.num_rows:
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
     marker = commits.build_marker(layout, shard.shard_id, record.fingerprint_hash, flusher.attempt, parts,
-                                  time.perf_counter() - start, shard.num_rows)  # fmt: skip
+                                  time.perf_counter() - start, shard.num_rows,
+                                  _preemptions(llm) - preempted)  # fmt: skip
     ensure_current(layout, record)
     marker = commits.commit(layout, marker, before_publish=lambda: ensure_current(layout, record))
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
+
+
+def _preemptions(llm: Engine) -> int:
+    """The engine's preemption count so far (0 for an engine that keeps no stats)."""
+    stats = getattr(llm, "stats", None)
+    return int(getattr(stats(), "preemptions", 0)) if callable(stats) else 0
 
 
 @dataclass(frozen=True)

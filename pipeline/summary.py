@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prefixflow.pipeline import commit as commits
@@ -50,6 +50,8 @@ class RunSummary:
     replaced_runs: list[str] = field(default_factory=list)  # data/ folders of replaced runs, not yet removed
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
+    preemptions: int = 0  # engine preemptions while the committed shards generated
+    predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +108,7 @@ def summarize_layout(
         replaced_runs=replaced or [],
         label_counts=dict(sorted(labels.items())),
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
+        preemptions=sum(m.preemptions for m in markers),
     )
 
 
@@ -140,6 +143,7 @@ def finalize(spec: JobSpec) -> RunSummary:
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
         planned = [s.shard_id for s in plan_shards(spec)]
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
+        summary = with_prediction(layout, summary)
         manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
         layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
@@ -169,4 +173,15 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
     summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced)
-    return summary, record
+    return with_prediction(layout, summary), record
+
+
+def with_prediction(layout: Layout, summary: RunSummary) -> RunSummary:
+    """``summary`` with the advisor's prediction for this run set beside what it measured (when the run
+    stored one; see pipeline/advisor/compare.py)."""
+    from prefixflow.pipeline.advisor.compare import compare, read_prediction
+
+    prediction = read_prediction(layout)
+    if prediction is None:
+        return summary
+    return replace(summary, predicted_vs_measured=compare(prediction, summary.as_dict()))

@@ -50,6 +50,13 @@ class Advice:
     timings: dict[str, float] = field(default_factory=dict)
     skipped_shards: list[str] = field(default_factory=list)
 
+    def largest(self) -> dict[str, Any]:
+        """The largest max_model_len and max_num_seqs that fit at the recommended precision: the pool's
+        tokens (within the model's context), and sequences of the sample's p99 size all running at once."""
+        precision = self.settings.get("quantization") or next(iter(self.fits))
+        f = self.fits[precision]
+        return {"precision": precision, "max_model_len": f.max_model_len, "max_num_seqs": f.seqs_at_p99}
+
     def as_dict(self) -> dict[str, Any]:
         s = self.sharing
         return {
@@ -61,7 +68,7 @@ class Advice:
                         "best_hit_rate": s.best_hit_rate, "cache_blocks_needed": s.cache_blocks_needed,
                         "heads": [dataclasses.asdict(h) for h in s.heads],
                         "template_flag": dataclasses.asdict(self.flag) if self.flag else None},  # fmt: skip
-            "memory": {"kv_bytes_per_token": self.kv_bytes_per_token,
+            "memory": {"kv_bytes_per_token": self.kv_bytes_per_token, "largest": self.largest(),
                        "precisions": {p: {**dataclasses.asdict(f), "fits": f.fits, "headroom": f.headroom}
                                       for p, f in self.fits.items()}},  # fmt: skip
             "answers": [dataclasses.asdict(a) for a in self.answers],
@@ -89,7 +96,8 @@ def _device(spec: JobSpec, gpu: str) -> Device:
     except ValueError as exc:
         raise JobConfigError(f"--gpu: {exc}") from exc
     dtype = str(spec.config.engine.get("dtype") or "auto")
-    return dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
+    device = dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
+    return device.group(int(spec.config.engine.get("tensor_parallel_size") or 1))  # the job's own TP group
 
 
 def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:

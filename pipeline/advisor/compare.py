@@ -2,31 +2,36 @@
 to what the committed shards report, so the advisor's errors show (and its efficiency table can be
 corrected from real runs).
 
-``predict_run`` runs the advisor on a small sample for the local device at the start of a run; the
-prediction is stored at the output root (``_prediction.json``) and ``compare`` lines it up with the
-run's totals: output tokens/s per lane, prefix hit rate, preemptions and GPU-hours.
+``record_prediction`` runs the advisor on a small sample for the local device when a run starts and
+stores the figures with the run (``OUTPUT/_predictions/<run>/prediction.json``, kept when the run
+resumes); ``finalize`` and ``status`` line them up with the run's totals through ``compare``: output
+tokens/s per lane, efficiency, prefix hit rate, preemptions and GPU-hours.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from prefixflow.pipeline.advisor.advise import advise
+from prefixflow.pipeline.advisor.memory import EngineLimits
+from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.spec import JobSpec
 
-RUN_SAMPLE_ROWS = 512  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
-PREDICTION_FILE = "_prediction.json"
+RUN_SAMPLE_ROWS = 256  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
 
 
-def predict_run(spec: JobSpec, sample_rows: int = RUN_SAMPLE_ROWS, card: Any = None) -> dict[str, Any]:
+def predict_run(spec: JobSpec, sample_rows: int = RUN_SAMPLE_ROWS) -> dict[str, Any]:
     """The figures a run is later compared with, for the local device (torch-free, like the advisor)."""
-    advice = advise(spec, gpu="local", sample_size=sample_rows, card=card)
+    from prefixflow.pipeline.advisor.advise import advise
+
+    advice = advise(spec, gpu="local", sample_size=sample_rows)
     e = advice.estimates[0]
     fit = advice.fits[e.precision] if e.precision in advice.fits else next(iter(advice.fits.values()))
     requests = len(advice.workload.requests)
     per_shard = requests / max(advice.workload.sampled_rows, 1) * spec.config.output.shard_rows
-    concurrent = min(advice.settings.get("max_num_seqs", 1), spec.config.engine.get("max_num_seqs", 256), per_shard)
+    # the run uses the job's own settings, not the advice: as many sequences as its max_num_seqs admits
+    concurrent = min(EngineLimits.from_engine(spec.config.engine).max_num_seqs, per_shard)
     return {
         "device": e.device,
         "precision": e.precision,
@@ -65,9 +70,9 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
     if measured.get("output_tokens"):
         rows.append({"metric": "output tok/s per lane", "predicted": f"{lo:,.1f}-{hi:,.1f} (bound {bound:,.1f})",
                      "measured": round(tps, 2), "verdict": _verdict(tps, lo, hi)})  # fmt: skip
-        rows.append({"metric": "efficiency (measured / bound)",
-                     "predicted": "{:.2f}-{:.2f} ({})".format(*prediction["efficiency"], prediction["efficiency_source"]),
-                     "measured": round(tps / bound, 4) if bound else None, "verdict": ""})  # fmt: skip
+        rows.append({"metric": "efficiency (measured / bound)", "predicted": "{:.2f}-{:.2f}".format(*prediction["efficiency"]),
+                     "measured": round(tps / bound, 4) if bound else None,
+                     "verdict": prediction["efficiency_source"]})  # fmt: skip
     hit = float(measured.get("prefix_hit_rate") or 0.0)
     rows.append({"metric": "prefix hit rate", "predicted": round(prediction["prefix_hit_rate"], 4),
                  "measured": round(hit, 4), "verdict": f"{hit - prediction['prefix_hit_rate']:+.1%}"})  # fmt: skip
@@ -87,5 +92,28 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
     return rows
 
 
-def dumps(prediction: dict[str, Any]) -> bytes:
-    return json.dumps(prediction, indent=1, sort_keys=True).encode()
+def record_prediction(spec: JobSpec, warn: Callable[[str], None] | None = None) -> None:
+    """Predict the run of ``spec`` once (a resumed run keeps its first prediction). Never fails the run:
+    a prediction that cannot be made is reported through ``warn`` and the run goes on without it."""
+    from prefixflow.pipeline.run_record import current_run
+
+    try:
+        layout, _ = current_run(spec)
+        if layout.store.exists(layout.prediction):
+            return
+        prediction = predict_run(spec)
+        layout.store.write_atomic(layout.prediction, json.dumps(prediction, indent=1, sort_keys=True).encode())
+    except Exception as exc:  # the advice is a by-product: the rows matter more
+        if warn is not None:
+            warn(f"no prediction for this run ({type(exc).__name__}: {exc}); the summary will not compare")
+
+
+def read_prediction(layout: Layout) -> dict[str, Any] | None:
+    """The run's stored prediction, or None (none made, or unreadable)."""
+    try:
+        if not layout.store.exists(layout.prediction):
+            return None
+        data = json.loads(layout.store.read_bytes(layout.prediction))
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None

@@ -29,6 +29,15 @@ class Device:
     is_gpu: bool = True
     kv_pool_bytes: int | None = None  # fixed KV pool (the engine's CPU default); None: what memory leaves
     source: str = "datasheet"
+    devices: int = 1  # a tensor-parallel group counts as one device with the members' sums
+
+    def group(self, size: int) -> Device:
+        """``size`` of these devices as one tensor-parallel engine: memory, bandwidth and peaks add up."""
+        if size <= 1:
+            return self
+        return replace(self, name=f"{self.name} x{size}", memory_bytes=self.memory_bytes * size,
+                       bytes_per_s=self.bytes_per_s * size, flops={k: v * size for k, v in self.flops.items()},
+                       devices=self.devices * size)  # fmt: skip
 
     def peak(self, precision: str) -> float:
         """Peak rate for a weight precision: fp8 W8A8 uses the fp8 rate where the chip has one; weight-only

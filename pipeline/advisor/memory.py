@@ -9,7 +9,7 @@ output channel for 8-bit, one fp16 scale and one 4-bit zero per group of 128 inp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import GIB, Device
@@ -128,6 +128,7 @@ class EngineLimits:
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.90
+    tensor_parallel_size: int = 1
 
     @classmethod
     def from_engine(cls, engine: dict[str, Any]) -> EngineLimits:
@@ -200,8 +201,7 @@ def choose_precision(
             return p, 1
     tp = 2
     while tp < 64:
-        group = replace(device, memory_bytes=device.memory_bytes * tp, bytes_per_s=device.bytes_per_s * tp,
-                        flops={k: v * tp for k, v in device.flops.items()})  # fmt: skip
+        group = device.group(tp)
         if fit(shape, cfg, group, limits, native, seqs).headroom:
             break
         tp *= 2

@@ -81,10 +81,10 @@ def q1_fit(f: Facts) -> Answer:
                  for p, x in f.fits.items() if x.fits]  # fmt: skip
     precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
-    f.settings.update(quantization=quant, tensor_parallel_size=tp)
+    f.settings.update(quantization=quant, tensor_parallel_size=tp * f.device.devices)
     if n.headroom:
-        rec = (f"run {n.precision} weights unquantized; with several GPUs run one lane per GPU "
-               "(data parallel, tensor_parallel_size=1)")  # fmt: skip
+        rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
+               f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
         return Answer(1, q, "yes", evidence, rec)
     why = "the weights alone exceed the limit" if n.weight_share > HEADROOM or not n.fits else \
         f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
@@ -92,7 +92,8 @@ def q1_fit(f: Facts) -> Answer:
         rec = (f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
                f"or shard {n.precision} weights over more GPUs (tensor parallelism)")  # fmt: skip
     else:
-        rec = f"{why}, and no quantized precision fixes it on one device: tensor_parallel_size={tp}"
+        rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: "
+               f"tensor_parallel_size={tp * f.device.devices}")  # fmt: skip
     return Answer(1, q, "no", evidence, rec)
 
 

@@ -85,6 +85,9 @@ def print_advice(console: Console, advice: Advice) -> None:
                   f"{f.kv_tokens:,}", f"{f.seqs_at_mean:,}/{f.seqs_at_p99:,}",
                   f"{f.max_model_len:,}" if f.fits else "does not fit")  # fmt: skip
     console.print(t)
+    big = advice.largest()
+    console.print(f"  largest that fit ({big['precision']}): max_model_len {big['max_model_len']:,}, max_num_seqs "
+                  f"{big['max_num_seqs']:,} (every running sequence at the sample's p99 size)", soft_wrap=True)  # fmt: skip
 
     console.print("\n[bold]The six questions[/]")
     for a in advice.answers:

@@ -82,6 +82,12 @@ def test_two_lanes_exactly_once_with_artifacts(
     hit_rate = summary["cached_tokens"] / summary["prompt_tokens"]
     assert summary["prefix_hit_rate"] == pytest.approx(hit_rate, abs=1e-4)
     assert float(arts["prefixflow-progress"].data) == 100.0
+    # what the advisor predicted when the run started, beside what the run measured (issue 18)
+    compared = {row["metric"]: row for row in json.loads(arts["prefixflow-predicted-vs-measured"].data)}
+    assert {"output tok/s per lane", "prefix hit rate", "preemptions", "device-hours, whole input"} <= set(compared)
+    assert compared["prefix hit rate"]["measured"] == pytest.approx(hit_rate, abs=1e-4)
+    assert compared["preemptions"]["measured"] == 0
+    assert not any(k.startswith("predicted_vs_measured") for k in summary)  # its own artifact, not a summary row
 
 
 def test_lane_failing_once_is_retried_without_regenerating(

@@ -101,3 +101,14 @@ def test_label_scoring_has_no_decode(review_folder) -> None:
     assert _answer(advice, 3).verdict == "no"
     assert _answer(advice, 5).verdict == "not applicable"
     assert _answer(advice, 6).verdict == "no"
+
+
+def test_the_jobs_own_tensor_parallel_group_is_the_target(review_folder) -> None:
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64},
+           "engine": {"tensor_parallel_size": 2}}  # fmt: skip
+    advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
+    assert advice.device.name == "l4 x2" and advice.device.memory_bytes == 48 * 10**9
+    assert _answer(advice, 1).verdict == "yes" and advice.settings["tensor_parallel_size"] == 2
+    est = advice.estimates[0]
+    assert est.device == "l4 x2" and est.devices_per_lane == 2
+    assert est.gpu_hours_lower == pytest.approx(est.lower_bound_s * 2 / 3600)

@@ -40,6 +40,8 @@ def test_advise_runs_with_torch_unimportable_and_pilot_says_it_needs_it(job_inpu
     assert [a["number"] for a in advice["answers"]] == [1, 2, 3, 4, 5, 6]
     assert advice["device"]["name"] == "h100" and advice["tokens"]["sampled_rows"] == 24
     assert advice["engine"]["max_model_len"] == 512  # the configured limit, inside what fits
+    assert advice["memory"]["largest"]["max_model_len"] == 512
+    assert advice["memory"]["largest"]["max_num_seqs"] == advice["memory"]["precisions"]["bf16"]["seqs_at_p99"]
     pilot = _no_torch("plan", "--input", folder, "--job", job, "--model", "tiny", "--advise", "--pilot", "2",
                       cwd=tmp_path)  # fmt: skip
     assert pilot.returncode == 2
@@ -54,6 +56,7 @@ def test_human_report_walks_the_six_questions(job_input, capsys) -> None:
                     "Time and cost"):  # fmt: skip
         assert heading in err
     assert "6. Do prefill and decode contend at scale?" in err
+    assert "largest that fit (bf16): max_model_len" in err
 
 
 def test_pilot_measures_output_lengths(job_input, capsys) -> None:
