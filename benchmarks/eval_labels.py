@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.common import environment, print_table, setup_threads, write_json
 from benchmarks.label_metrics import label_metrics
+from prefixflow.pipeline.config import LabelConfig
 
 MODEL = "smollm2-135m-instruct"
 DATA = Path(__file__).parent / "data"
@@ -79,7 +80,8 @@ SETS = (
         Style("plain", "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is", "off", " "),
     )),
 )  # fmt: skip
-CONTENT_FREE = ("N/A", "", "[MASK]")
+CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. 2021's three, each also measured alone
+DEFAULT_CONTENT_FREE = LabelConfig().content_free  # the pipeline's default
 
 
 def read_jsonl(name: str) -> list[dict]:
@@ -148,7 +150,8 @@ def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm
     elif method == "batch":
         bias = reference_bias(scores)
     else:
-        keys = [f"cf:{v}" for v in CONTENT_FREE] if method == "contextual" else [method]
+        keys = {"contextual": [f"cf:{v}" for v in DEFAULT_CONTENT_FREE],
+                "contextual-3": [f"cf:{v}" for v in CONTENT_FREE]}.get(method, [method])  # fmt: skip
         bias = reference_bias([per_label(*raw["refs"][k]) for k in keys if k in raw["refs"]])
     return [calibrated_probs(s, bias) for s in scores]
 
@@ -158,8 +161,9 @@ METHODS = (
     ("raw (before issue 14)", "none", "sum", False),
     ("none + case", "none", "sum", True),
     ("contextual", "contextual", "sum", False),
-    ("contextual + case", "contextual", "sum", True),
+    ("contextual + case (default)", "contextual", "sum", True),
     ("contextual + case, mean", "contextual", "mean", True),
+    ("contextual N/A,'',[MASK] + case", "contextual-3", "sum", True),
     ("contextual 'N/A' only + case", "cf:N/A", "sum", True),
     ("contextual '' only + case", "cf:", "sum", True),
     ("contextual '[MASK]' only + case", "cf:[MASK]", "sum", True),
@@ -174,7 +178,7 @@ def evaluate_style(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> 
     k = len(label_set.labels)
     start = time.perf_counter()
     raw = score_style(llm, label_set, style, rows)
-    out: dict[str, Any] = {"scoring_s": time.perf_counter() - start, "methods": {}}
+    out: dict[str, Any] = {"scoring_s": time.perf_counter() - start, "methods": {}, "raw": raw}
     for name, method, norm, case in METHODS:
         if method == "domain" and "domain" not in raw["refs"]:
             continue
@@ -216,8 +220,34 @@ def permutations(llm, label_set: LabelSet, style: Style, rows: list[dict], gold:
     return out
 
 
-def pipeline_run(llm, model: str, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
-    """The default job (no label options beyond labels and choice_prefix) through run_local."""
+def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: list[dict], repeats: int) -> dict:
+    """What calibration costs: the default job with ``calibration: none`` and ``contextual``, each on a
+    fresh engine (an empty prefix cache), interleaved none/contextual ``repeats`` times: prompt tokens
+    the engine computed (exact) and wall time (min, median)."""
+    import os
+    import statistics
+
+    from prefixflow.engine import LLM
+
+    runs: dict[str, list[dict]] = {"none": [], "contextual": []}
+    for _ in range(repeats):
+        for mode in runs:
+            llm = LLM(model=model, dtype=dtype)
+            res = pipeline_run(llm, model, label_set, style, rows, calibration=mode)
+            runs[mode].append({"s": res["elapsed_s"], "computed": llm.stats().computed_prompt_tokens})
+    out = {}
+    for mode, rs in runs.items():
+        times = [r["s"] for r in rs]
+        out[mode] = {"computed_prompt_tokens": rs[0]["computed"], "min_s": min(times),
+                     "median_s": statistics.median(times)}  # fmt: skip
+    out["loadavg"] = os.getloadavg()
+    return out
+
+
+def pipeline_run(
+    llm, model: str, label_set: LabelSet, style: Style, rows: list[dict], **label: Any
+) -> dict:
+    """The default job (no label options beyond labels and choice_prefix, unless given) through run_local."""
     import polars as pl
 
     from prefixflow.pipeline import load_job
@@ -225,7 +255,7 @@ def pipeline_run(llm, model: str, label_set: LabelSet, style: Style, rows: list[
 
     with tempfile.TemporaryDirectory() as tmp:
         pl.DataFrame(rows).write_parquet(f"{tmp}/in.parquet")
-        spec = load_job(f"{tmp}/in.parquet", f"{tmp}/out", model, job_dict(label_set, style))
+        spec = load_job(f"{tmp}/in.parquet", f"{tmp}/out", model, job_dict(label_set, style, **label))
         start = time.perf_counter()
         summary, failures = run_local(spec, llm=llm, progress=False)
         elapsed = time.perf_counter() - start
@@ -247,13 +277,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     ap.add_argument("--sets", default=",".join(s.name for s in SETS))
     ap.add_argument("--pipeline", action="store_true", help="also run the default job end to end per style")
+    ap.add_argument("--overhead", type=int, default=0, metavar="REPEATS",
+                    help="only measure what calibration costs on tickets/chat (fresh engines, interleaved)")
+    ap.add_argument("--raw", default=None, help="also write every raw log-probability here (JSON)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
     from prefixflow.engine import LLM
 
-    llm = LLM(model=args.model, dtype=args.dtype)
     result: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "environment": environment(), "sets": {}}
+    if args.overhead:
+        tickets = SETS[0]
+        rows = read_jsonl(tickets.file)[: args.limit]
+        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead)
+        print(json.dumps(result["overhead"], indent=1))
+        write_json(args.json, result)
+        return result
+    llm = LLM(model=args.model, dtype=args.dtype)
     for label_set in (s for s in SETS if s.name in args.sets.split(",")):
         rows = read_jsonl(label_set.file)[: args.limit]
         result["sets"][label_set.name] = per_style = {}
@@ -271,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             imb = res["imbalanced"]
             print(f"  imbalanced subset ({imb['rows']} rows, first label {imb['first_label_share']:.0%}): "
                   f"contextual acc {imb['contextual']['accuracy']:.3f}, batch acc {imb['batch']['accuracy']:.3f}")
+    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()}
+    write_json(args.raw, raw)
     write_json(args.json, result)
     return result
 

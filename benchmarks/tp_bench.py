@@ -8,8 +8,9 @@ The model is the preset materialized as a Hugging Face directory (worker process
 disk; an in-memory model cannot be shared), greedy, EOS ignored. Runs alternate A B A B, each on a
 freshly loaded engine (so no run sees another's prefix cache). On CPU the cores are split fairly:
 TP=1 gets ``--threads`` torch threads, each of the N ranks gets ``threads / N``. Reported per run:
-output and total tokens/s, steps, and rank 0's time inside all-reduces per step (gloo's all-reduce
-returns when the slowest rank has contributed, so this includes waiting for the other rank).
+output and total tokens/s, steps, and the time inside all-reduces per step: rank 0's (an all-reduce
+returns when the slowest rank has contributed, so this includes waiting for the other rank) and the
+fastest rank's (closest to the cost of the communication itself).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from benchmarks.common import environment, print_table, write_json
 from prefixflow.engine import LLM, SamplingParams
 
 COLUMNS = ["run", "tp", "threads_per_rank", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s", "steps",
-           "all_reduce_ms_per_step", "all_reduces_per_step", "gather_ms_per_step"]  # fmt: skip
+           "all_reduce_ms_per_step", "all_reduce_ms_per_step_fastest_rank", "all_reduces_per_step",
+           "gather_ms_per_step"]  # fmt: skip
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -41,12 +43,9 @@ def one_run(model: str, tp: int, threads: int, device: str, work: list[list[int]
     torch.set_num_threads(per_rank)  # rank 0 here; workers inherit this count
     with LLM(model, device=device, tensor_parallel_size=tp, **options) as llm:
         llm.generate(work[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up (untimed)
-        pool = llm.engine.runner.pool
+        runner = llm.engine.runner
         before = llm.stats().steps
-        if pool is not None:
-            stats = pool.group.stats
-            stats.all_reduce_s = stats.gather_s = 0.0
-            stats.all_reduce_calls = 0
+        stats_before = runner.collective_stats()
         start = time.perf_counter()
         outs = llm.generate(work, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         elapsed = time.perf_counter() - start
@@ -56,13 +55,16 @@ def one_run(model: str, tp: int, threads: int, device: str, work: list[list[int]
         row = {
             "tp": tp, "threads_per_rank": per_rank, "output_tokens": out_tokens, "elapsed_s": elapsed,
             "output_tok_s": out_tokens / elapsed, "total_tok_s": (out_tokens + prompt_tokens) / elapsed,
-            "steps": steps, "all_reduce_ms_per_step": 0.0, "all_reduces_per_step": 0.0, "gather_ms_per_step": 0.0,
+            "steps": steps, "all_reduce_ms_per_step": 0.0, "all_reduce_ms_per_step_fastest_rank": 0.0,
+            "all_reduces_per_step": 0.0, "gather_ms_per_step": 0.0,
         }  # fmt: skip
-        if pool is not None:
-            stats = pool.group.stats
-            row["all_reduce_ms_per_step"] = 1000 * stats.all_reduce_s / steps
-            row["all_reduces_per_step"] = stats.all_reduce_calls / steps
-            row["gather_ms_per_step"] = 1000 * stats.gather_s / steps
+        stats_after = runner.collective_stats()
+        if stats_before is not None and stats_after is not None:
+            delta = (stats_after - stats_before) / steps  # per rank: all-reduce s, calls, gather s, broadcast s
+            row["all_reduce_ms_per_step"] = 1000 * float(delta[0, 0])  # rank 0: includes waiting for rank 1
+            row["all_reduce_ms_per_step_fastest_rank"] = 1000 * float(delta[:, 0].min())
+            row["all_reduces_per_step"] = float(delta[0, 1])
+            row["gather_ms_per_step"] = 1000 * float(delta[0, 2])
         return row, [list(o.token_ids) for o in outs]
 
 

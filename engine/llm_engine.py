@@ -51,12 +51,16 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
         )
-        self.stats = EngineStats()
+        self.stats = EngineStats(
+            weight_bytes=self.runner.weight_bytes, quantization=self.runner.quantization.method
+        )
         dtype = str(self.runner.dtype).removeprefix("torch.")
         loc = self.source.location
-        # What describe_model(model, dtype, device) reports for this model: the same function.
+        # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype) if loc is not None else memory_identity(self.source.name, self.source.identity, dtype)
+            identity_of(loc, dtype, cfg.quantization)
+            if loc is not None
+            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
         )
         self._seed_counter = 0
         self._stepping = False
@@ -132,6 +136,9 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    def num_unfinished(self) -> int:
+        return self.scheduler.num_unfinished()
 
     def step(self) -> dict[int, RequestOutput]:
         """One step: schedule, execute, update. Returns the requests that finished, by key."""

@@ -19,8 +19,9 @@ from prefixflow.engine.distributed.context import for_group, layout_for, single_
 from prefixflow.engine.distributed.pool import WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.model_shard import INIT_CACHE, STEP, ModelShard, WorkerShardFactory
+from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
 from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
@@ -40,6 +41,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
+        resolve_quantization(source.hf_config, cfg.quantization)  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
@@ -81,6 +83,15 @@ class ModelRunner:
     @property
     def ops(self) -> KernelBackend:
         return self.shard.ops
+
+    @property
+    def quantization(self) -> QuantizationConfig:
+        return self.shard.quantization
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of parameters rank 0 holds on its device (each rank holds its own slice)."""
+        return self.shard.weight_bytes
 
     @property
     def block_bytes(self) -> int:
@@ -133,6 +144,13 @@ class ModelRunner:
             for owner, value in zip(step.score_owner, picked):
                 out.prompt_logprobs[owner] = out.prompt_logprobs.get(owner, 0.0) + value
         return out
+
+    def collective_stats(self) -> torch.Tensor | None:
+        """Per rank ``[all_reduce_s, all_reduce_calls, gather_s, broadcast_s]`` since the start (None
+        without tensor parallelism). A collective call, so only between steps."""
+        if self.pool is None:
+            return None
+        return self.pool.run(self.shard, COLLECTIVE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do without them). Idempotent."""

@@ -26,11 +26,14 @@ from prefixflow.engine.model_identity import ModelLocation
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
+from prefixflow.engine.quantization import KernelContext, resolve_quantization
+from prefixflow.engine.quantization.report import weight_bytes
 from prefixflow.engine.step_inputs import StepInputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, capture graphs
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
+COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
 
 
 class ModelShard:
@@ -49,9 +52,11 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
+        self.quantization = resolve_quantization(source.hf_config, cfg.quantization)
         with torch.device(device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp)
-        load_weights(self.model, source.weights())
+            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization)
+        load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
+        self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
         self.cos_sin_cache = kernels.build_rope_cache(
             model_cfg.head_dim,
@@ -78,6 +83,8 @@ class ModelShard:
         if command == STEP:
             batch = unpack(payload)
             return self.run_step(batch_inputs(batch), batch.logit_rows, batch.decode_only)
+        if command == COLLECTIVE_STATS:
+            return self.collective_stats()
         raise ValueError(f"unknown command {command}")
 
     @torch.inference_mode()
@@ -93,6 +100,16 @@ class ModelShard:
             max_len = min(self.max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
         return self.num_blocks
+
+    def collective_stats(self) -> torch.Tensor | None:
+        """Every rank's time inside collectives, gathered on rank 0 as rows ``[all_reduce_s,
+        all_reduce_calls, gather_s, broadcast_s]`` (the fastest rank's all-reduce time is the
+        communication itself; the others' also holds waiting for a slower rank)."""
+        st = self.tp.group.stats
+        mine = torch.tensor([[st.all_reduce_s], [st.all_reduce_calls], [st.gather_s], [st.broadcast_s]],
+                            dtype=torch.float64, device=self.device)  # fmt: skip
+        rows = self.tp.group.gather_last_dim(mine)
+        return None if rows is None else rows.T.cpu()
 
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
         return DecodeGraphs(

@@ -1,7 +1,7 @@
 """Reference prompts for label calibration: what the job's prompt looks like when the row says nothing.
 
-``contextual``: the job's own template with every row value replaced by a content-free input ("N/A",
-"", "[MASK]" by default), so the instructions and the listed labels stay and only the content goes.
+``contextual``: the job's own template with every row value replaced by a content-free input ("N/A"
+and "[MASK]" by default), so the instructions and the listed labels stay and only the content goes.
 ``domain``: the text that introduces the answer (the template's text after its last expression,
 e.g. "Category:"), alone. They share the job's prefix, so the prefix cache serves most of them.
 """

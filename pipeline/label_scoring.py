@@ -3,7 +3,7 @@
 A small model asked to pick one of several labels leans on the label's surface, not the input:
 the label listed first, the shorter label, the label the prompt's wording favours. Contextual
 calibration (Zhao et al. 2021, "Calibrate Before Use") measures that lean on content-free inputs
-("N/A", "", "[MASK]" in place of the row's text) and divides it out; domain-conditional PMI
+("N/A", "[MASK]" in place of the row's text) and divides it out; domain-conditional PMI
 (Holtzman et al. 2021) measures it on the text that introduces the answer alone. Both are
 reference prompts scored once per shard, so the cost does not grow with the rows.
 

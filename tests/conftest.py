@@ -88,3 +88,38 @@ def s3_endpoint() -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _tensor_parallel_workers() -> list[int]:
+    """Tensor-parallel worker processes this test process started and that are still running."""
+    me, found = str(os.getpid()), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if parent == me and state != "Z" and b"prefixflow.engine.distributed.worker import serve" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No test may leave a tensor-parallel worker behind: kill any that remain and fail the run."""
+    import gc
+    import signal
+    import time
+
+    gc.collect()  # an LLM only garbage-collected at the end takes its workers with it
+    deadline = time.monotonic() + 10
+    while (left := _tensor_parallel_workers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        print(f"\nERROR: tensor-parallel worker processes outlived the tests: {left} (killed now)")
+        session.exitstatus = 1

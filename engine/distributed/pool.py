@@ -29,7 +29,8 @@ from prefixflow.engine.distributed.launch import WorkerProcess
 from prefixflow.engine.distributed.worker import SHUTDOWN, RankExecutor, WorkerSpec
 
 STARTUP_BOUND_S = 120.0  # spawn + import torch on a loaded machine
-EXIT_GRACE_S = 5.0
+EXIT_GRACE_S = 5.0  # for a worker told to exit to do so before it is killed
+REPORT_GRACE_S = 2.0  # for a failing worker to send its traceback and exit, before the error is raised
 
 
 class TensorParallelError(RuntimeError):
@@ -105,6 +106,8 @@ class WorkerPool:
         except BaseException as exc:
             self.failure = self._diagnose(exc)
             self._kill()
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt / SystemExit stay what they are; the engine is unusable all the same
             raise self.failure from exc
 
     def close(self) -> None:
@@ -148,12 +151,13 @@ class WorkerPool:
                     continue
                 if message is not None and message[0] == "hello":
                     continue
+                self._procs[i].join(REPORT_GRACE_S)  # its pipe closed: let it finish exiting
                 failure = self._describe(i, message[1] if message and message[0] == "error" else None)
                 self._kill()
                 raise TensorParallelError(f"tensor-parallel startup failed: {failure}")
 
     def _diagnose(self, exc: BaseException) -> TensorParallelError:
-        deadline = time.monotonic() + min(EXIT_GRACE_S, self.timeout_s)
+        deadline = time.monotonic() + min(REPORT_GRACE_S, self.timeout_s)
         reports: dict[int, str] = {}
         for i, proc in enumerate(self._procs):  # a crashing worker sends its traceback, then exits
             proc.join(max(0.0, deadline - time.monotonic()))

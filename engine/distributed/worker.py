@@ -48,7 +48,11 @@ class WorkerSpec:
 def serve(conn: Connection) -> None:
     """Entry point of a launched worker (launch.py): receive the spec, then run."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
-    spec = conn.recv()
+    try:
+        spec = conn.recv()  # unpickling imports the executor factory's module
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        _report(conn, traceback.format_exc())
+        os._exit(1)
     worker_main(spec, conn)
 
 

@@ -135,3 +135,17 @@ def test_throughput_smoke(tmp_path) -> None:
 def test_prefix_bench_rejects_unknown_workload(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         prefix_bench.main([*CPU, *bad])
+
+
+@pytest.mark.slow
+def test_tp_bench_runs_tiny(tmp_path) -> None:
+    from benchmarks import tp_bench
+
+    out = tmp_path / "tp.json"
+    argv = ["--preset", "tiny", "--threads", "2", "--repeats", "1", "--num-prompts", "2", "--max-tokens", "3"]
+    assert tp_bench.main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["greedy_identical"] is True
+    one, two = data["rows"]
+    assert (one["tp"], two["tp"]) == (1, 2) and one["output_tokens"] == two["output_tokens"] == 6
+    assert two["all_reduces_per_step"] == 5  # tiny: 2 layers x (o_proj, down_proj) + the embedding

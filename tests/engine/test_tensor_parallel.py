@@ -44,12 +44,16 @@ def _check_parity(model_dir) -> None:
         pids = two.engine.runner.pool.pids
         got_greedy, got_sampled = _run(two, prompts)
         stats = two.stats()
+        collectives = two.engine.runner.collective_stats()
+        layers = two.engine.model_cfg.num_layers
     assert got_greedy == want_greedy
     assert got_sampled == want_sampled
     assert got_greedy == hf_greedy(model_dir, prompts, GREEDY.max_tokens)
     assert stats.preemptions > 0, "the workload must preempt"
     assert stats.cached_prompt_tokens > 0, "the workload must hit the prefix cache"
     assert max(len(p) for p in prompts) > OPTIONS["max_num_batched_tokens"], "a prompt must be chunked"
+    # one all-reduce after o_proj and one after down_proj per layer, one for the embedding; every rank
+    assert collectives[:, 1].tolist() == [(2 * layers + 1) * stats.steps] * 2
     assert_processes_gone(pids)
 
 

@@ -54,7 +54,9 @@ def _expected(llm, prompt: str, refs: list[str], norm: str, case: bool) -> dict[
 @pytest.mark.parametrize(
     ("label_cfg", "refs"),
     [
-        ({}, ["Review: N/A\nVerdict:", "Review: \nVerdict:", "Review: [MASK]\nVerdict:"]),  # the default
+        ({}, ["Review: N/A\nVerdict:", "Review: [MASK]\nVerdict:"]),  # the default
+        ({"content_free": ["N/A", "", "[MASK]"]}, ["Review: N/A\nVerdict:", "Review: \nVerdict:",
+                                                   "Review: [MASK]\nVerdict:"]),  # Zhao et al.'s three
         ({"calibration": "none", "length_norm": "mean", "case_variants": False}, []),
         ({"calibration": "domain", "case_variants": False}, ["Verdict:"]),
         ({"content_free": ["nothing"], "length_norm": "mean"}, ["Review: nothing\nVerdict:"]),

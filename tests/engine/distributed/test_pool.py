@@ -81,6 +81,12 @@ def test_worker_failing_to_load_fails_startup():
 
 
 @pytest.mark.slow
+def test_a_spec_the_worker_cannot_unpickle_fails_startup_with_its_traceback():
+    with pytest.raises(TensorParallelError, match="startup failed: worker rank 1 .* raised RuntimeError: toy factory cannot"):
+        _pool(factory=toy.UnpicklableFactory())
+
+
+@pytest.mark.slow
 def test_garbage_collected_pool_takes_its_workers_with_it():
     pool, _ = _pool()
     pids = pool.pids

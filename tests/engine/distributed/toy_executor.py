@@ -50,3 +50,17 @@ def make_toy(group: ParallelGroup) -> ToyExecutor:
 
 def make_failing_toy(group: ParallelGroup) -> ToyExecutor:
     return ToyExecutor(group, fail_on_load=True)
+
+
+def _explode() -> None:
+    raise RuntimeError("toy factory cannot be rebuilt in the worker")
+
+
+class UnpicklableFactory:
+    """Pickles fine here, fails to unpickle in the worker (like a factory defined in ``__main__``)."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+    def __call__(self, group: ParallelGroup) -> ToyExecutor:
+        return ToyExecutor(group)
