@@ -16,7 +16,7 @@ import torch
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.distributed.context import for_group, layout_for, single_rank
-from prefixflow.engine.distributed.pool import WorkerPool
+from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
@@ -58,11 +58,15 @@ class ModelRunner:
         factory = WorkerShardFactory(source.location, cfg, max_model_len)
         self.pool = WorkerPool(world, devices, cfg.distributed_timeout_s, factory)
         try:
-            with self.pool.guard():
-                tp = for_group(model_cfg, self.pool.group)
-                self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
+            tp = for_group(model_cfg, self.pool.group)  # rank 0 loads while the workers do
+            self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
             self.pool.wait_ready()
             self.num_blocks = int(self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64)))  # type: ignore[call-overload]
+        except TensorParallelError as exc:
+            self.pool.close()
+            if isinstance(exc.__cause__, ValueError):  # a bad setting rank 0 found itself (a KV budget too
+                raise exc.__cause__ from None  # small for one block): the config's fault, said as such
+            raise
         except BaseException:
             self.pool.close()
             raise

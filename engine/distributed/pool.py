@@ -55,6 +55,7 @@ class WorkerPool:
         self.failure: TensorParallelError | None = None
         self._closed = False
         self._group: DistributedGroup | None = None
+        self._ready = False  # every worker loaded and waits for commands
         bound = _seconds(timeout_s)
         self._store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=bound, wait_for_workers=False)
         self._procs: list[WorkerProcess] = []
@@ -86,6 +87,7 @@ class WorkerPool:
         """Block until every worker has loaded its shard (no time bound: loading is as slow as the
         checkpoint is big); a worker that dies or raises meanwhile is an error at once."""
         self._await("ready", None)
+        self._ready = True
 
     def run(self, executor: RankExecutor, command: int, payload: torch.Tensor) -> object:
         """Broadcast ``command`` to the workers and run rank 0's part of it here."""
@@ -115,7 +117,7 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        if self.failure is None and self._group is not None:
+        if self.failure is None and self._group is not None and self._ready:
             try:
                 self._group.send_command(SHUTDOWN, torch.empty(0, dtype=torch.int64))
             except Exception:  # noqa: BLE001 - a broken worker is killed below
