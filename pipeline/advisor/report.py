@@ -1,4 +1,4 @@
-"""The advice as a human reads it (rich, on stderr) — the JSON form is ``Advice.as_dict()``."""
+"""The advice as a human reads it (rich, on the console the CLI passes: stdout) — the JSON form is ``Advice.as_dict()``."""
 
 from __future__ import annotations
 
