@@ -164,6 +164,7 @@ class LLMEngine:
         self.stats.preemptions = self.scheduler.num_preemptions
         so = self.structured
         self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
+        self.stats.mask_overlapped_steps = so.overlapped_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start

@@ -80,7 +80,7 @@ def summarize_run(
     `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
-    publish_throughput(spec)
+    publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
