@@ -8,6 +8,11 @@ from typing import Literal
 
 Ordering = Literal["prefix", "fifo"]
 KernelBackendName = Literal["auto", "torch", "triton"]
+# quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
+# checkpoint's own method; see docs/models.md "Quantized models"
+ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
+CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
+QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + ("none",) + CHECKPOINT_QUANTIZATION
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -84,6 +90,8 @@ class EngineConfig:
             raise bad("ordering", "'prefix' or 'fifo'")
         if self.kernel_backend not in ("auto", "torch", "triton"):
             raise bad("kernel_backend", "one of auto, torch, triton")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
         if not self.distributed_timeout_s > 0:

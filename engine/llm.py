@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import fields
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import fields, replace
 from typing import Any, cast
 
 from prefixflow.engine.call_streams import CallStreams
@@ -12,6 +14,7 @@ from prefixflow.engine.llm_engine import LLMEngine
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
 from prefixflow.engine.request import RequestSpec
+from prefixflow.engine.sample_groups import SampleGroups
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.stats import EngineStats
 
@@ -38,39 +41,116 @@ class LLM:
         self._streams = CallStreams(self.engine)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        # prompts taken from a non-list iterable per refill (see generate_stream)
+        self.stream_window = max(256, 4 * self.config.max_num_seqs)
 
     def generate(
         self,
-        prompts: Sequence[Prompt] | Prompt,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        request_ids: Sequence[str] | None = None,
+        prompts: Iterable[Prompt] | Prompt,
+        params: SamplingParams | Iterable[SamplingParams] | None = None,
+        request_ids: Iterable[str] | None = None,
     ) -> list[RequestOutput]:
-        """All outputs, in input order."""
+        """All outputs, in input order (one per prompt; ``outputs`` holds its ``n`` samples)."""
         outputs = list(self.generate_stream(prompts, params, request_ids))
         return sorted(outputs, key=lambda o: o.index)
 
     def generate_stream(
         self,
-        prompts: Sequence[Prompt] | Prompt,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        request_ids: Sequence[str] | None = None,
+        prompts: Iterable[Prompt] | Prompt,
+        params: SamplingParams | Iterable[SamplingParams] | None = None,
+        request_ids: Iterable[str] | None = None,
     ) -> Iterator[RequestOutput]:
-        """Yield each output as soon as its request finishes (errors first)."""
-        batch = _as_batch(prompts)
-        n = len(batch)
-        param_list = self._broadcast_params(params, n)
-        ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
-        if len(ids) != n:
-            raise ValueError(f"{len(ids)} request_ids for {n} prompts")
-        specs: list[RequestSpec] = []
-        for i, (prompt, p) in enumerate(zip(batch, param_list)):
-            token_ids, problem = self._tokenize(prompt)
-            problem = problem or self.engine.validate(token_ids, p)
-            if problem:
-                yield self.engine.error_output(i, ids[i], token_ids, problem)
-            else:
-                specs.append(RequestSpec(i, ids[i], token_ids, p))
-        yield from self._run(specs)
+        """Yield each prompt's output as soon as it (every one of its samples) finishes; errors first.
+
+        A list (any ``Sequence``) is prefix-sorted as a whole. Any other iterable (a generator, a
+        file reader) is consumed lazily, ``stream_window`` prompts at a time, topping the engine up
+        whenever fewer than ``max_num_seqs`` requests are left, so memory stays bounded however long
+        the input is; prefix order then holds within each window.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+            prompts = [cast(Prompt, prompts)]
+        if isinstance(prompts, Sequence):
+            listed = cast(Sequence[Prompt], prompts)
+            n = len(listed)
+            param_list: Iterable[SamplingParams] = self._broadcast_params(params, n)
+            ids = [str(i) for i in range(n)] if request_ids is None else [str(r) for r in request_ids]
+            if len(ids) != n:
+                raise ValueError(f"{len(ids)} request_ids for {n} prompts")
+            yield from self._run_prompts(zip(listed, param_list, ids), window=None)
+            return
+        param_iter = itertools.repeat(params or SamplingParams()) if params is None or isinstance(
+            params, SamplingParams) else iter(params)  # fmt: skip
+        id_iter = (str(i) for i in itertools.count()) if request_ids is None else (str(r) for r in request_ids)
+        yield from self._run_prompts(zip(prompts, param_iter, id_iter), window=self.stream_window)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or to a
+        list of conversations, through the model's chat template; outputs in input order. A
+        conversation the template cannot render comes back as an error output."""
+        one = bool(messages) and isinstance(messages[0], Mapping)
+        conversations: list[Any] = [messages] if one else list(messages)
+        texts: list[str | None] = []
+        problems: dict[int, str] = {}
+        for i, conversation in enumerate(conversations):
+            try:
+                texts.append(self.apply_chat_template(list(conversation), add_generation_prompt))
+            except Exception as exc:
+                texts.append(None)
+                problems[i] = f"cannot apply the chat template: {exc}"
+        token_ids = [self.tokenizer.encode(t, add_special_tokens=False) if t is not None else [] for t in texts]
+        outs = self.generate(token_ids, params)
+        return [self.engine.error_output(i, out.request_id, [], problems[i]) if i in problems
+                else replace(out, prompt=texts[i]) for i, out in enumerate(outs)]  # fmt: skip
+
+    def _run_prompts(
+        self, items: Iterable[tuple[Prompt, SamplingParams, str]], window: int | None
+    ) -> Iterator[RequestOutput]:
+        """Feed (prompt, params, id) items to the engine, all at once (``window`` None) or ``window``
+        at a time whenever fewer than ``max_num_seqs`` of this call's requests are left, and yield
+        per-prompt outputs as they finish. Each window is one owned stream (``CallStreams``)."""
+        groups = SampleGroups()
+        source = enumerate(items)
+        streams: deque[Iterator[RequestOutput]] = deque()
+        in_flight, exhausted = 0, False
+        try:
+            while True:
+                if not exhausted and (window is None or in_flight < self.config.max_num_seqs):
+                    batch = list(source) if window is None else list(itertools.islice(source, window))
+                    exhausted = window is None or len(batch) < window
+                    specs: list[RequestSpec] = []
+                    for i, (prompt, p, rid) in batch:
+                        token_ids, problem = self._tokenize(prompt)
+                        problem = problem or self.engine.validate(token_ids, p)
+                        text = prompt if isinstance(prompt, str) else None
+                        if problem:
+                            yield replace(self.engine.error_output(i, rid, token_ids, problem), prompt=text)
+                        else:
+                            specs += groups.expand(i, rid, token_ids, p, text)
+                    if specs:
+                        streams.append(self._run(specs))
+                        in_flight += len(specs)
+                    continue
+                if not streams:
+                    return
+                try:
+                    out = next(streams[0])
+                except StopIteration:
+                    streams.popleft()
+                    continue
+                in_flight -= 1
+                done = groups.finish(out)
+                if done is not None:
+                    yield done
+        finally:
+            for stream in streams:  # the caller stopped early: abort only this call's requests
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
 
     def score_choices(
         self,
@@ -86,6 +166,20 @@ class LLM:
         choice requests (the engine's own accounting of what the prefix cache served) and
         ``"choice_tokens"``: how many tokens each choice was scored over (for per-token averages).
         """
+        results: list[list[float] | str] = [[] for _ in choices]
+        counts: list[dict[str, Any]] = [{} for _ in choices]
+        for i, scores, use in self.score_choices_stream(prompts, choices):
+            results[i], counts[i] = scores, use
+        if usage is not None:
+            usage[:] = counts
+        return results
+
+    def score_choices_stream(
+        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]]
+    ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]:
+        """``score_choices`` one prompt at a time: ``(prompt index, scores or error message, usage)`` as
+        soon as every choice of that prompt is scored (errors first), so a caller can report each
+        prompt's result while the rest of the batch is still running."""
         if len(prompts) != len(choices):
             raise ValueError(f"{len(choices)} choice lists for {len(prompts)} prompts")
         results: list[list[float] | str] = [[0.0] * len(c) for c in choices]
@@ -115,12 +209,18 @@ class LLM:
                 specs.append(RequestSpec(len(specs), f"{i}:{j}", full, greedy, score_from=len(prompt_ids)))
             if problem:
                 results[i] = problem
-        keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
         counts: list[dict[str, Any]] = [
             {"tokens": 0, "cached_tokens": 0, "choice_tokens": [0] * len(c)} for c in choices
         ]
         for index, (i, j) in owner.items():
             counts[i]["choice_tokens"][j] = len(specs[index].prompt_token_ids) - prompt_lens[i]
+        for i, result in enumerate(results):
+            if isinstance(result, str):
+                yield i, result, counts[i]
+        keep = [spec for spec in specs if not isinstance(results[owner[spec.index][0]], str)]
+        left = [0] * len(prompts)
+        for spec in keep:
+            left[owner[spec.index][0]] += 1
         for out in self._run(keep):
             i, j = owner[out.index]
             scores = results[i]
@@ -128,9 +228,9 @@ class LLM:
             scores[j] = out.metadata["score"]
             counts[i]["tokens"] += out.num_prompt_tokens
             counts[i]["cached_tokens"] += out.num_cached_tokens
-        if usage is not None:
-            usage[:] = counts
-        return results
+            left[i] -= 1
+            if left[i] == 0:
+                yield i, scores, counts[i]
 
     def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
         """This call's requests only: other calls' streams on this LLM may be open at the same time."""
@@ -157,7 +257,7 @@ class LLM:
         return ids, None
 
     @staticmethod
-    def _broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    def _broadcast_params(params: SamplingParams | Iterable[SamplingParams] | None, n: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):

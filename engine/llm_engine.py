@@ -51,12 +51,16 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
         )
-        self.stats = EngineStats()
+        self.stats = EngineStats(
+            weight_bytes=self.runner.weight_bytes, quantization=self.runner.quantization.method
+        )
         dtype = str(self.runner.dtype).removeprefix("torch.")
         loc = self.source.location
-        # What describe_model(model, dtype, device) reports for this model: the same function.
+        # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype) if loc is not None else memory_identity(self.source.name, self.source.identity, dtype)
+            identity_of(loc, dtype, cfg.quantization)
+            if loc is not None
+            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
         )
         self._seed_counter = 0
         self._stepping = False
@@ -133,6 +137,9 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def num_unfinished(self) -> int:
+        return self.scheduler.num_unfinished()
+
     def step(self) -> dict[int, RequestOutput]:
         """One step: schedule, execute, update. Returns the requests that finished, by key."""
         start = time.perf_counter()
@@ -157,6 +164,7 @@ class LLMEngine:
         self.stats.preemptions = self.scheduler.num_preemptions
         so = self.structured
         self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
+        self.stats.mask_overlapped_steps = so.overlapped_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start

@@ -112,16 +112,22 @@ def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
     return ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
 
 
-def describe_model(model: str, dtype: str = "auto", device: str = "auto") -> dict[str, Any]:
-    """Identity of ``model`` plus the dtype it would run in, without loading weights (see module doc).
+def describe_model(
+    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
+) -> dict[str, Any]:
+    """Identity of ``model`` plus the dtype and quantization it would run with, without loading weights
+    (see module doc).
 
     Returns a plain JSON-able dict (keys in docs/contracts.md). Raises ``ModelNotFoundError`` (a
-    ValueError whose message says what is accepted or what to do) for a model that cannot load.
+    ValueError whose message says what is accepted or what to do) for a model that cannot load, and
+    ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
-    return identity_of(locate_model(model), resolve_dtype(dtype, device))
+    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization)
 
 
-def identity_of(location: ModelLocation, dtype: str) -> dict[str, Any]:
+def identity_of(location: ModelLocation, dtype: str, quantization: str | None = None) -> dict[str, Any]:
+    """``quantization`` is the method's settings (part of the digest: it decides outputs);
+    ``weight_bytes`` what the weights take in that dtype and method (informational, not digested)."""
     out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
     if location.kind == "hf":
         assert location.path is not None
@@ -134,15 +140,40 @@ def identity_of(location: ModelLocation, dtype: str) -> dict[str, Any]:
     else:
         assert location.preset is not None
         out.update(_preset_digests(location.preset))
-    out["digest"] = _digest({k: v for k, v in out.items() if k != "model"})
+    out.update(_weights(location, dtype, quantization))
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
     return out
 
 
-def memory_identity(name: str, identity: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """An in-memory ``ModelSource`` names itself (its ``identity``); the dtype is added as for files."""
+def memory_identity(
+    name: str, identity: dict[str, Any], dtype: str, hf_config: dict[str, Any] | None = None,
+    quantization: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """An in-memory ``ModelSource`` names itself (its ``identity``); dtype and quantization are added as for files."""
     out: dict[str, Any] = {"model": name, "format": "memory", "dtype": dtype, **identity}
-    out["digest"] = _digest({k: v for k, v in out.items() if k != "model"})
+    if hf_config is not None:
+        from prefixflow.engine.quantization.footprint import describe_weights
+
+        out.update(describe_weights(hf_config, dtype, quantization))
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
     return out
+
+
+def _weights(location: ModelLocation, dtype: str, quantization: str | None) -> dict[str, Any]:
+    """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
+    from prefixflow.engine import presets
+    from prefixflow.engine.quantization.footprint import describe_gguf_weights, describe_weights
+
+    if location.kind == "gguf":
+        assert location.path is not None
+        return describe_gguf_weights(location.path, dtype, quantization)
+    if location.kind == "hf":
+        assert location.path is not None
+        config = json.loads((location.path / "config.json").read_text())
+    else:
+        assert location.preset is not None
+        config = presets.hf_config_of(presets.load_preset(location.preset))
+    return describe_weights(config, dtype, quantization)
 
 
 def file_digest(path: Path, start: int = 0) -> str:

@@ -16,15 +16,18 @@ import torch
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.distributed.context import for_group, layout_for, single_rank
-from prefixflow.engine.distributed.pool import WorkerPool
+from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
 from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.kernels import KernelBackend
+
+INIT_BOUND_S = 1800.0  # KV profiling and CUDA-graph capture (Triton compiles) on every rank
 
 
 class ModelRunner:
@@ -40,6 +43,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
+        resolve_quantization(source.hf_config, cfg.quantization)  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
@@ -56,11 +60,16 @@ class ModelRunner:
         factory = WorkerShardFactory(source.location, cfg, max_model_len)
         self.pool = WorkerPool(world, devices, cfg.distributed_timeout_s, factory)
         try:
-            with self.pool.guard():
-                tp = for_group(model_cfg, self.pool.group)
-                self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
+            tp = for_group(model_cfg, self.pool.group)  # rank 0 loads while the workers do
+            self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
             self.pool.wait_ready()
-            self.num_blocks = int(self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64)))  # type: ignore[call-overload]
+            init = self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S)
+            self.num_blocks = int(init)  # type: ignore[call-overload]
+        except TensorParallelError as exc:
+            self.pool.close()
+            if isinstance(exc.__cause__, ValueError):  # a bad setting rank 0 found itself (a KV budget too
+                raise exc.__cause__ from None  # small for one block): the config's fault, said as such
+            raise
         except BaseException:
             self.pool.close()
             raise
@@ -81,6 +90,15 @@ class ModelRunner:
     @property
     def ops(self) -> KernelBackend:
         return self.shard.ops
+
+    @property
+    def quantization(self) -> QuantizationConfig:
+        return self.shard.quantization
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of parameters rank 0 holds on its device (each rank holds its own slice)."""
+        return self.shard.weight_bytes
 
     @property
     def block_bytes(self) -> int:

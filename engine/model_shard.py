@@ -26,6 +26,8 @@ from prefixflow.engine.model_identity import ModelLocation
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
+from prefixflow.engine.quantization import KernelContext, resolve_quantization
+from prefixflow.engine.quantization.report import weight_bytes
 from prefixflow.engine.step_inputs import StepInputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
@@ -50,9 +52,11 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
+        self.quantization = resolve_quantization(source.hf_config, cfg.quantization)
         with torch.device(device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp)
-        load_weights(self.model, source.weights())
+            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization)
+        load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
+        self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
         self.cos_sin_cache = kernels.build_rope_cache(
             model_cfg.head_dim,
@@ -126,9 +130,12 @@ class ModelShard:
         else:
             hidden = self.forward(step, self.kv_caches)
         rows = torch.from_numpy(np.asarray(logit_rows, dtype=np.int64)).to(self.device)
-        if rows.numel() == 0:
-            return None
-        return self.model.compute_logits(hidden[rows])
+        logits = self.model.compute_logits(hidden[rows]) if rows.numel() else None
+        if self.tp.world > 1 and self.device.type == "cuda":
+            # NCCL runs asynchronously: wait here, inside the pool's guard, so a failed or aborted
+            # collective surfaces as this step's TensorParallelError rather than later in sampling
+            torch.cuda.current_stream(self.device).synchronize()
+        return logits
 
     def forward(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:
         dev = self.device

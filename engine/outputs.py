@@ -18,11 +18,31 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class CompletionOutput:
+    """One sample of a request (vLLM's ``CompletionOutput``): ``RequestOutput.outputs[i]``."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    stop_reason: str | int | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    error: str | None = None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return sum(lp.logprob for lp in self.logprobs) if self.logprobs is not None else None
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """The result of one finished request.
 
     ``index`` is the request's position in the ``generate`` call; ``request_id`` is the caller's id
     (or ``str(index)``). On ``finish_reason == "error"`` the text is empty and ``error`` says why.
+    With ``n > 1`` samples, the flat fields (``text``, ``token_ids``, ``finish_reason``, ...) are
+    sample 0's, ``outputs`` lists all of them, ``num_output_tokens`` counts all of them, and the prompt
+    is counted once (``num_prompt_tokens``, ``num_cached_tokens`` as sample 0 saw them).
     """
 
     request_id: str
@@ -40,7 +60,21 @@ class RequestOutput:
     latency: float = 0.0
     stop_reason: str | int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    samples: tuple[CompletionOutput, ...] = ()  # n > 1: every sample; the flat fields are sample 0's
+    prompt: str | None = None  # the prompt text, when it was given as text
 
     @property
     def ok(self) -> bool:
         return self.finish_reason != "error"
+
+    @property
+    def finished(self) -> bool:
+        return True  # outputs are handed back only once their request is done
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's shape: one ``CompletionOutput`` per sample (``outputs[0].text`` is ``text``)."""
+        if self.samples:
+            return list(self.samples)
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason, self.logprobs,
+                                 self.error)]  # fmt: skip

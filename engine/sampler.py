@@ -81,6 +81,7 @@ def sample(
     logits = logits.float()
     if bitmask is not None:
         apply_bitmask_(logits, bitmask)
+    _apply_penalties(logits, requests)
     _apply_masks(logits, requests, eos_ids)
     tokens = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
@@ -90,6 +91,32 @@ def sample(
         tokens[rows] = picked
     token_list: list[int] = tokens.tolist()
     return token_list, _logprobs(logits, requests, token_list)
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of sample ``sample`` of an ``n > 1`` request seeded with ``seed``: sample 0 keeps the
+    request's seed (so it equals the same request with ``n=1``), the others get their own stream,
+    derived from (seed, sample) only, so every sample stays batch-invariant."""
+    return seed if sample == 0 else position_seed(seed, (1 << 62) + sample)
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Repetition, presence and frequency penalties, in place, from each request's own tokens only
+    (so a request samples the same alone or in any batch)."""
+    vocab = logits.shape[-1]
+    for i, req in enumerate(requests):
+        p = req.params
+        if not p.has_penalties:
+            continue
+        row = logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted({t for t in req.token_ids if t < vocab}), device=logits.device, dtype=torch.long)
+            values = row[seen]
+            row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        output = [t for t in req.output_token_ids if t < vocab]
+        if output and (p.presence_penalty or p.frequency_penalty):
+            counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=vocab)[:vocab].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
 def _apply_masks(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[int, ...]) -> None:

@@ -10,6 +10,7 @@ from prefixflow.engine.structured.params import StructuredOutputs
 
 MAX_LOGPROBS = 20
 GREEDY_BELOW = 1e-5  # temperatures under this sample as greedy (dividing by them overflows the logits)
+MAX_N = 128  # samples per prompt; far beyond it, one request per sample is the better shape
 
 
 def _number(value: object) -> bool:
@@ -43,10 +44,22 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, choice, grammar)
+    # Penalties, as vLLM and the OpenAI API define them: ``repetition_penalty`` (> 0, 1 = off) divides
+    # positive logits (multiplies negative ones) of every token already in the prompt or the output;
+    # ``presence_penalty`` and ``frequency_penalty`` (in [-2, 2]) subtract a constant, and a multiple of
+    # the count, from the logits of tokens already in the output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1  # samples per prompt; they share the prompt's KV blocks (see LLM.generate)
 
     @property
     def greedy(self) -> bool:
         return float(self.temperature) < GREEDY_BELOW
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -86,6 +99,14 @@ class SamplingParams:
             return f"stop must be a string, a list of strings or None, got {self.stop!r}"
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             return f"stop must be non-empty strings, got {self.stop!r}"
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2.0 <= value <= 2.0:
+                return f"{name} must be in [-2, 2], got {value!r}"
+        if not _number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            return f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}"
+        if not _integer(self.n) or not 1 <= self.n <= MAX_N:
+            return f"n must be an integer in [1, {MAX_N}], got {self.n!r}"
         if not isinstance(self.stop_token_ids, (list, tuple)):
             return f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
         if any(not _integer(t) or t < 0 for t in self.stop_token_ids):

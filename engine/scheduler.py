@@ -185,6 +185,8 @@ class Scheduler:
             except Exception as exc:  # e.g. a tokenizer that cannot decode: this request only
                 finished.append(self.finish(req, "error", error=f"stop check failed: {exc!r}"))
                 continue
+            if verdict is None and req.grammar is not None and req.grammar.is_terminated():
+                verdict = ("stop", None)  # the grammar ended it on a stop token the model does not list as EOS
             if verdict is not None:
                 finished.append(self.finish(req, verdict[0], verdict[1]))
         return finished

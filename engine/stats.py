@@ -21,6 +21,9 @@ class EngineStats:
     mask_fill_s: float = 0.0  # structured outputs: grammar bitmask fills (on a worker thread)
     mask_wait_s: float = 0.0  # structured outputs: time the step loop waited for a fill
     masked_steps: int = 0  # steps that sampled at least one constrained request
+    mask_overlapped_steps: int = 0  # of those, steps whose fill ran on the worker while the model ran
+    weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
+    quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
 
     @property
     def host_ms_per_step(self) -> float:

@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument(
         "--cron", action="append", default=[], help='cron schedule, e.g. "0 2 * * *" (repeatable)'
     )
-    dep.add_argument("--interval", type=_positive_seconds, action="append", default=[], metavar="SECONDS")
+    dep.add_argument("--interval", type=_positive_seconds, action="append", default=[], metavar="SECONDS",
+                     help="run every SECONDS seconds (repeatable; combines with --cron)")  # fmt: skip
     dep.add_argument("--timezone", help="time zone of the cron schedules (default: UTC)")
     dep.add_argument("--tag", action="append", default=[], help="deployment tag (repeatable)")
     dep.add_argument("--work-pool", help="register on this work pool and exit instead of serving")

@@ -14,7 +14,13 @@ from prefect.task_runners import TaskRunner
 from prefixflow.flows.credentials import redact_parameters, refuse_plain_secrets, with_credentials
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
-from prefixflow.flows.reporting import ShardProgress, publish_comparison, publish_summary, run_metrics
+from prefixflow.flows.reporting import (
+    ShardProgress,
+    publish_comparison,
+    publish_summary,
+    publish_throughput,
+    run_metrics,
+)
 from prefixflow.flows.slots import DEFAULT_LIMIT
 from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
@@ -74,6 +80,7 @@ def summarize_run(
     `complete` says whether every shard is committed) and publish the summary table artifact."""
     metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
+    publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
@@ -87,12 +94,19 @@ def batch_inference(
     output: str,
     model: str = DEFAULT_MODEL,
     job: str | dict[str, Any] | None = None,
+    task: str | None = None,
     id_column: str | None = None,
     prompt_column: str | None = None,
+    template: str | None = None,
+    messages_column: str | None = None,
+    system_prompt: str | None = None,
+    labels: list[str] | None = None,
+    temperature: float | None = None,
     max_tokens: int | None = None,
     shard_rows: int | None = None,
     flush_rows: int | None = None,
     flush_seconds: float | None = None,
+    quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     endpoint_url: str | None = None,

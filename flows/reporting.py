@@ -6,14 +6,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from prefixflow.flows.lanes import LaneReport
-from prefixflow.pipeline import JobSpec, Shard, is_committed
+from prefixflow.pipeline import JobSpec, Shard, is_committed, throughput_markdown
 
 SUMMARY_KEY = "prefixflow-run-summary"
 COMPARISON_KEY = "prefixflow-predicted-vs-measured"
 PROGRESS_KEY = "prefixflow-progress"
+THROUGHPUT_KEY = "prefixflow-throughput"
 
 
 def run_metrics(totals: Mapping[str, Any], reports: Sequence[LaneReport], wall_s: float) -> dict[str, Any]:
@@ -60,6 +66,13 @@ def summary_table(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
         else:
             rows.append({"metric": key, "value": value})
     return rows
+
+
+def publish_throughput(spec: JobSpec) -> UUID:
+    """The throughput-over-time artifact: per-lane sparklines, usage, and the chart inline (the same
+    chart is written beside the run summary as _throughput.svg)."""
+    return create_markdown_artifact(throughput_markdown(spec), key=THROUGHPUT_KEY,
+                                    description=f"prefixflow throughput over time for {spec.output}")  # fmt: skip
 
 
 def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:

@@ -35,10 +35,13 @@ def triton_available() -> bool:
 
 
 def _torch_backend() -> KernelBackend:
+    """The torch kernels; attention is the batched path (kernels/cpu_attention.py), whose oracle
+    ``reference.paged_attention`` stays the test reference."""
+    from prefixflow.kernels import cpu_attention
     from prefixflow.kernels import reference as ref
 
     return KernelBackend(
-        "torch", ref.store_kv, ref.paged_attention, ref.rms_norm, ref.rotary, ref.silu_and_mul
+        "torch", ref.store_kv, cpu_attention.paged_attention, ref.rms_norm, ref.rotary, ref.silu_and_mul
     )
 
 

@@ -17,6 +17,7 @@ from prefixflow.pipeline.errors import (
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
+from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import (
     ProgressSink,
@@ -58,8 +59,18 @@ __all__ = [
     "open_engine",
     "plan_shards",
     "prepare_output",
+    "ProgressDisplay",
     "record_prediction",
     "run_shard",
     "run_shards",
     "status",
+    "throughput_markdown",
 ]
+
+
+def throughput_markdown(spec: JobSpec) -> str:
+    """The run's usage and throughput over time as Markdown (for the flow's artifact)."""
+    from prefixflow.pipeline.run_record import current_run
+    from prefixflow.pipeline.throughput_report import markdown_report
+
+    return markdown_report(spec.output, current_run(spec)[0])

@@ -40,7 +40,7 @@ from prefixflow.pipeline.storage import Store
 STATE_SUFFIX = ".prefixflow"
 BATCH_SUFFIXES = (".jsonl", ".ndjson")
 RESULT_COLUMNS = ["id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens"]  # fmt: skip
+                  "output_tokens", "samples"]  # fmt: skip
 
 
 @dataclass(frozen=True)

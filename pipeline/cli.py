@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.errors import JobConfigError, PipelineError, storage_problem
@@ -23,6 +24,7 @@ from prefixflow.pipeline.job_flags import (
     add_storage_flags,
     overrides_from_args,
 )
+from prefixflow.pipeline.storage_errors import describe_storage_error
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.spec import JobSpec
@@ -39,7 +41,34 @@ RUN_DESCRIPTION = """Turn every input row into exactly one output row.
 Rerunning the same command resumes: committed shards are skipped and rows already flushed are kept.
 Rerunning with different settings (or another model or dtype) is refused: the job fingerprint differs.
 --new-run discards such an earlier run and starts over; a run with the same fingerprint is resumed.
-A bad row becomes an error row (see the error_class column); an unreadable file fails only its shard."""
+A bad row becomes an error row (see the error_class column); an unreadable file fails only its shard.
+An OpenAI Batch file (.jsonl) runs too: --output results.jsonl (docs/openai-batch.md).
+Results and the summary go to stdout; progress, logs and warnings to stderr (a bar on a terminal,
+a plain line every --progress-interval seconds otherwise)."""
+
+PLAN_DESCRIPTION = """Show how the input splits into shards, without loading a model or writing anything.
+Each line is one shard (a file and a row range) with its estimated tokens. shard_rows is a target:
+shards are cut at Parquet row-group boundaries, so sizes come out as whole row groups (a row group
+larger than twice the target is split). The effective sizes are listed. Exit code 2 when the input
+is not Parquet or a file cannot be read. An OpenAI Batch file is described request by request."""
+
+DEMO_DESCRIPTION = """Write 24 bundled product reviews to Parquet, then run a summarization job and a labeling job
+on them end to end and show sample results and how to read them.
+Each model's results go to their own folder, WORKDIR/<model>/, so a demo with another model never
+replaces earlier results; rerunning with the same model resumes (nothing is redone).
+--model tiny runs the random test preset in seconds (its text is gibberish)."""
+
+STATUS_DESCRIPTION = """Where a run stands, from its output folder alone: shards committed of the planned total, rows,
+errors by class, tokens (prompt, cached, output), throughput, and the throughput over time per lane."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prefixflow")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -49,24 +78,30 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
         prog="prefixflow", description="Offline LLM batch inference: Parquet in, Parquet out, exactly once.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"prefixflow {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG, description=RUN_DESCRIPTION,
                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_job_flags(run, need_output=True)
     add_new_run_flag(run)
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    plan = sub.add_parser("plan", help="show the shards and sizes without running anything")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    run.add_argument("--progress-interval", type=float, metavar="SECONDS",
+                     help="without a terminal: seconds between progress lines (default 15)")  # fmt: skip
+    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (the table goes to stderr)")
+    plan = sub.add_parser("plan", help="show the shards and sizes without running anything", description=PLAN_DESCRIPTION,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     from prefixflow.pipeline.advisor.cli import add_advise_flags
 
     add_advise_flags(plan)
-    status = sub.add_parser("status", help="progress and totals of a run, finished or not")
+    status = sub.add_parser("status", help="progress and totals of a run, finished or not",
+                            description=STATUS_DESCRIPTION)  # fmt: skip
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
-    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end")
+    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end",
+                          description=DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
@@ -85,54 +120,54 @@ def _spec(args: argparse.Namespace, output: str) -> JobSpec:
     return load_job(args.input, output, args.model, args.job, **overrides_from_args(args))
 
 
-def cmd_run_batch(args: argparse.Namespace, console: Console) -> int:
+def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/batch_run.py)."""
     from prefixflow.pipeline.batch_run import cleanup_inputs, prepare_batch, write_results
     from prefixflow.pipeline.local_run import print_summary, run_local
 
     overrides = {k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")}
     if args.id_column or args.prompt_column:
-        console.print("[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
+        err.print("[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
                       "(custom_id and the request bodies are used)")  # fmt: skip
     batch = prepare_batch(args.input, args.output, args.model, args.job, new_run=args.new_run, **overrides)
-    console.print(f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True)
+    err.print(f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True)
     summary, failures = run_local(batch.spec, new_run=args.new_run, progress=False if args.no_progress else None,
-                                  console=console)  # fmt: skip
+                                  console=err, progress_interval=args.progress_interval)  # fmt: skip
     cleanup_inputs(batch)
-    print_summary(console, summary)
+    print_summary(err if args.json else out, summary, batch.spec.config.storage)
     written = write_results(batch) if summary.complete and not failures else 0
     if args.json:
         print(json.dumps({**summary.as_dict(), "results": batch.results if written else None,
                           "failed_shards": [str(f) for f in failures]}))  # fmt: skip
     if not written:
-        console.print(f"[red]{len(failures)} shard(s) failed[/]; no results file written. Fix the cause and run the "
+        err.print(f"[red]{len(failures)} shard(s) failed[/]; no results file written. Fix the cause and run the "
                       "same command to resume")  # fmt: skip
         return 1
-    console.print(f"wrote {written} result lines to {batch.results}", soft_wrap=True, markup=False)
+    (err if args.json else out).print(f"wrote {written} result lines to {batch.results}", soft_wrap=True, markup=False)
     return 0
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
+def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.local_run import print_summary, run_local
 
     if is_batch_input(args.input, _storage(args)):
-        return cmd_run_batch(args, console)
+        return cmd_run_batch(args, out, err)
     spec = _spec(args, args.output)
     summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
-                                  console=console)  # fmt: skip
-    print_summary(console, summary)
+                                  console=err, progress_interval=args.progress_interval)  # fmt: skip
+    print_summary(err if args.json else out, summary, spec.config.storage)
     if args.json:
         print(json.dumps({**summary.as_dict(), "failed_shards": [str(f) for f in failures]}))
     if failures:
-        console.print(
+        err.print(
             f"[red]{len(failures)} shard(s) failed[/]; fix the input and run the same command to resume"
         )
         return 1
     return 0
 
 
-def cmd_plan_batch(args: argparse.Namespace, console: Console) -> int:
+def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     """An OpenAI Batch file: request counts and the requests that would be answered with an error."""
     from prefixflow.pipeline.batch_run import read_batch_file
     from prefixflow.pipeline.openai_batch import describe_requests
@@ -142,14 +177,14 @@ def cmd_plan_batch(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(info))
         return 0
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["kinds"].items()))
-    console.print(f"OpenAI Batch file {args.input}: {info['requests']} requests ({kinds})", soft_wrap=True, markup=False)
+    out.print(f"OpenAI Batch file {args.input}: {info['requests']} requests ({kinds})", soft_wrap=True, markup=False)
     for r in info["refused"]:
-        console.print(f"  line {r['line']} ({r['custom_id']}): will get a 400 response: {r['error']}", markup=False,
+        out.print(f"  line {r['line']} ({r['custom_id']}): will get a 400 response: {r['error']}", markup=False,
                       soft_wrap=True)  # fmt: skip
     return 0
 
 
-def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
     from prefixflow.pipeline.batch_run import is_batch_input
     from prefixflow.pipeline.planning import describe_shards, plan_shards
@@ -159,58 +194,76 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         if advising:
             raise JobConfigError("--advise reads Parquet input with a job config; for an OpenAI Batch file, "
                                  "`plan` lists its requests")  # fmt: skip
-        return cmd_plan_batch(args, console)
+        return cmd_plan_batch(args, out, err)
     spec = _spec(args, "")
     shards = plan_shards(spec)
     broken = [s.error for s in shards if s.error]
+    target = spec.config.output.shard_rows
+    sizes = [s.num_rows for s in shards if not s.error]
     if args.json:
         infos = describe_shards(spec, shards)
         rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
                  "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
                  "error": i.shard.error} for i in infos]  # fmt: skip
-        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards)}
+        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards), "shard_rows": target, "shard_sizes": sizes}
         if advising:
-            run_advice(spec, args, console, plan)
+            run_advice(spec, args, out, plan)
         else:
             print(json.dumps(plan))
     elif advising:  # the advice counts tokens for real; the per-shard listing would only bury it
-        console.print(f"[bold]{len(shards)} shards, {sum(s.num_rows for s in shards)} rows[/]")
-        run_advice(spec, args, console, None)
+        out.print(f"[bold]{len(shards)} shards, {sum(s.num_rows for s in shards)} rows[/]")
+        run_advice(spec, args, out, None)
     else:
         infos = describe_shards(spec, shards)
         for i in infos:
-            note = f"  [red]{i.shard.error}[/]" if i.shard.error else ""
-            console.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end}  ~{i.est_tokens} tokens{note}")
-        console.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
-                      f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
+            note = f"  [red]{escape(i.shard.error)}[/]" if i.shard.error else ""
+            out.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end} ({i.shard.num_rows} rows)  "
+                      f"~{i.est_tokens} tokens{note}")  # fmt: skip
+        out.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
+                  f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
+        out.print(f"shard_rows {target}: effective shard sizes {_sizes_text(sizes)} (shards are cut at Parquet "
+                  "row-group boundaries, so sizes are whole row groups; a row group over twice the target is split)")  # fmt: skip
     for error in broken:  # a plan that cannot run as given does not pass
-        console.print(f"[red]error:[/] {error}", soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(error)}", soft_wrap=True)
     return 2 if broken else 0
 
 
-def cmd_status(args: argparse.Namespace, console: Console) -> int:
+def _sizes_text(sizes: list[int]) -> str:
+    if not sizes:
+        return "none"
+    ordered = sorted(sizes)
+    if len(ordered) <= 8:
+        return "/".join(str(n) for n in sizes) + " rows"
+    return f"{ordered[0]}..{ordered[-1]} rows (median {ordered[len(ordered) // 2]})"
+
+
+def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from prefixflow.pipeline.layout import Layout
     from prefixflow.pipeline.local_run import print_summary
+    from prefixflow.pipeline.storage import Store
     from prefixflow.pipeline.summary import status
+    from prefixflow.pipeline.throughput_report import throughput_table, usage
+    from prefixflow.pipeline.throughput_series import load_series, summary_of
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))
     summary, record = status(args.output.rstrip("/"), storage)
+    series = load_series(Layout(Store.open(args.output.rstrip("/"), storage)).for_run(record.run_id))
     if args.json:
-        print(
-            json.dumps(
-                {**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"]}
-            )
-        )
+        print(json.dumps({**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"],
+                          "usage": usage(summary.as_dict(), series), "throughput": summary_of(series)}))  # fmt: skip
         return 0
-    console.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
-                  f"fingerprint {record.fingerprint_hash}")  # fmt: skip
+    out.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
+              f"fingerprint {record.fingerprint_hash}")  # fmt: skip
     if summary.foreign_files:
-        console.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
-                      "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
+        err.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
+                  "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
     if summary.replaced_runs:
-        console.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
-                      "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
-    print_summary(console, summary)
-    console.print(
+        err.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
+                  "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
+    print_summary(out, summary, storage)
+    if series:
+        out.print(throughput_table(series))
+    out.print(
         "finished" if summary.complete else "not finished: run the same `prefixflow run` command to resume"
     )
     return 0
@@ -224,34 +277,39 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
               file=sys.stderr)  # fmt: skip
         return 2
     args = build_parser(extra_commands).parse_args(argv)
-    console = Console(stderr=True)
+    err = Console(stderr=True)  # progress, logs, warnings
+    out = Console()  # results and reports (`prefixflow plan > plan.txt` keeps the plan)
     with interruptible():
         try:
-            return _dispatch(args, console)
+            return _dispatch(args, out, err)
         except PipelineError as exc:
-            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            hint = describe_storage_error(exc)
+            message = f"{exc}. Fix: {hint}" if hint else str(exc)
+            err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
             return 2
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (see interruptible)
-            console.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
+            err.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
             return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
-        except Exception as exc:
-            problem = storage_problem(exc)
+        except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
+            hint = describe_storage_error(exc)
+            urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
+            problem = f"{args.command} {urls}: {hint}" if hint is not None else storage_problem(exc)
             if problem is None:
                 raise
-            console.print(f"[red]error:[/] {problem}", soft_wrap=True)
+            err.print(f"[red]error:[/] {escape(problem)}", soft_wrap=True, highlight=False)
             return 2
 
 
-def _dispatch(args: argparse.Namespace, console: Console) -> int:
+def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.command == "run":
-        return cmd_run(args, console)
+        return cmd_run(args, out, err)
     if args.command == "plan":
-        return cmd_plan(args, console)
+        return cmd_plan(args, out, err)
     if args.command == "status":
-        return cmd_status(args, console)
+        return cmd_status(args, out, err)
     from prefixflow.pipeline.demo import run_demo
 
-    return run_demo(args.workdir, args.model, args.rows, console)
+    return run_demo(args.workdir, args.model, args.rows, err, report=out)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
-    "structured",
+    "structured", "presence_penalty", "frequency_penalty", "repetition_penalty", "n",
 )  # fmt: skip
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted",
+                  "samples")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -345,6 +346,8 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
         raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
     _check_sampling(cfg.sampling)
+    if task != "generate" and (cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns):
+        raise _fail("sampling.n", "several samples per row apply to generate jobs only")
     check_job_constraint(cfg)
     _check_template(cfg.template, "template")
     if task == "label":

@@ -50,16 +50,19 @@ def model_folder(model: str, rows: int) -> str:
     return name if rows == MAX_ROWS else f"{name}-{rows}rows"
 
 
-def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
+def run_demo(workdir: str, model: str, rows: int, console: Console, report: Console | None = None) -> int:
     """Write the sample, then run both demo jobs into WORKDIR/<model>/ (see ``model_folder``).
 
-    Rerunning with the same model resumes (nothing is redone); another model gets its own folder."""
+    Rerunning with the same model resumes (nothing is redone); another model gets its own folder.
+    Progress and notes go to ``console`` (stderr), results (summaries, sample rows, how to read
+    them) to ``report`` (stdout)."""
+    report = report or console
     rows = max(1, min(rows, MAX_ROWS))
     workdir = os.path.abspath(workdir)
     data = write_sample(os.path.join(workdir, "input" if rows == MAX_ROWS else f"input-{rows}rows"), rows)
     results = os.path.join(workdir, model_folder(model, rows))
     console.print(f"[bold]sample data[/] {data}  ({rows} product reviews)")
-    console.print(f"[bold]results[/] {results}  (model {model})", soft_wrap=True)
+    report.print(f"[bold]results[/] {results}  (model {model})", soft_wrap=True)
     from prefixflow.pipeline.engine_access import open_engine
 
     llm = None
@@ -69,12 +72,12 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
         spec = load_job(data, os.path.join(results, f"{name}-out"), model, job)
         _note_replaced(spec, console)
         llm = llm or open_engine(spec)
-        console.rule(f"{name} job")
+        report.rule(f"{name} job")
         summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
         failed += len(failures)
-        print_summary(console, summary)
+        print_summary(report, summary)
         df = pl.read_parquet(summary.data_glob).sort("id")
-        console.print("[bold]sample rows[/]")
+        report.print("[bold]sample rows[/]")
         for row in df.head(4).to_dicts():
             if name == "label":
                 probs = ", ".join(f"{k} {v:.2f}" for k, v in (row["label_probs"] or {}).items())
@@ -83,16 +86,16 @@ def run_demo(workdir: str, model: str, rows: int, console: Console) -> int:
                 result = str(row["extracted"] or row["error"])[:100]
             else:
                 result = (row["output"] or row["error"] or "").strip().replace("\n", " ")[:100]
-            console.print(f"  {row['id']}  {row['title']:<14} -> {result}", markup=False, soft_wrap=True)
-    console.rule("read the results")
+            report.print(f"  {row['id']}  {row['title']:<14} -> {result}", markup=False, soft_wrap=True)
+    report.rule("read the results")
     summaries = os.path.join(results, "summarize-out", "data", "**", "*.parquet")
     labels = os.path.join(results, "label-out", "data", "**", "*.parquet")
     extracted = os.path.join(results, "extract-out", "data", "**", "*.parquet")
     snippet = (f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
                f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))\n"
                f"extracted = pl.read_parquet({extracted!r})\nprint(extracted.select('id', 'extracted').unnest('extracted'))")  # fmt: skip
-    console.print(snippet, markup=False, soft_wrap=True)
-    console.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
+    report.print(snippet, markup=False, soft_wrap=True)
+    report.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
     return 1 if failed else 0
 
 

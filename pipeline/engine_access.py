@@ -66,6 +66,8 @@ class Output(Protocol):
     def num_output_tokens(self) -> int: ...
     @property
     def latency(self) -> float: ...
+    @property
+    def samples(self) -> Sequence[Any]: ...  # n > 1: each sample's text, token_ids, finish_reason
 
 
 class Engine(Protocol):
@@ -89,6 +91,10 @@ class Engine(Protocol):
     def score_choices(
         self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]], usage: list[Any] | None = None
     ) -> list[list[float] | str]: ...
+
+    def score_choices_stream(
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]]
+    ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]: ...
 
 
 def open_engine(spec: JobSpec) -> Engine:

@@ -36,8 +36,11 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction |
     }
     if out.finish_reason == "error":
         return error_record(p.base, ENGINE_ERROR, out.error or "engine error", **counts)
-    text = out.text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
+    text = _valid_utf8(out.text)
     rec = {**p.base, **counts, "output": text, "finish_reason": out.finish_reason}
+    if out.samples:  # n > 1
+        rec["samples"] = [{"text": _valid_utf8(s.text), "finish_reason": s.finish_reason,
+                           "output_tokens": len(s.token_ids)} for s in out.samples]  # fmt: skip
     if extraction is not None:
         value, problem = extraction.parse(text, out.finish_reason)
         if problem is not None:
@@ -57,6 +60,10 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction |
                     "error": f"no label found in the output; expected one of: {allowed}"}  # fmt: skip
         rec["label"] = label
     return rec
+
+
+def _valid_utf8(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
 
 
 def constrained_label(text: str, label: LabelConfig) -> str | None:

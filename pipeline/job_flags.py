@@ -53,13 +53,30 @@ class JobOption:
         return (dict(raw) if raw else None) if self.repeatable else raw
 
 
+def comma_list(text: str) -> list[str]:
+    """``a,b,c`` -> ``["a", "b", "c"]`` (spaces around the commas dropped)."""
+    items = [part.strip() for part in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list without empty items, got {text!r}")
+    return items
+
+
 JOB_OPTIONS: tuple[JobOption, ...] = (
+    JobOption("task", "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
+              "--task label --labels positive,negative --template 'Review: {{ text }}'"),  # fmt: skip
     JobOption("id_column", "column with unique row ids (default: file path + row index)"),
     JobOption("prompt_column", "column used verbatim as the prompt"),
+    JobOption("template", "Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'"),
+    JobOption("messages_column", "column holding the whole conversation (list of {role, content})"),
+    JobOption("system_prompt", "system prompt (chat template) or text before each prompt"),
+    JobOption("labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", type=comma_list),
+    JobOption("temperature", "sampling temperature (0 = greedy, the default)", type=float),
     JobOption("max_tokens", "output length limit per row", type=int),
     JobOption("shard_rows", "rows per shard (part of the job fingerprint)", type=int),
     JobOption("flush_rows", "write a part file every N finished rows", type=int),
     JobOption("flush_seconds", "... or every T seconds", type=float),
+    JobOption("quantization", "quantize a full-precision model while loading: int8, int4 or fp8 "
+              "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; docs/models.md)"),
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip

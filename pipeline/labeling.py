@@ -2,8 +2,8 @@
 
 Per shard, the reference prompts (label_references) are scored once with the same choices as the
 rows; their mean label distribution is the model's lean that calibration divides out
-(label_scoring). Rows are then scored in batches; each gets the most probable label and
-``label_probs`` (calibrated, summing to 1).
+(label_scoring). Rows are then scored in batches, each row coming out as soon as its own labels are
+scored; each gets the most probable label and ``label_probs`` (calibrated, summing to 1).
 """
 
 from __future__ import annotations
@@ -57,20 +57,20 @@ def score_labels(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: in
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         start = time.perf_counter()
-        usage: list[dict[str, Any]] = []
-        scores = llm.score_choices([p.prompt_ids for p in chunk], [list(choices.choices)] * len(chunk), usage=usage)
-        # Per row: prompt_tokens is the row's own tokenized prompt (counted once, not once per label);
-        # cached_tokens is that prompt scaled by the share of the row's scoring tokens (prompt + each
-        # label) the prefix cache served; nothing is generated; latency is the batch's wall time, when
-        # every row's scores became available.
-        latency = time.perf_counter() - start
-        for p, score, use in zip(chunk, scores, usage):
+        stream = llm.score_choices_stream([p.prompt_ids for p in chunk], [list(choices.choices)] * len(chunk))
+        # Each row is yielded as soon as its own choices are scored (so progress and flushing move row
+        # by row, not once per batch). Per row: prompt_tokens is the row's own tokenized prompt (counted
+        # once, not once per label); cached_tokens is that prompt scaled by the share of the row's
+        # scoring tokens (prompt + each label) the prefix cache served; nothing is generated;
+        # latency_s is the time from the batch's start until this row's scores were complete.
+        for k, score, use in stream:
+            p = chunk[k]
             share = use["cached_tokens"] / use["tokens"] if use["tokens"] else 0.0
             counts = {
                 "prompt_tokens": len(p.prompt_ids),
                 "cached_tokens": round(len(p.prompt_ids) * share),
                 "output_tokens": 0,
-                "latency_s": latency,
+                "latency_s": time.perf_counter() - start,
             }
             if isinstance(score, str):
                 yield error_record(p.base, ENGINE_ERROR, score, **counts)

@@ -10,6 +10,8 @@
     OUTPUT/_predictions/<run>/prediction.json        what the advisor predicted for the run (advisor/compare.py)
     OUTPUT/_manifest.json                            totals, written by finalize
     OUTPUT/_batch_input/requests-<digest>.parquet    an OpenAI Batch run's requests (batch_run.py)
+    OUTPUT/_metrics/<run>/throughput/<lane>-<attempt>.json   throughput over time per lane attempt
+    OUTPUT/_throughput.svg (.png)                    tok/s over time of the current run, written by finalize
 
 Everything a run writes sits below a folder named by its run id, so a marker, a staged part or a data file
 of another run can never be taken for this run's, and a replaced run is removed folder by folder.
@@ -29,7 +31,7 @@ MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
 BATCH_INPUT_DIR = "_batch_input"  # an OpenAI Batch run's converted requests (batch_run.py)
-RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions")  # each holds one folder per run id
+RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions", "_metrics")  # each holds one folder per run id
 # Entries a root may hold before its run record exists: what a concurrent first start writes, and the
 # requests table an OpenAI Batch run converts into its own state folder before its run starts.
 PRE_RECORD = (RECORD_FILE, LEASES_DIR, BATCH_INPUT_DIR)
@@ -90,6 +92,10 @@ class Layout:
     @property
     def data(self) -> str:
         return self._run(DATA_DIR)
+
+    def throughput(self, name: str | None = None) -> str:
+        """The run's throughput series (throughput_series.py): one file per lane attempt."""
+        return self._run("_metrics", "throughput", *([name] if name else []))
 
     def data_part(self, shard_id: str, attempt: str, n: int) -> str:
         return self._run(DATA_DIR, shard_id, f"part-{attempt}-{n:05d}.parquet")

@@ -12,10 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from prefixflow.pipeline.advisor.compare import record_prediction
+from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
+from prefixflow.pipeline.read_hint import polars_hint
 from prefixflow.pipeline.rows import check_max_tokens
 from prefixflow.pipeline.run_record import check_output, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
@@ -25,7 +27,7 @@ from prefixflow.pipeline.summary import RunSummary, finalize
 
 def run_local(
     spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
-    console: Console | None = None,
+    console: Console | None = None, progress_interval: float | None = None,
 ) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
     """Every shard of the job, one after another; a failing shard is reported, the others still run.
 
@@ -51,7 +53,8 @@ def run_local(
                 llm = llm or open_engine(spec)
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
-                                     engine_stats=getattr(llm, "stats", None), console=console) as bar:  # fmt: skip
+                                     engine_stats=getattr(llm, "stats", None), console=console,
+                                     log_every_s=progress_interval) as bar:  # fmt: skip
                     for outcome in run_shards(spec, todo, llm, progress=bar):
                         if outcome.error is not None:
                             failures.append(outcome.error)
@@ -63,12 +66,13 @@ def run_local(
             close()  # tensor-parallel worker processes leave with the run
 
 
-def print_summary(console: Console, summary: RunSummary) -> None:
-    """The closing summary: the table, then where the rows are (unwrapped, so it can be copied)."""
+def print_summary(console: Console, summary: RunSummary, storage: StorageConfig | None = None) -> None:
+    """The closing summary: the table, then where the rows are and the polars call that reads them,
+    with the storage options it needs (unwrapped, so it can be copied)."""
     console.print(summary_table(summary))
     if summary.predicted_vs_measured:
         console.print(comparison_table(summary.predicted_vs_measured))
-    console.print(f"results: {summary.data_glob}   read with polars.scan_parquet({summary.data_glob!r})",
+    console.print(f"results: {summary.data_glob}   read with {polars_hint(summary.data_glob, storage)}",
                   soft_wrap=True, markup=False)  # fmt: skip
 
 
@@ -93,6 +97,8 @@ def summary_table(summary: RunSummary) -> Table:
         ),
         ("prefix-cache hit rate", f"{summary.prefix_hit_rate:.1%}"),
         ("shard time", f"{summary.elapsed_s:.1f} s"),
+        ("usage", f"prompt {summary.prompt_tokens:,} tokens (cached {summary.cached_tokens:,}), output "
+                  f"{summary.output_tokens:,} tokens, {summary.device_seconds:,.1f} device-seconds"),
     ]
     if summary.shards_in_progress:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))

@@ -27,7 +27,7 @@ COMPLETIONS_URL = "/v1/completions"
 KINDS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
 # Body fields accepted as they are (no effect on the result, or handled elsewhere).
 IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "messages", "prompt"}
-# Body field -> (sampling column, type) for fields the engine implements.
+# Body field -> (sampling column, type): the fields the engine implements.
 SAMPLING = {
     "max_tokens": ("max_tokens", int),
     "max_completion_tokens": ("max_tokens", int),
@@ -42,9 +42,9 @@ SAMPLING = {
     "top_k": ("top_k", int),
     "min_p": ("min_p", float),
 }
-NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "n": 1}
-# Sampling columns the pipeline passes to the engine: the engine grows into this list.
-SUPPORTED_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "top_k", "min_p")
+# The per-row sampling columns of the requests table.
+SUPPORTED_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "top_k", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty", "n")  # fmt: skip
 
 SCHEMA = pa.schema(
     [
@@ -61,6 +61,10 @@ SCHEMA = pa.schema(
         pa.field("stop", pa.list_(pa.string())),
         pa.field("top_k", pa.int64()),
         pa.field("min_p", pa.float64()),
+        pa.field("presence_penalty", pa.float64()),
+        pa.field("frequency_penalty", pa.float64()),
+        pa.field("repetition_penalty", pa.float64()),
+        pa.field("n", pa.int64()),
     ]
 )
 
@@ -164,10 +168,6 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         if key not in SAMPLING:
             raise ValueError(f"body.{key} is not supported by this engine")
         column, kind = SAMPLING[key]
-        if column not in SUPPORTED_COLUMNS:
-            if value == NEUTRAL.get(key):
-                continue
-            raise ValueError(f"body.{key}={value!r} is not supported by this engine yet")
         out[column] = _typed(key, value, kind)
     return out
 

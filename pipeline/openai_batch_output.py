@@ -29,11 +29,17 @@ def _usage(record: Mapping[str, Any]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": int(record.get("cached_tokens") or 0)}}  # fmt: skip
 
 
-def _choice(kind: str, text: str, finish_reason: str) -> dict[str, Any]:
+def _choice(kind: str, index: int, text: str, finish_reason: str) -> dict[str, Any]:
     if kind == "chat":
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                 "finish_reason": finish_reason}  # fmt: skip
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _choices(kind: str, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One choice per sample (``n``); a row without samples has the one in ``output``."""
+    samples = record.get("samples") or [{"text": record.get("output"), "finish_reason": record.get("finish_reason")}]
+    return [_choice(kind, i, s.get("text") or "", s.get("finish_reason") or "stop") for i, s in enumerate(samples)]
 
 
 def response_line(
@@ -56,7 +62,7 @@ def response_line(
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": created,
             "model": model,
-            "choices": [_choice(kind, record.get("output") or "", record.get("finish_reason") or "stop")],
+            "choices": _choices(kind, record),
             "usage": _usage(record),
         }
         status = 200

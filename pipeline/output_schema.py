@@ -36,6 +36,10 @@ BASE_FIELDS = [
 ]
 
 
+SAMPLE = pa.struct([pa.field("text", pa.string()), pa.field("finish_reason", pa.string()),
+                    pa.field("output_tokens", pa.int64())])  # fmt: skip
+
+
 def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
     """Base columns, then label columns for label jobs (``extracted`` for extract jobs), then the input
     columns the job keeps (typed by ``kept_types``, from ``kept_column_types``; string where unknown)."""
@@ -47,6 +51,8 @@ def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None =
         )
     if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
         fields.append(pa.field("extracted", shape_of(cfg.schema).type))
+    if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:
+        fields.append(pa.field("samples", pa.list_(SAMPLE)))  # every sample; `output` is the first
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:
         if name not in taken:

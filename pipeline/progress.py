@@ -91,6 +91,7 @@ class Snapshot:
     hit_rate: float | None
     elapsed_s: float
     eta_s: float | None
+    tokens: int = 0  # tokens processed in this run (the engine's count when one is attached)
 
     def line(self) -> str:
         pct = f" ({self.rows / self.total:.0%})" if self.total else ""
@@ -103,7 +104,7 @@ def rates_text(s: Snapshot) -> str:
     rows = "?" if s.rows_per_s is None else f"{s.rows_per_s:,.2f}"
     toks = "?" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}"
     hit = "?" if s.hit_rate is None else f"{s.hit_rate:.0%}"
-    return f"{rows} rows/s  {toks} tok/s  prefix hit {hit}"
+    return f"{rows} rows/s  {s.tokens:,} tokens  {toks} tok/s  prefix hit {hit}"
 
 
 def clock_text(seconds: float | None) -> str:
@@ -232,9 +233,8 @@ class ProgressDisplay:
             elif done >= self.total:
                 eta = 0.0
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
-            return Snapshot(
-                done, self.total, rows_rate, self._token_rate.rate, hit, self.clock() - self.start, eta
-            )
+            elapsed = self.clock() - self.start
+            return Snapshot(done, self.total, rows_rate, self._token_rate.rate, hit, elapsed, eta, self._tokens_done())
 
     # -- drawing ----------------------------------------------------------------------------------
     def _draw(self) -> None:
@@ -281,3 +281,22 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+class Tee:
+    """Several progress sinks as one (the display and the throughput recorder); ``warn`` goes to the
+    first sink that has it."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+        self.warn: Callable[[str], None] | None = next(
+            (s.warn for s in self.sinks if callable(getattr(s, "warn", None))), None
+        )
+
+    def advance(self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0) -> None:
+        for sink in self.sinks:
+            sink.advance(rows, prompt_tokens, cached_tokens, output_tokens)
+
+    def resumed(self, rows: int) -> None:
+        for sink in self.sinks:
+            sink.resumed(rows)

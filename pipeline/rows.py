@@ -33,8 +33,8 @@ from prefixflow.pipeline.prompts import (
     render_template,
 )
 
-INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
-FLOAT_PARAMS = {"temperature", "top_p", "min_p"}
+INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
+FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
 
 
 @dataclass

@@ -24,11 +24,13 @@ from prefixflow.pipeline.labeling import CalibrationError
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.planning import Shard
+from prefixflow.pipeline.progress import Tee
 from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
 from prefixflow.pipeline.run_record import current_run, ensure_current, output_layout
 from prefixflow.pipeline.sources import read_rows
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.throughput_series import ThroughputRecorder, saver
 
 
 class ProgressSink(Protocol):
@@ -202,7 +204,7 @@ class ShardOutcome:
 
 def run_shards(
     spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None,
-    warn: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None, lane: str = "local", devices: int | None = None,
 ) -> Iterator[ShardOutcome]:  # fmt: skip
     """The shard loop of `prefixflow run` and of every flow lane: ``shards`` in order on one engine.
 
@@ -210,10 +212,16 @@ def run_shards(
     others still run; errors about the whole output (another run replaced it, the fingerprint no
     longer matches) are raised, since every further shard would fail the same way.
     ``warn`` receives warnings about the rows (label collapse); by default the progress display's
-    ``warn`` when it has one, else the ``prefixflow`` logger."""
+    ``warn`` when it has one, else the ``prefixflow`` logger. Throughput over time is recorded as
+    ``lane``'s series beside the run record (``devices`` it holds: default the tensor-parallel size)."""
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
     watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
-    yield from _shard_loop(spec, shards, llm, progress, watch)
+    held = devices if devices is not None else int(spec.config.engine.get("tensor_parallel_size") or 1)
+    recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
+    try:
+        yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)
+    finally:
+        recorder.flush()
     if watch is not None:
         watch.finish()
 

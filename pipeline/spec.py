@@ -20,6 +20,7 @@ from prefixflow.pipeline.prompts import template_columns
 # load_job(**overrides) shortcuts: flag name -> (section, key).
 SHORTCUTS: dict[str, tuple[str, str]] = {
     "max_tokens": ("sampling", "max_tokens"),
+    "quantization": ("engine", "quantization"),
     "temperature": ("sampling", "temperature"),
     "shard_rows": ("output", "shard_rows"),
     "flush_rows": ("output", "flush_rows"),
@@ -109,29 +110,33 @@ class JobSpec:
         """
         engine = self.config.engine
         return model_identity(
-            self.model, str(engine.get("dtype") or "auto"), str(engine.get("device") or "auto")
-        )
+            self.model, str(engine.get("dtype") or "auto"), str(engine.get("device") or "auto"),
+            engine.get("quantization"),
+        )  # fmt: skip
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def model_identity(model: str, dtype: str = "auto", device: str = "auto") -> dict[str, Any]:
+def model_identity(
+    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
+) -> dict[str, Any]:
     """``engine.describe_model``, memoized per model files' sizes and mtimes (a replaced checkpoint is
-    described again); a bad model argument becomes a JobConfigError with the engine's message."""
-    return copy.deepcopy(_describe(model, dtype, device, _stat_key(model)))
+    described again); a bad model argument (or quantization) becomes a JobConfigError with the engine's
+    message."""
+    return copy.deepcopy(_describe(model, dtype, device, quantization, _stat_key(model)))
 
 
 StatKey = tuple[tuple[str, int, int], ...]
 
 
 @functools.lru_cache(maxsize=32)
-def _describe(model: str, dtype: str, device: str, stat_key: StatKey) -> dict[str, Any]:
+def _describe(model: str, dtype: str, device: str, quantization: str | None, stat_key: StatKey) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import describe_model
 
     try:
-        return dict(describe_model(model, dtype=dtype, device=device))
+        return dict(describe_model(model, dtype=dtype, device=device, quantization=quantization))
     except ValueError as exc:  # engine.loader.ModelNotFoundError names what is accepted
         text = str(exc)
         raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc

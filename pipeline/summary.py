@@ -25,6 +25,8 @@ from prefixflow.pipeline.run_record import (
 )
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.throughput_report import usage, write_charts
+from prefixflow.pipeline.throughput_series import load_series, summary_of
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class RunSummary:
     replaced_runs: list[str] = field(default_factory=list)  # data/ folders of replaced runs, not yet removed
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: committed rows per label
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
+    device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
     preemptions: int = 0  # engine preemptions while the committed shards generated
     predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
 
@@ -108,6 +111,7 @@ def summarize_layout(
         replaced_runs=replaced or [],
         label_counts=dict(sorted(labels.items())),
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
+        device_seconds=round(sum(s.device_seconds for s in load_series(layout)), 3),
         preemptions=sum(m.preemptions for m in markers),
     )
 
@@ -144,7 +148,10 @@ def finalize(spec: JobSpec) -> RunSummary:
         planned = [s.shard_id for s in plan_shards(spec)]
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
         summary = with_prediction(layout, summary)
-        manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash()}
+        series = load_series(layout)
+        charts = [layout.rel(p) for p in write_charts(layout, series)]
+        manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash(),
+                    "usage": usage(summary.as_dict(), series), "throughput": summary_of(series), "charts": charts}  # fmt: skip
         layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
 

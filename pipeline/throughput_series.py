@@ -3,13 +3,14 @@
 Totals hide stalls and tail effects (one lane idle while another finishes its last shard, a long
 scoring batch, a slow S3 write); a series of small intervals shows them. Each lane attempt records
 its own series and rewrites it whole every ``save_every_s`` seconds and at the end (one PUT on S3, a
-rename locally), under ``OUTPUT/_metrics/throughput/<lane>-<attempt>.json``. Intervals with nothing
+rename locally), under ``OUTPUT/_metrics/<run id>/throughput/<lane>-<attempt>.json``. Intervals with nothing
 finished are kept as zeros: they are the stalls.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from typing import Any
 
 from prefixflow.pipeline.layout import Layout
 
-SERIES_DIR = ("_metrics", "throughput")
 DEFAULT_INTERVAL_S = 5.0
 SAVE_EVERY_S = 30.0
 FIELDS = ("rows", "prompt_tokens", "cached_tokens", "output_tokens")
@@ -57,10 +57,19 @@ class LaneSeries:
     started_at: float
     interval_s: float
     intervals: list[Interval] = field(default_factory=list)
+    devices: int = 1  # devices the lane held (GPUs, or 1 for a CPU lane): device-seconds = devices x time
+
+    @property
+    def seconds(self) -> float:
+        return sum(i.seconds for i in self.intervals)
+
+    @property
+    def device_seconds(self) -> float:
+        return self.devices * self.seconds
 
     def to_json(self) -> bytes:
         doc = {"version": 1, "lane": self.lane, "attempt": self.attempt, "started_at": self.started_at,
-               "interval_s": self.interval_s, "columns": ["start_s", "seconds", *FIELDS],
+               "interval_s": self.interval_s, "devices": self.devices, "columns": ["start_s", "seconds", *FIELDS],
                "intervals": [i.as_list() for i in self.intervals]}  # fmt: skip
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -68,9 +77,8 @@ class LaneSeries:
     def from_json(cls, data: bytes) -> LaneSeries:
         doc = json.loads(data)
         rows = [Interval(float(r[0]), float(r[1]), *(int(v) for v in r[2:])) for r in doc["intervals"]]
-        return cls(
-            str(doc["lane"]), str(doc["attempt"]), float(doc["started_at"]), float(doc["interval_s"]), rows
-        )
+        return cls(str(doc["lane"]), str(doc["attempt"]), float(doc["started_at"]), float(doc["interval_s"]), rows,
+                   int(doc.get("devices", 1)))  # fmt: skip
 
     def totals(self) -> dict[str, int]:
         return {f: sum(getattr(i, f) for i in self.intervals) for f in FIELDS}
@@ -89,11 +97,12 @@ class ThroughputRecorder:
         interval_s: float = DEFAULT_INTERVAL_S,
         save_every_s: float = SAVE_EVERY_S,
         clock: Callable[[], float] = time.time,
+        devices: int = 1,
     ) -> None:
         self.clock = clock
         now = clock()
         attempt = f"{int(now * 1000):013x}-{uuid.uuid4().hex[:6]}"
-        self.series = LaneSeries(lane, attempt, now, interval_s)
+        self.series = LaneSeries(lane, attempt, now, interval_s, devices=devices)
         self._save = save
         self.save_every_s = save_every_s
         self._last_save = now
@@ -132,7 +141,10 @@ class ThroughputRecorder:
             last = s.intervals[-1]
             last.seconds = max(min(s.interval_s, now - s.started_at - last.start_s), 1e-3)
         if self._save is not None:
-            self._save(s)
+            try:
+                self._save(s)
+            except Exception as exc:  # a report must never fail the run (e.g. an S3 hiccup)
+                logging.getLogger("prefixflow").warning("throughput series not saved: %s", exc)
         if s.intervals:
             s.intervals[-1].seconds = s.interval_s  # the interval keeps filling after a mid-way save
 
@@ -142,7 +154,7 @@ def saver(layout: Layout) -> Callable[[LaneSeries], None]:
 
     def save(series: LaneSeries) -> None:
         layout.store.write_atomic(
-            layout.path(*SERIES_DIR, f"{series.lane}-{series.attempt}.json"), series.to_json()
+            layout.throughput(f"{series.lane}-{series.attempt}.json"), series.to_json()
         )
 
     return save
@@ -151,8 +163,10 @@ def saver(layout: Layout) -> Callable[[LaneSeries], None]:
 def load_series(layout: Layout) -> list[LaneSeries]:
     """Every lane attempt's series under the output root, oldest first; unreadable files are skipped
     (a series is a report, never a reason to fail)."""
+    if not layout.run_id:
+        return []
     out = []
-    for path in layout.store.list_files(layout.path(*SERIES_DIR)):
+    for path in layout.store.list_files(layout.throughput()):
         if not path.endswith(".json"):
             continue
         try:
@@ -185,8 +199,9 @@ def summary_of(series: list[LaneSeries]) -> dict[str, Any]:
     for s in series:
         rates = sorted(i.tokens_per_s for i in s.intervals)
         lanes.append({"lane": s.lane, "attempt": s.attempt, "started_at": s.started_at, **s.totals(),
-                      "seconds": round(sum(i.seconds for i in s.intervals), 3),
+                      "seconds": round(s.seconds, 3), "devices": s.devices,
+                      "device_seconds": round(s.device_seconds, 3),
                       "peak_tokens_per_s": round(rates[-1], 2) if rates else 0.0,
                       "median_tokens_per_s": round(rates[len(rates) // 2], 2) if rates else 0.0,
                       "idle_intervals": sum(1 for i in s.intervals if i.rows == 0)})  # fmt: skip
-    return {"lanes": lanes}
+    return {"lanes": lanes, "device_seconds": round(sum(s.device_seconds for s in series), 3)}

@@ -65,17 +65,15 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
             )
 
 
+S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server on a free loopback port, reached over HTTP; dummy credentials in the env."""
+    """A moto S3 server on a free loopback port, reached over HTTP (one for the whole session)."""
     from moto.server import ThreadedMotoServer
 
-    saved = {
-        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    }
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
-    )
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -83,11 +81,25 @@ def s3_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _s3_test_credentials(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Dummy credentials for each test that uses the S3 endpoint, set per test through monkeypatch.
+    Setting them once for the session broke every later S3 test as soon as one test that monkeypatches
+    the AWS variables itself (to remove them) happened to start the session server: its teardown
+    restored "no credentials" for the rest of the session."""
+    if "s3_endpoint" not in request.fixturenames:
+        yield
+        return
+    import s3fs
+
+    for name, value in S3_TEST_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    yield
+    # s3fs caches filesystems by their arguments: one built while a test had other (or no) credentials
+    # must not serve the next test
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _tensor_parallel_workers() -> list[int]:

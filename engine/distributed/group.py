@@ -13,6 +13,7 @@ engines, with or without TP, can live in one process):
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +26,7 @@ import torch.distributed
 # nor re-export the store types, so the backend objects are typed loosely here.
 dist: Any = torch.distributed
 
+_NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 # How long a worker waits for the next command: the engine may idle between batches for days.
 WORKER_IDLE_TIMEOUT = timedelta(days=365)
 # A worker joins the process groups right after its own imports and may wait for slower peers.
@@ -159,5 +161,15 @@ def _new_group(
             raise RuntimeError("this torch build has no NCCL; tensor parallelism on CUDA needs it")
         opts = nccl.Options()
         opts._timeout = join
-        return nccl(store, rank, world, opts)
+        # NCCL's watchdog would otherwise end this whole process when a peer hangs; the pool's monitor
+        # aborts the group instead, so the engine raises. Read once, when the group is made.
+        saved = os.environ.get(_NCCL_ERROR_HANDLING)
+        os.environ[_NCCL_ERROR_HANDLING] = "0"
+        try:
+            return nccl(store, rank, world, opts)
+        finally:
+            if saved is None:
+                del os.environ[_NCCL_ERROR_HANDLING]
+            else:
+                os.environ[_NCCL_ERROR_HANDLING] = saved
     return dist.ProcessGroupGloo(store, rank, world, join)

@@ -56,7 +56,13 @@ WHOLE = LinearShard()
 
 
 def _cut(tensor: torch.Tensor, dim: int, part: Partition, pack: int, where: str, what: str) -> torch.Tensor:
-    if part.start % pack or part.size % pack:
+    """The stored elements covering ``part``; the last part may end in a partial unit (a last group
+    shorter than the others, a last word only partly filled). A whole dimension is not cut (the
+    layer's own load then checks its shape)."""
+    if part.start == 0 and part.end == part.total:
+        return tensor
+    ends_whole = part.size % pack == 0 or part.end == part.total
+    if part.start % pack or not ends_whole:
         raise ShardingError(
             f"{where}: this rank's {part.size} {what} at offset {part.start} do not fall on whole "
             f"{pack}-element units of the stored tensor (a packed word or a quantization group), so "
@@ -69,4 +75,5 @@ def _cut(tensor: torch.Tensor, dim: int, part: Partition, pack: int, where: str,
             f"{where}: dimension {dim} has {tensor.shape[dim]} stored elements, expected {stored} "
             f"for {part.total} {what}"
         )
-    return tensor.narrow(dim, part.start // pack, part.size // pack)
+    first = part.start // pack
+    return tensor.narrow(dim, first, -(-part.end // pack) - first)

@@ -55,6 +55,10 @@ class WorkerPool:
         self.failure: TensorParallelError | None = None
         self._closed = False
         self._group: DistributedGroup | None = None
+        self._ready = False  # every worker loaded and waits for commands
+        self._busy_since: float | None = None  # when the running command started (for the NCCL watch)
+        self._busy_bound = timeout_s
+        self._hang_seen = False
         bound = _seconds(timeout_s)
         self._store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=bound, wait_for_workers=False)
         self._procs: list[WorkerProcess] = []
@@ -69,7 +73,7 @@ class WorkerPool:
         self._await("hello", STARTUP_BOUND_S + timeout_s)
         self._group = DistributedGroup(0, world, devices[0], self._store, timeout_s)
         if devices[0].type == "cuda":
-            threading.Thread(target=self._abort_on_exit, name="prefixflow-tp-monitor", daemon=True).start()
+            threading.Thread(target=self._watch_nccl, name="prefixflow-tp-monitor", daemon=True).start()
 
     @property
     def group(self) -> DistributedGroup:
@@ -86,12 +90,22 @@ class WorkerPool:
         """Block until every worker has loaded its shard (no time bound: loading is as slow as the
         checkpoint is big); a worker that dies or raises meanwhile is an error at once."""
         self._await("ready", None)
+        self._ready = True
 
-    def run(self, executor: RankExecutor, command: int, payload: torch.Tensor) -> object:
-        """Broadcast ``command`` to the workers and run rank 0's part of it here."""
+    def run(
+        self, executor: RankExecutor, command: int, payload: torch.Tensor, bound_s: float | None = None
+    ) -> object:
+        """Broadcast ``command`` to the workers and run rank 0's part of it here. ``bound_s`` (default
+        ``timeout_s``) is how long it may run on CUDA before it counts as hung (startup work such as
+        graph capture takes longer than a step)."""
         with self.guard():
-            self.group.send_command(command, payload)
-            return executor.handle(command, payload)
+            self._busy_bound = self.timeout_s if bound_s is None else bound_s
+            self._busy_since = time.monotonic()
+            try:
+                self.group.send_command(command, payload)
+                return executor.handle(command, payload)
+            finally:
+                self._busy_since = None
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -115,7 +129,7 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        if self.failure is None and self._group is not None:
+        if self.failure is None and self._group is not None and self._ready:
             try:
                 self._group.send_command(SHUTDOWN, torch.empty(0, dtype=torch.int64))
             except Exception:  # noqa: BLE001 - a broken worker is killed below
@@ -169,7 +183,7 @@ class WorkerPool:
         cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         if dead:
             text = "; ".join(dead)
-        elif "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+        elif self._hang_seen or "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
             text = f"a worker did not answer within {self.timeout_s:.0f} s (hung?): " + "; ".join(problems)
         else:
             text = f"the step failed on rank 0 ({cause}); workers: " + "; ".join(problems)
@@ -191,13 +205,18 @@ class WorkerPool:
             return f"{where} was killed by {signal.Signals(-code).name}"
         return f"{where} exited with code {code}"
 
-    def _abort_on_exit(self) -> None:
-        """CUDA only: NCCL does not notice a dead peer by itself; abort so rank 0's wait ends."""
+    def _watch_nccl(self) -> None:
+        """CUDA only: NCCL notices neither a dead peer nor a hung one by itself, and its own watchdog
+        is told not to act (group.py), so this thread aborts the communicators when a worker exits or a
+        command outlives ``timeout_s``; rank 0's wait then fails inside ``guard`` with a clear error."""
         sentinels = [p.sentinel for p in self._procs if p.sentinel >= 0]
         while not self._closed and self.failure is None:
-            if wait(sentinels, 1.0) or not all(p.is_alive() for p in self._procs):
-                if not self._closed:
-                    self.group.abort()
+            died = bool(wait(sentinels, 0.5)) or not all(p.is_alive() for p in self._procs)
+            busy = self._busy_since
+            hung = busy is not None and time.monotonic() - busy > self._busy_bound
+            if (died or hung) and not self._closed:
+                self._hang_seen = hung and not died
+                self.group.abort()
                 return
 
 

@@ -72,3 +72,30 @@ def _skip_value(buf: mmap.mmap, pos: int, vtype: int) -> int:
             pos = _skip_value(buf, pos, item_type)
         return pos
     raise GGUFHeaderError(f"unknown GGUF value type {vtype}")
+
+
+def gguf_tensor_table(path: Path) -> list[tuple[str, tuple[int, ...], int]]:
+    """``(name, dims fastest-first, GGML type id)`` of every tensor, read from the header alone."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        try:
+            end = _scan(buf)
+            (n_tensors, n_kv) = struct.unpack_from("<QQ", buf, 8)
+            pos = 24
+            for _ in range(n_kv):
+                pos = _skip_string(buf, pos)
+                (vtype,) = struct.unpack_from("<I", buf, pos)
+                pos = _skip_value(buf, pos + 4, vtype)
+            table = []
+            for _ in range(n_tensors):
+                (n,) = struct.unpack_from("<Q", buf, pos)
+                name = bytes(buf[pos + 8 : pos + 8 + n]).decode("utf-8")
+                pos += 8 + n
+                (n_dims,) = struct.unpack_from("<I", buf, pos)
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+                (ggml_type,) = struct.unpack_from("<I", buf, pos + 4 + 8 * n_dims)
+                pos += 4 + 8 * n_dims + 4 + 8
+                table.append((name, tuple(int(d) for d in dims), int(ggml_type)))
+        except (struct.error, IndexError, UnicodeDecodeError) as exc:
+            raise GGUFHeaderError(f"{path}: truncated or corrupt GGUF header ({exc})") from None
+    assert pos == end
+    return table

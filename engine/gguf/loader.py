@@ -9,7 +9,7 @@ from gguf import GGUFReader
 
 from prefixflow.engine.gguf.files import find_gguf_file
 from prefixflow.engine.gguf.metadata import build_hf_config
-from prefixflow.engine.gguf.tensors import check_tensors, iter_hf_weights
+from prefixflow.engine.gguf.tensors import check_tensors, iter_hf_weights, tensor_types
 from prefixflow.engine.gguf.tokenizer import build_tokenizer, chat_template, eos_token_ids
 from prefixflow.engine.model_identity import ModelLocation, gguf_digests
 from prefixflow.engine.model_source import ModelSource
@@ -28,6 +28,8 @@ def load_gguf_source(
     reader = GGUFReader(file)
     hf_config = build_hf_config(reader, dtype)
     check_tensors(reader)
+    # the file's block types decide which layers stay packed (engine/quantization/gguf_blocks.py)
+    hf_config["quantization_config"] = {"quant_method": "gguf", "tensor_types": tensor_types(reader)}
     template = chat_template(reader)
     digests = gguf_digests(file)
     content = f"{digests['header']}/{digests['weights'][file.name]}"  # the content, not the file name

@@ -1,4 +1,9 @@
-"""GGUF tensors → Hugging Face-named, dequantized torch tensors in transformers' layout."""
+"""GGUF tensors → Hugging Face-named torch tensors in transformers' layout.
+
+Linear-layer weights of type Q8_0, Q4_0 or Q4_1 stay packed: they are yielded as
+``<module>.gguf_q4_1`` (etc.) uint8 ``[N, K / 32, block_bytes]`` blocks, which the engine keeps packed
+(``engine/quantization/gguf_blocks.py``). Every other tensor is dequantized to the compute dtype.
+"""
 
 from __future__ import annotations
 
@@ -78,6 +83,33 @@ def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+PACKED_TYPES = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+
+
+def keeps_packed(t: ReaderTensor, name: str) -> bool:
+    """Block-quantized weights of linear layers (not embeddings, not norms) stay packed."""
+    linear = name.endswith(".weight") and ("_proj." in name or name == "lm_head.weight")
+    return linear and t.tensor_type in PACKED_TYPES
+
+
+def tensor_types(reader: GGUFReader) -> dict[str, str]:
+    """HF name -> GGUF type name of every weight tensor (the engine's per-layer quantization choice)."""
+    out = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is not None:
+            out[name] = t.tensor_type.name
+    return out
+
+
+def packed_blocks(t: ReaderTensor) -> torch.Tensor:
+    """The raw blocks of a Q8_0/Q4_0/Q4_1 matrix as uint8 ``[rows, blocks, block_bytes]``."""
+    data = np.asarray(t.data, dtype=np.uint8)
+    raw = data.reshape(data.shape[0], -1)
+    block_bytes = {Q.Q8_0: 34, Q.Q4_0: 18, Q.Q4_1: 20}[t.tensor_type]
+    return torch.from_numpy(raw.copy()).reshape(raw.shape[0], -1, block_bytes)
+
+
 def dequantized(t: ReaderTensor) -> np.ndarray:
     """The tensor as float32 numpy in row-major HF orientation (GGUF lists dims fastest-first)."""
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -95,9 +127,13 @@ def iter_hf_weights(
         name = hf_name(t.name)
         if name is None:
             continue
-        w = torch.from_numpy(dequantized(t))
+        packed = keeps_packed(t, name)
+        w = packed_blocks(t) if packed else torch.from_numpy(dequantized(t))
         if ".self_attn.q_proj." in name:
             w = unpermute_rows(w, heads)
         elif ".self_attn.k_proj." in name:
             w = unpermute_rows(w, kv_heads)
-        yield name, w.to(dtype).contiguous()
+        if packed:
+            yield f"{name.removesuffix('.weight')}.gguf_{t.tensor_type.name.lower()}", w.contiguous()
+        else:
+            yield name, w.to(dtype).contiguous()

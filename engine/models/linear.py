@@ -1,37 +1,23 @@
 """Linear layers whose weight storage and matmul are delegated to a ``LinearMethod``.
 
-Why: quantized formats (int8/int4/GPTQ/AWQ/fp8) and tensor-parallel sharding change how weights are
-stored and multiplied, not the model's structure. A new method plugs in here; the model is untouched.
-Merged projections (q|k|v, gate|up) load each checkpoint tensor into its slice by ``shard``.
+Why: quantized formats (GPTQ, AWQ, compressed-tensors, GGUF blocks, on-the-fly int8/int4/fp8) and,
+later, tensor-parallel sharding change how weights are stored and multiplied, not the model's
+structure. The model asks its ``QuantizationConfig`` for a method per layer and never looks at the
+format. Merged projections (q|k|v, gate|up) load each checkpoint tensor into its slice by ``shard``;
+``prefixes`` are the checkpoint module names of the shards (for the method's choice and for errors).
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from prefixflow.engine.quantization.method import DenseMethod, KernelContext, LinearMethod
+from prefixflow.engine.quantization.params import CheckpointError
 
-class LinearMethod:
-    """Creates a layer's parameters and applies it. The default keeps a dense weight."""
-
-    def create_weights(
-        self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype
-    ) -> None:
-        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
-
-    def load_shard(self, layer: nn.Module, name: str, tensor: torch.Tensor, row_offset: int) -> None:
-        target = getattr(layer, name)
-        rows = tensor.shape[0]
-        if target.shape[1:] != tensor.shape[1:] or row_offset + rows > target.shape[0]:
-            raise ValueError(
-                f"shape mismatch loading {name}: {tuple(tensor.shape)} into {tuple(target.shape)}"
-            )
-        target.data[row_offset : row_offset + rows].copy_(tensor)
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return nn.functional.linear(x, cast(torch.Tensor, layer.weight), bias)
+__all__ = ["DenseMethod", "KernelContext", "Linear", "LinearMethod"]
 
 
 class Linear(nn.Module):
@@ -40,29 +26,49 @@ class Linear(nn.Module):
     def __init__(
         self,
         in_features: int,
-        out_sizes: list[int] | int,
+        out_sizes: Sequence[int] | int,
         bias: bool = False,
         dtype: torch.dtype = torch.float32,
         method: LinearMethod | None = None,
+        prefixes: Sequence[str] = (),
+        full_sizes: tuple[int, list[int]] | None = None,
     ) -> None:
+        """``full_sizes``: (inputs, output shard sizes) of the whole layer when this is one rank's part."""
         super().__init__()
         self.out_sizes = [out_sizes] if isinstance(out_sizes, int) else list(out_sizes)
         self.in_features = in_features
         self.out_features = sum(self.out_sizes)
-        self.method = method or LinearMethod()
-        self.method.create_weights(self, in_features, self.out_features, dtype)
+        self.prefixes = list(prefixes) or [f"shard {i}" for i in range(len(self.out_sizes))]
+        self.method = method or DenseMethod()
+        self.method.create_weights(self, in_features, self.out_sizes, dtype, self.prefixes, full_sizes)
         self.bias = (
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
+        self._bias_shards: set[int] = set()
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copy a checkpoint tensor (``weight`` or ``bias``) into output shard ``shard``."""
-        offset = sum(self.out_sizes[:shard])
-        if tensor.shape[0] != self.out_sizes[shard]:
-            raise ValueError(
-                f"{param} shard {shard} has {tensor.shape[0]} rows, expected {self.out_sizes[shard]}"
+        """Copy one checkpoint tensor (``weight``, ``bias``, ``qweight``, ...) of output shard ``shard``."""
+        if not 0 <= shard < len(self.out_sizes):
+            raise CheckpointError(f"shard {shard} of a layer with {len(self.out_sizes)} shards")
+        if param != "bias":
+            self.method.load(self, param, tensor, shard)
+            return
+        if self.bias is None:
+            raise CheckpointError(f"unexpected tensor {self.prefixes[shard]}.bias: this layer has no bias")
+        if tuple(tensor.shape) != (self.out_sizes[shard],):
+            raise CheckpointError(
+                f"{self.prefixes[shard]}.bias has shape {tuple(tensor.shape)}, expected ({self.out_sizes[shard]},)"
             )
-        self.method.load_shard(self, param, tensor, offset)
+        offset = sum(self.out_sizes[:shard])
+        self.bias.data[offset : offset + tensor.shape[0]].copy_(tensor)
+        self._bias_shards.add(shard)
+
+    def process_after_loading(self, ctx: KernelContext) -> None:
+        """Check the layer is complete, then let the method repack for ``ctx``'s kernel."""
+        if self.bias is not None and len(self._bias_shards) < len(self.out_sizes):
+            gaps = [f"{self.prefixes[i]}.bias" for i in range(len(self.out_sizes)) if i not in self._bias_shards]
+            raise CheckpointError(f"checkpoint is missing {', '.join(gaps)}")
+        self.method.process_after_loading(self, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)

@@ -5,6 +5,8 @@ attention metadata. Kernels reach every layer one way: the ``KernelBackend`` and
 ``AttentionBackend`` are constructor arguments (no defaults, no fallback), and ``StepContext``
 carries only per-step data. The differences between families are flags on ``ModelConfig``: q/k/v bias
 (Qwen2), per-head q/k RMSNorm (Qwen3), explicit ``head_dim``, tied embeddings, rope scaling.
+Each linear layer gets its ``LinearMethod`` from the ``QuantizationConfig`` by its checkpoint module
+names (``model.layers.0.self_attn.q_proj`` ...); the model never looks at the storage format.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
+from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
 from prefixflow.kernels import KernelBackend
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -41,6 +44,8 @@ class Attention(nn.Module):
         ops: KernelBackend,
         backend: AttentionBackend,
         tp: TensorParallel,
+        quant: QuantizationConfig,
+        prefix: str,
     ) -> None:
         super().__init__()
         self.ops, self.backend = ops, backend
@@ -48,9 +53,16 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, d
         q = Partition(shard.q_heads.start * d, shard.q_heads.end * d, cfg.num_heads * d)
         kv = Partition(shard.kv_heads.start * d, shard.kv_heads.end * d, cfg.num_kv_heads * d)
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q, kv, kv], bias=cfg.attention_bias, dtype=dtype)
+        qkv = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, [q, kv, kv], bias=cfg.attention_bias, dtype=dtype,
+            method=quant.linear_method(qkv), prefixes=qkv,
+        )  # fmt: skip
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
-        self.o_proj = RowParallelLinear(q, cfg.hidden_size, tp.group, bias=o_bias, dtype=dtype)
+        o = [f"{prefix}.o_proj"]
+        self.o_proj = RowParallelLinear(
+            q, cfg.hidden_size, tp.group, bias=o_bias, dtype=dtype, method=quant.linear_method(o), prefixes=o
+        )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -73,12 +85,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, tp: TensorParallel) -> None:
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, tp: TensorParallel,
+        quant: QuantizationConfig, prefix: str,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.ops = ops
         inter = tp.layout.intermediate
-        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], dtype=dtype)
-        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp.group, dtype=dtype)
+        gate_up, down = [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [f"{prefix}.down_proj"]
+        self.gate_up_proj = ColumnParallelLinear(
+            cfg.hidden_size, [inter, inter], dtype=dtype, method=quant.linear_method(gate_up), prefixes=gate_up
+        )
+        self.down_proj = RowParallelLinear(
+            inter, cfg.hidden_size, tp.group, dtype=dtype, method=quant.linear_method(down), prefixes=down
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
@@ -93,10 +113,12 @@ class DecoderLayer(nn.Module):
         ops: KernelBackend,
         backend: AttentionBackend,
         tp: TensorParallel,
+        quant: QuantizationConfig = NO_QUANTIZATION,
+        prefix: str = "model.layers.0",
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, dtype, ops, backend, tp)
-        self.mlp = MLP(cfg, dtype, ops, tp)
+        self.self_attn = Attention(cfg, dtype, ops, backend, tp, quant, f"{prefix}.self_attn")
+        self.mlp = MLP(cfg, dtype, ops, tp, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
@@ -129,17 +151,23 @@ class LlamaForCausalLM(nn.Module):
         ops: KernelBackend,
         attention: AttentionBackend,
         tp: TensorParallel | None = None,
+        quant: QuantizationConfig = NO_QUANTIZATION,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         self.tp = tp = tp or single_rank(cfg)
         self.embed_tokens = VocabParallelEmbedding(tp.layout.vocab, cfg.hidden_size, tp.group, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, ops, attention, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else ColumnParallelLinear(cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype)
+            else ColumnParallelLinear(
+                cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype, method=quant.linear_method(["lm_head"]),
+                prefixes=["lm_head"],
+            )
         )
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:

@@ -6,7 +6,9 @@ preceding column-parallel layer produced), one all-reduce sums the partial produ
 added once, after the sum. With one rank both are plain ``Linear`` layers.
 
 Each checkpoint tensor arrives whole and is cut to this rank's part (``LinearShard.narrow``) before
-the layer's ``LinearMethod`` stores it.
+the layer's ``LinearMethod`` stores it; the method says which axis of each of its checkpoint tensors
+is the output and which the input, and how many logical elements a stored one covers (packed words,
+quantization groups), so quantized formats split the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from prefixflow.engine.distributed.linear_shard import LinearShard
 from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.models.linear import Linear, LinearMethod
 
-# (output_dim, input_dim) of the dense checkpoint tensors: weight [out, in], bias [out]
-_DENSE_DIMS = {"weight": (0, 1), "bias": (0, None)}
+_BIAS = (0, None, 1, 1)  # (output_dim, input_dim, output_pack, input_pack) of a bias: dense, [out]
+
+
+def _narrow(layer: Linear, shard_info: LinearShard, param: str, tensor: torch.Tensor, shard: int) -> torch.Tensor:
+    out_dim, in_dim, out_pack, in_pack = _BIAS if param == "bias" else layer.method.checkpoint_layout(param, shard)
+    where = f"{layer.prefixes[shard] if shard < len(layer.prefixes) else layer.prefixes[0]}.{param}"
+    return shard_info.narrow(tensor, shard, out_dim, in_dim, out_pack, in_pack, where=where)
 
 
 class ColumnParallelLinear(Linear):
@@ -32,13 +39,16 @@ class ColumnParallelLinear(Linear):
         bias: bool = False,
         dtype: torch.dtype = torch.float32,
         method: LinearMethod | None = None,
+        prefixes: list[str] | None = None,
     ) -> None:
-        super().__init__(in_features, [p.size for p in outputs], bias=bias, dtype=dtype, method=method)
+        super().__init__(
+            in_features, [p.size for p in outputs], bias=bias, dtype=dtype, method=method, prefixes=prefixes or (),
+            full_sizes=(in_features, [p.total for p in outputs]),
+        )  # fmt: skip
         self.shard = LinearShard(outputs=tuple(outputs))
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        out_dim, in_dim = _DENSE_DIMS[param]
-        super().load(param, self.shard.narrow(tensor, shard, out_dim, in_dim, where=param), shard)
+        super().load(param, _narrow(self, self.shard, param, tensor, shard), shard)
 
 
 class RowParallelLinear(Linear):
@@ -52,14 +62,18 @@ class RowParallelLinear(Linear):
         bias: bool = False,
         dtype: torch.dtype = torch.float32,
         method: LinearMethod | None = None,
+        prefixes: list[str] | None = None,
     ) -> None:
-        super().__init__(input.size, out_features, bias=bias, dtype=dtype, method=method)
+        super().__init__(
+            input.size, out_features, bias=bias, dtype=dtype, method=method, prefixes=prefixes or (),
+            full_sizes=(input.total, [out_features]),
+        )  # fmt: skip
         self.shard = LinearShard(input=input)
         self.group = group
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        out_dim, in_dim = _DENSE_DIMS[param]  # the bias has no input axis: every rank keeps it whole
-        super().load(param, self.shard.narrow(tensor, shard, out_dim, in_dim, where=param), shard)
+        # the bias has no input axis: every rank keeps it whole
+        super().load(param, _narrow(self, self.shard, param, tensor, shard), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.group.all_reduce(self.method.apply(self, x, None))

@@ -1,15 +1,20 @@
-"""Map Hugging Face parameter names onto the engine's (merged) modules and load them."""
+"""Map Hugging Face parameter names onto the engine's (merged) modules, load them, and finish loading.
+
+Linear layers take any checkpoint tensor their ``LinearMethod`` declares (``weight``, ``qweight``,
+``weight_packed``, ``gguf_q4_1`` ...) and check their own completeness in ``process_after_loading``,
+which also repacks quantized weights for the device's kernel. Other tensors are checked here.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import cast
 
 import torch
 
-from prefixflow.engine.models.linear import Linear
+from prefixflow.engine.models.linear import KernelContext, Linear
 from prefixflow.engine.models.llama import DecoderLayer, LlamaForCausalLM
+from prefixflow.engine.quantization.params import CheckpointError
 
 # checkpoint projection name -> (our merged module, shard index)
 _MERGED = {
@@ -19,26 +24,45 @@ _MERGED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(weight|bias)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(\w+)$")
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 
 
-def load_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy every checkpoint tensor into place; fail naming any tensor missing or unexpected."""
+def load_weights(
+    model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]], ctx: KernelContext | None = None
+) -> None:
+    """Copy every checkpoint tensor into place, then prepare every linear layer for ``ctx``'s kernels
+    (default: the model's own device and dtype); fail naming any tensor missing or unexpected."""
+    copy_weights(model, weights)
+    finish_loading(model, ctx)
+
+
+def copy_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Only the copy: checkpoint tensors into their (checkpoint-layout) buffers; other tensors checked."""
     expected = _expected_keys(model)
     loaded: set[str] = set()
     for name, tensor in weights:
         if _IGNORED.search(name):
             continue
-        if name == "lm_head.weight" and model.lm_head is None:
+        if name.startswith("lm_head.") and model.lm_head is None:
             continue  # tied: some checkpoints store the copy anyway
         key = _load_one(model, name, tensor)
         if key is None:
-            raise ValueError(f"unexpected tensor {name!r} in checkpoint")
+            raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
         loaded.add(key)
     missing = expected - loaded
     if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+def finish_loading(model: LlamaForCausalLM, ctx: KernelContext | None = None) -> None:
+    """Each linear layer checks it is complete and repacks for the kernel ``ctx`` selects."""
+    if ctx is None:
+        weight = model.embed_tokens.weight
+        ctx = KernelContext(weight.device, weight.dtype)
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.process_after_loading(ctx)
 
 
 def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str | None:
@@ -78,27 +102,18 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     if param.shape != tensor.shape:
-        raise ValueError(
+        raise CheckpointError(
             f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
         )
     param.data.copy_(tensor)
 
 
 def _expected_keys(model: LlamaForCausalLM) -> set[str]:
+    """Tensors outside linear layers (those check their own, per method, after loading)."""
     keys = {"model.embed_tokens.weight", "model.norm.weight"}
     for i, layer in enumerate(model.layers):
-        attn = cast(DecoderLayer, layer).self_attn
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            keys.add(f"{i}.self_attn.{proj}.weight")
-            if attn.qkv_proj.bias is not None:
-                keys.add(f"{i}.self_attn.{proj}.bias")
-        keys.add(f"{i}.self_attn.o_proj.weight")
-        if attn.o_proj.bias is not None:
-            keys.add(f"{i}.self_attn.o_proj.bias")
-        if attn.q_norm is not None:
+        assert isinstance(layer, DecoderLayer)
+        if layer.self_attn.q_norm is not None:
             keys |= {f"{i}.self_attn.q_norm.weight", f"{i}.self_attn.k_norm.weight"}
-        keys |= {f"{i}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
         keys |= {f"model.layers.{i}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")}
-    if model.lm_head is not None:
-        keys.add("lm_head.weight")
     return keys

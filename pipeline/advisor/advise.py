@@ -158,7 +158,8 @@ def advise(
     workload = build_workload(rendered, sharing, sample.total_rows, max_len, pilot)
     seqs = workload.footprint(sharing.heads[0].tokens // limits.block_size if sharing.heads else 0)
     fits = {p: fit(shape, card.hf_config, device, limits, p, seqs) for p in precisions_for(device)}
-    facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs)
+    facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs,
+                  (card.checkpoint_precision, card.checkpoint_bytes))  # fmt: skip
     answers = answer_all(facts)
     estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff)
     timings["total_s"] = time.perf_counter() - t0

@@ -49,7 +49,7 @@ def advise_requested(args: argparse.Namespace) -> bool:
 
 
 def run_advice(spec: Any, args: argparse.Namespace, console: Console, plan_json: dict[str, Any] | None) -> int:
-    """Print the advice (rich on stderr), or with --json add it as ``advise`` to the plan's JSON."""
+    """Print the advice on ``console`` (the CLI passes its stdout console), or with --json add it as ``advise`` to the plan's JSON."""
     from prefixflow.pipeline.advisor.advise import advise
     from prefixflow.pipeline.advisor.report import engine_settings, print_advice
 

@@ -1,9 +1,10 @@
 """Memory arithmetic from the checkpoint's config: weight bytes per precision, KV bytes per token, and how
 many tokens and sequences fit on a device with what the engine leaves for its KV pool.
 
-Quantized precisions cover the decoder's linear layers; the input embedding, the LM head and the norms
-stay 16-bit, as GPTQ, AWQ and compressed-tensors checkpoints ship them. Scales: one fp16 scale per
-output channel for 8-bit, one fp16 scale and one 4-bit zero per group of 128 inputs for int4.
+Quantized precisions cover the decoder's linear layers, laid out as the engine's own quantization stores
+them (engine/quantization/online.py; a test checks the two agree): 8-bit weights with one float32 scale
+per output channel; int4 with a float16 scale and a float16 zero per group of 128 inputs (a partial last
+group counts as one). The input embedding, the LM head and the norms stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from prefixflow.pipeline.advisor.devices import GIB, Device
 from prefixflow.pipeline.advisor.roofline import ModelShape
 
 PRECISIONS = ("bf16", "fp8", "int8", "int4")  # on the CPU the engine's own precision is fp32, not bf16
+BITS = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}  # bytes per linear weight
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+INT4_GROUP = 128
+GPU_RESERVED_BYTES = GIB  # CUDA context, cuBLAS workspace, CUDA graphs: outside the engine's own tensors
+HEADROOM = 0.80  # weights above this share of device memory leave too little for the KV cache
 
 
 def native_precision(device: Device) -> str:
@@ -30,12 +36,6 @@ def quant_order(device: Device) -> tuple[str, ...]:
 
 def precisions_for(device: Device) -> tuple[str, ...]:
     return (native_precision(device), *PRECISIONS[1:])
-LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-INT4_GROUP = 128
-GPU_RESERVED_BYTES = GIB  # CUDA context, cuBLAS workspace, CUDA graphs: outside the engine's own tensors
-HEADROOM = 0.80  # weights above this share of device memory leave too little for the KV cache
-BITS = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}  # weight bytes per linear parameter
 
 
 def crossover_tokens(device: Device, precision: str) -> float:
@@ -45,24 +45,24 @@ def crossover_tokens(device: Device, precision: str) -> float:
     return device.peak(precision) * BITS[precision] / (2 * device.bytes_per_s)
 
 
-def _linear_out_features(shape: ModelShape) -> int:
-    """Output channels of one decoder layer's linear layers (q, k, v, o, gate, up, down)."""
-    d = shape.head_dim
-    return (shape.num_q_heads + 2 * shape.num_kv_heads) * d + 2 * shape.hidden_size + 2 * shape.intermediate_size
+def _linears(shape: ModelShape) -> list[tuple[int, int]]:
+    """(output, input) features of one decoder layer's q, k, v, o, gate, up and down projections."""
+    h, i, d = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    q, kv = shape.num_q_heads * d, shape.num_kv_heads * d
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 
 
 def weight_bytes(shape: ModelShape, precision: str) -> int:
     """Bytes of all weights with the decoder's linear layers stored at ``precision``."""
-    linear = shape.num_layers * shape.layer_matmul_params
-    rest = shape.total_params - linear  # embedding, LM head, norms: 16-bit (32-bit when precision is fp32)
-    rest_bytes = 4 if precision == "fp32" else 2
-    if precision in ("fp8", "int8"):
-        scales = shape.num_layers * _linear_out_features(shape) * 2
-    elif precision == "int4":
-        scales = linear // INT4_GROUP * 2 + linear // INT4_GROUP // 2  # fp16 scale + packed 4-bit zero
-    else:
-        scales = 0
-    return int(linear * LINEAR_BYTES[precision] + scales + rest * rest_bytes)
+    layer = 0.0
+    for n, k in _linears(shape):
+        layer += n * k * BITS[precision]
+        if precision in ("fp8", "int8"):
+            layer += n * 4  # float32 scale per output channel
+        elif precision == "int4":
+            layer += n * -(-k // INT4_GROUP) * 4  # float16 scale + float16 zero per group
+    rest = shape.total_params - shape.num_layers * shape.layer_matmul_params  # embedding, LM head, norms
+    return int(shape.num_layers * layer + rest * (4 if precision == "fp32" else 2))
 
 
 def activation_bytes(shape: ModelShape, tokens: int, seqs: int, elem: int) -> int:

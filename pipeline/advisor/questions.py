@@ -26,10 +26,10 @@ SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and orderin
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
 PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
 MAX_SEQS_CAP = 1024
-QUANT_METHODS = {
-    "fp8": "fp8 W8A8 (a compressed-tensors float-quantized checkpoint)",
-    "int8": "int8 (W8A8 or weight-only)",
-    "int4": "int4 weight-only (GPTQ or AWQ, group size 128)",
+QUANT_METHODS = {  # the engine's `quantization:` setting quantizes a full-precision checkpoint as it loads
+    "fp8": "fp8 W8A8 (engine quantization: fp8, or an fp8 compressed-tensors checkpoint)",
+    "int8": "int8 weights (engine quantization: int8)",
+    "int4": "int4 weights, groups of 128 (engine quantization: int4, or a GPTQ/AWQ checkpoint)",
 }
 GB = 1e9
 
@@ -55,6 +55,7 @@ class Facts:
     sharing: Sharing
     flag: OrderFlag | None
     seqs: Footprint
+    checkpoint: tuple[str, int | None] = ("", None)  # how the checkpoint stores its weights, bytes on disk
     settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
 
     @property
@@ -73,6 +74,11 @@ def q1_fit(f: Facts) -> Answer:
     q = "Does the model fit with headroom?"
     evidence = [f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
                 f"on {f.device.name} (limit {HEADROOM:.0%})"]  # fmt: skip
+    stored, size = f.checkpoint
+    if stored and stored not in ("float32", "bfloat16", "float16"):
+        on_disk = f" ({size / GB:.2f} GB on disk)" if size else ""
+        evidence.append(f"the checkpoint is stored as {stored}{on_disk}: the engine keeps the formats it supports "
+                        "quantized as stored; the rows below are its full-precision and on-the-fly choices")  # fmt: skip
     if n.pool_from_memory and f.seqs.decodes:
         evidence.append(f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
                         "compute-bound); the KV pool left over should hold them")  # fmt: skip

@@ -1,4 +1,4 @@
-"""The advice as a human reads it (rich, on stderr) — the JSON form is ``Advice.as_dict()``."""
+"""The advice as a human reads it (rich, on the console the CLI passes: stdout) — the JSON form is ``Advice.as_dict()``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def engine_settings(advice: Advice) -> dict[str, Any]:
     s = advice.settings
     keys = ("ordering", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
     out: dict[str, Any] = {k: s[k] for k in keys if k in s}
+    if s.get("quantization"):
+        out["quantization"] = s["quantization"]
     if s.get("tensor_parallel_size", 1) > 1:
         out["tensor_parallel_size"] = s["tensor_parallel_size"]
     return out
@@ -99,9 +101,6 @@ def print_advice(console: Console, advice: Advice) -> None:
 
     console.print("\n[bold]Recommended engine settings[/] (job config `engine:` section)")
     console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
-    quant = advice.settings.get("quantization")
-    if quant:
-        console.print(f"weights: {quant} (see question 1)")
 
     console.print("\n[bold]Time and cost[/] for the whole input, one lane")
     t = Table(show_edge=False, pad_edge=False, box=None)

@@ -16,3 +16,9 @@ def arch_dir(request, model_root):
 @pytest.fixture(scope="session")
 def llama_dir(model_root):
     return make_model_dir(model_root, "llama-gqa-llama3rope")
+
+
+@pytest.fixture(scope="session")
+def quant_root(tmp_path_factory):
+    """One folder for the quantized-checkpoint tests: the random bases are built once per session."""
+    return tmp_path_factory.mktemp("quantized")

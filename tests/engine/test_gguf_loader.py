@@ -203,6 +203,19 @@ def test_config_matches_the_transformers_config(hf_model, f32_file):
     assert cfg["torch_dtype"] == "float32"
 
 
+def dense_weights(src) -> dict[str, torch.Tensor]:
+    """The source's tensors, packed GGUF blocks (Q8_0/Q4_0/Q4_1 projections) dequantized by the engine."""
+    from prefixflow.engine.quantization.gguf_blocks import dense_from_gguf, kind_of
+
+    out = {}
+    for name, tensor in src.weights():
+        module, _, param = name.rpartition(".")
+        if kind_of(param):
+            name, tensor = f"{module}.weight", dense_from_gguf(param, tensor, tensor.shape[1] * 32)
+        out[name] = tensor
+    return out
+
+
 def test_f32_weights_round_trip_exactly_with_qk_rows_restored(hf_model, f32_file):
     got = dict(load_gguf_source(f32_file).weights())
     want = hf_model.state_dict()
@@ -236,7 +249,11 @@ def test_tokenizer_eos_and_chat_template_come_from_the_metadata(f32_file):
 )
 def test_quantized_weights_dequantize_to_what_was_quantized(hf_model, tmp_path, qtype):
     path = write_gguf(tmp_path / f"tiny-{qtype.name}.gguf", hf_model, qtype=qtype)
-    got = dict(load_gguf_source(path).weights())
+    raw_names = {name for name, _ in load_gguf_source(path).weights()}
+    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1):  # projections stay packed; the engine unpacks them exactly
+        assert f"model.layers.0.mlp.up_proj.gguf_{qtype.name.lower()}" in raw_names
+        assert "model.embed_tokens.weight" in raw_names
+    got = dense_weights(load_gguf_source(path))
     for name, tensor in hf_model.state_dict().items():
         arr = tensor.float().numpy()
         if arr.ndim == 2:

@@ -12,7 +12,8 @@ import pytest
 from prefixflow.engine import LLM, describe_model
 from prefixflow.engine.model_identity import ModelNotFoundError
 
-DOCUMENTED_KEYS = {"model", "format", "dtype", "weights", "files", "file", "header", "preset", "digest"}
+DOCUMENTED_KEYS = {"model", "format", "dtype", "weights", "files", "file", "header", "preset", "digest",
+                   "quantization", "weight_bytes"}  # fmt: skip
 
 
 @pytest.fixture

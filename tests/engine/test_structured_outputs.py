@@ -57,6 +57,21 @@ def test_json_schema_outputs_parse_and_validate(llm):
     assert llm.stats().masked_steps > 0
 
 
+def test_grammar_end_finishes_a_request_of_a_model_that_lists_no_eos():
+    """A model source without EOS ids (as the benchmarks build them): the tokenizer's EOS ends the grammar,
+    and the request finishes there instead of failing on the next token."""
+    from dataclasses import replace
+
+    from prefixflow.engine.loader import resolve_model
+
+    source = replace(resolve_model("tiny"), eos_token_ids=())
+    no_eos = LLM(source, max_model_len=256)
+    outs = no_eos.generate(PROMPTS[:3], json_params())
+    for out in outs:
+        assert out.finish_reason == "stop", (out.error, out.text)
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
 def test_choice_regex_and_ebnf_grammar(llm):
     choices = ['say "yes"', "no\\way", "naïve"]
     cases = [
@@ -142,6 +157,19 @@ def test_preemption_mid_request_then_identical_output():
     assert small.stats().preemptions > 0
     assert [o.token_ids for o in outs] == expected
     assert all(o.finish_reason == "stop" for o in outs)
+
+
+def test_fills_on_the_worker_thread_give_the_same_tokens(monkeypatch):
+    """Fills above the threshold run on the worker while the model runs; force that path everywhere."""
+    from prefixflow.engine.structured import manager
+
+    inline = LLM("tiny", max_model_len=256)
+    expected = [o.token_ids for o in inline.generate(PROMPTS, json_params(temperature=0.9, seed=5))]
+    monkeypatch.setattr(manager, "OVERLAP_ABOVE_S", 0.0)
+    overlapped = LLM("tiny", max_model_len=256, num_kv_blocks=40, block_size=4)  # with preemption too
+    assert [o.token_ids for o in overlapped.generate(PROMPTS, json_params(temperature=0.9, seed=5))] == expected
+    stats = overlapped.stats()
+    assert stats.mask_overlapped_steps == stats.masked_steps > 0 and stats.preemptions > 0
 
 
 def test_prefix_cache_hits_leave_constrained_output_unchanged(llm):

@@ -41,6 +41,7 @@ def test_killed_worker_is_a_clear_error_within_the_bound(llama_dir):
     assert_processes_gone([worker])
 
 
+@pytest.mark.slow
 def test_killed_worker_between_calls(llama_dir):
     """Killed while idle: the next call fails at its first step instead of hanging."""
     llm = LLM(str(llama_dir), **OPTIONS)
@@ -111,3 +112,11 @@ def _children() -> set[int]:
             except (FileNotFoundError, IndexError):
                 pass
     return out
+
+
+@pytest.mark.slow
+def test_bad_settings_found_while_starting_are_value_errors_and_leave_no_worker(llama_dir):
+    before = _children()
+    with pytest.raises(ValueError, match="holds fewer than 2 blocks"):
+        LLM(str(llama_dir), **OPTIONS, kv_cache_memory_bytes=10)
+    assert_processes_gone(list(_children() - before))

@@ -66,3 +66,12 @@ def test_a_tensor_parallel_lane_takes_one_gpu_per_rank(monkeypatch: pytest.Monke
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cpu = lane_layout(None, None, on_ray=False, tensor_parallel_size=2)  # CPU ranks (gloo) in one lane
     assert (cpu.lanes, cpu.gpus_per_lane) == (1, 0)
+
+
+def test_ray_lanes_of_a_tensor_parallel_engine_ask_for_one_gpu_per_rank(monkeypatch: pytest.MonkeyPatch):
+    # A Ray cluster with GPUs cannot run here; the cluster's GPU count is the only thing stood in for.
+    from prefixflow.flows import task_runners
+
+    monkeypatch.setattr(task_runners, "ray_cluster_gpus", lambda: 8)
+    layout = task_runners.lane_layout(None, None, on_ray=True, tensor_parallel_size=4)
+    assert (layout.lanes, layout.gpus_per_lane, layout.local) == (2, 4, False)  # num_gpus=4 per Ray task

@@ -82,6 +82,14 @@ def test_two_lanes_exactly_once_with_artifacts(
     hit_rate = summary["cached_tokens"] / summary["prompt_tokens"]
     assert summary["prefix_hit_rate"] == pytest.approx(hit_rate, abs=1e-4)
     assert float(arts["prefixflow-progress"].data) == 100.0
+    # usage for cost reports, and throughput over time per lane (stored beside the run record, drawn)
+    assert summary["device_seconds"] > 0
+    chart = arts["prefixflow-throughput"].data
+    assert "| lane-0 |" in chart and "| lane-1 |" in chart and "data:image/svg+xml;base64," in chart
+    assert len(list((out / "_metrics").glob("*/throughput/lane-*.json"))) == 2
+    assert (out / "_throughput.svg").read_text().startswith("<svg")
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["usage"]["output_tokens"] == summary["output_tokens"] and manifest["usage"]["device_seconds"] > 0
     # what the advisor predicted when the run started, beside what the run measured (issue 18)
     compared = {row["metric"]: row for row in json.loads(arts["prefixflow-predicted-vs-measured"].data)}
     assert {"output tok/s per lane", "prefix hit rate", "preemptions", "device-hours, whole input"} <= set(compared)

@@ -29,6 +29,7 @@ from prefixflow.kernels import (  # noqa: E402
     triton_activation,
     triton_attention,
     triton_norm,
+    triton_quant_gemm,
     triton_rotary,
     triton_store_kv,
 )
@@ -43,8 +44,14 @@ _POINTER_DTYPES = {
     "seq_lens_ptr": "i32",
     "slot_ptr": "i64",
     "pos_ptr": "i64",
+    "qw_ptr": "i32",
+    "s_ptr": "fp16",
+    "z_ptr": "fp16",
+    "m_ptr": "fp16",
+    "g_ptr": "i32",
+    "part_ptr": "fp32",
 }
-_NOT_ALIGNED = {"stride_bt", "num_reqs"}  # block-table width and request count: any value
+_NOT_ALIGNED = {"stride_bt", "num_reqs", "M"}  # block-table width, request count, rows: any value
 
 
 def ptxas_path() -> str | None:
@@ -145,12 +152,23 @@ def pointwise_configs():
     yield "silu_and_mul 14336", triton_activation._silu_and_mul_kernel, dict(INTER=14336, BLOCK=1024), 4
 
 
+def quant_configs():
+    """The W4A16/W8A16 GEMM launches of triton_quant_gemm.quant_linear (compiled, not interpreted)."""
+    for bits in (4, 8):
+        for has_g, has_z, has_m in ((False, True, False), (True, True, False), (False, False, True)):
+            consts = dict(BITS=bits, GROUP=128 if not has_m else 32, DEFAULT_ZERO=1 << (bits - 1), HAS_Z=has_z,
+                          HAS_M=has_m, HAS_G=has_g, BLOCK_K=32 if has_m else 64, UPCAST=False)  # fmt: skip
+            tag = f"w{bits} g_idx={has_g} zeros={has_z} mins={has_m}"
+            yield f"quant tiled {tag}", triton_quant_gemm._tiled_kernel, dict(consts, BLOCK_M=64, BLOCK_N=128), 8
+            yield f"quant split-K {tag}", triton_quant_gemm._split_k_kernel, dict(consts, BLOCK_M=16, BLOCK_N=64), 4
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
         return 2
     failed = 0
-    for name, fn, consts, warps in [*attention_configs(), *pointwise_configs()]:
+    for name, fn, consts, warps in [*attention_configs(), *pointwise_configs(), *quant_configs()]:
         row = {"kernel": name, "num_warps": warps}
         try:
             row |= compile_kernel(fn, consts, "bf16", warps)

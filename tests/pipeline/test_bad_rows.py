@@ -96,6 +96,8 @@ def test_output_columns_match_the_reserved_names() -> None:
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
     extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})
+    several = parse_job_config({"template": "x", "sampling": {"n": 2}})  # samples only with n
     names = output_schema(cfg, None).names
-    names += [n for n in output_schema(extract, None).names if n not in names]  # + extracted
+    for other in (extract, several):
+        names += [n for n in output_schema(other, None).names if n not in names]  # + extracted, samples
     assert names == list(OUTPUT_COLUMNS)

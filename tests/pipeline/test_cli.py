@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,30 @@ def test_help_names_every_command() -> None:
     assert res.returncode == 0
     for word in ("run", "plan", "status", "demo", "examples"):
         assert word in res.stdout
+    version = _cli("--version")
+    assert version.returncode == 0 and re.fullmatch(r"prefixflow \S+\n", version.stdout)
+    for command, phrase in (("plan", "row-group boundaries"), ("demo", "WORKDIR/<model>/"), ("status", "per lane"),
+                            ("run", "stdout")):  # fmt: skip
+        helped = _cli(command, "--help")
+        assert helped.returncode == 0 and phrase in " ".join(helped.stdout.split()), command
+    serve = subprocess.run([sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    flat = " ".join(serve.stdout.split())
+    assert "--interval SECONDS run every SECONDS" in flat and "--storage-option KEY=VALUE fsspec storage option" in flat
+
+
+def test_reports_go_to_stdout_progress_and_logs_to_stderr(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=1, rows_per_file=4)
+    plan = _cli("plan", "--input", str(tmp_path / "in"))
+    assert plan.returncode == 0 and "1 shards, 4 rows" in plan.stdout and plan.stderr == ""  # `plan > plan.txt`
+    args = ["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
+            "--prompt-column", "text", "--max-tokens", "2", "--engine", "max_model_len=160"]  # fmt: skip
+    run = _cli(*args)
+    assert run.returncode == 0, run.stderr
+    assert "prefixflow run summary" in run.stdout and "read with polars.scan_parquet" in run.stdout
+    assert "prefixflow progress: 4/4 rows" in run.stderr and "prefixflow progress" not in run.stdout
+    as_json = _cli(*args, "--json")  # machine-readable: stdout is the JSON document alone
+    assert json.loads(as_json.stdout)["rows"] == 4 and "prefixflow run summary" in as_json.stderr
 
 
 def test_serve_dispatches_to_flows_when_installed() -> None:
@@ -80,7 +105,7 @@ def test_status_of_a_finished_and_an_unfinished_run(tmp_path: Path, tiny_llm) ->
     )
     write_dataset(tmp_path / "in", files=3, rows_per_file=4)  # a new input file: the run is now behind
     res = _cli("status", str(tmp_path / "out"))
-    assert res.returncode == 0 and "not finished" in res.stderr and "2 / 3" in res.stderr
+    assert res.returncode == 0 and "not finished" in res.stdout and "2 / 3" in res.stdout  # a report: stdout
 
 
 def test_status_of_a_non_run_folder(tmp_path: Path) -> None:
@@ -90,7 +115,8 @@ def test_status_of_a_non_run_folder(tmp_path: Path) -> None:
 def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
     res = _cli("demo", "--model", "tiny", "--rows", "6", "--workdir", str(tmp_path / "demo"))
     assert res.returncode == 0, res.stderr
-    assert "pl.read_parquet" in res.stderr and "label_probs" in res.stderr
+    assert "pl.read_parquet" in res.stdout and "label_probs" in res.stdout  # results on stdout
+    assert "sample rows" in res.stdout and "sample rows" not in res.stderr
     import polars as pl
 
     results = tmp_path / "demo" / "tiny-6rows"
@@ -103,7 +129,7 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
         "neutral",
     }
     extracted = pl.read_parquet(str(results / "extract-out" / "data" / "**" / "*.parquet"))
-    assert extracted.height == 6 and "extracted" in res.stderr
+    assert extracted.height == 6 and "extracted" in res.stdout  # the demo's results are on stdout
     assert extracted.schema["extracted"] == pl.Struct({"sentiment": pl.String, "product": pl.String,
                                                        "issues": pl.List(pl.String)})  # fmt: skip
     for row in extracted.to_dicts():  # random weights: a complete object, or cut by max_tokens (schema error)
@@ -140,3 +166,12 @@ def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:
     assert "zz-broken.parquet" in res.stderr and "1 shard(s) failed" in res.stderr
     summary = json.loads(res.stdout)
     assert summary["rows"] == 3 and not summary["complete"] and len(summary["failed_shards"]) == 1
+
+
+def test_bad_quantization_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    write_dataset(tmp_path / "in", files=1)
+    code = main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
+                 "--quantization", "int3"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "quantization='int3'" in err and "int8, int4, fp8" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))

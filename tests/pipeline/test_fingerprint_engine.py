@@ -15,7 +15,7 @@ from tests.pipeline.support import job, write_dataset
 
 # The fields known to change outputs. Together with ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT this must
 # cover EngineConfig: a new field fails test_every_engine_field_is_classified until it is put in one.
-CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "kernel_backend", "attention_backend"}
+CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "kernel_backend", "attention_backend", "quantization"}
 
 
 def test_every_engine_field_is_classified() -> None:
@@ -43,3 +43,14 @@ def test_output_settings_change_the_fingerprint_and_others_do_not(tmp_path: Path
     assert fp(kernel_backend="torch") != base
     with pytest.warns(FutureWarning):  # the deprecated spelling is the same setting
         assert fp(attention_backend="torch") == fp(kernel_backend="torch")
+
+
+def test_quantization_changes_the_fingerprint_and_the_model_identity(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", files=1)
+    plain = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
+    int8 = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"), quantization="int8")
+    assert int8.config.engine["quantization"] == "int8"
+    assert int8.fingerprint_hash() != plain.fingerprint_hash()
+    assert int8.model_identity()["quantization"]["method"] == "int8"
+    assert int8.model_identity()["digest"] != plain.model_identity()["digest"]
+    assert int8.model_identity()["weight_bytes"] < plain.model_identity()["weight_bytes"]

@@ -11,11 +11,13 @@ from prefixflow.pipeline.job_flags import DEFAULT_MODEL, JOB_OPTION_NAMES, overr
 def test_run_flags_become_load_job_overrides() -> None:
     args = build_parser().parse_args(
         ["run", "--input", "in", "--output", "out", "--max-tokens", "5", "--engine", "max_num_seqs=8",
-         "--engine", "seed=3", "--storage-option", "anon=true", "--endpoint-url", "http://s3", "--flush-seconds", "2"]
+         "--engine", "seed=3", "--storage-option", "anon=true", "--endpoint-url", "http://s3", "--flush-seconds", "2",
+         "--quantization", "int4"]
     )  # fmt: skip
     assert args.model == DEFAULT_MODEL
     assert overrides_from_args(args) == {
         "max_tokens": 5,
+        "quantization": "int4",
         "flush_seconds": 2.0,
         "engine": {"max_num_seqs": 8, "seed": 3},
         "endpoint_url": "http://s3",

@@ -86,3 +86,21 @@ def spec_params(spec):
     from prefixflow.engine import SamplingParams
 
     return SamplingParams(**spec.config.sampling)
+
+
+def test_n_samples_and_penalties_in_a_parquet_job(tmp_path: Path, tiny_llm) -> None:
+    """`sampling.n` writes every sample to `samples` (the first is `output`); penalties reach the engine."""
+    from prefixflow.engine import SamplingParams
+
+    write_parquet(tmp_path / "in" / "p.parquet", [{"id": "a", "prompt": "one"}, {"id": "b", "prompt": "two"}])
+    sampling = {"max_tokens": 4, "n": 3, "temperature": 1.0, "seed": 3, "repetition_penalty": 1.2}
+    cfg = {"id_column": "id", "sampling": sampling, "chat": "off", "engine": dict(ENGINE)}
+    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
+    summary, _ = run_local(spec, llm=tiny_llm, progress=False)
+    rows = {r["id"]: r for r in pl.read_parquet(summary.data_glob).to_dicts()}
+    expect = tiny_llm.generate(["one"], SamplingParams(**sampling))[0]
+    assert [s["text"] for s in rows["a"]["samples"]] == [s.text for s in expect.outputs]
+    assert rows["a"]["output"] == expect.outputs[0].text and rows["a"]["output_tokens"] == expect.num_output_tokens
+    with pytest.raises(JobConfigError, match="generate jobs only"):
+        load_job("in", "", "tiny", {"task": "label", "template": "{{ x }}", "label": {"labels": ["a", "b"]},
+                                    "sampling": {"n": 2}})  # fmt: skip

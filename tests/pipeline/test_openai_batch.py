@@ -35,6 +35,7 @@ REQUESTS = [
     _line("bad-temp", max_tokens=2, temperature=-1),
     _line("chat-3", max_tokens=2, messages=[{"role": "system", "content": "Terse."}, {"role": "user", "content": "Hi"}]),
     _line("cmpl-2", "/v1/completions", prompt=["one prompt in a list"], max_tokens=2),
+    _line("chat-n3", max_tokens=3, n=3, temperature=1.0, seed=7, presence_penalty=0.5, frequency_penalty=0.2),
 ]  # fmt: skip
 
 
@@ -60,12 +61,13 @@ def validate_openai_batch_output(text: str, inputs: list[dict[str, Any]]) -> dic
             assert body["object"] in ("chat.completion", "text_completion") and isinstance(
                 body["created"], int
             )
-            (choice,) = body["choices"]
-            assert choice["index"] == 0 and choice["finish_reason"] in ("stop", "length")
-            content = choice["message"]["content"] if body["object"] == "chat.completion" else choice["text"]
-            assert isinstance(content, str)
-            if body["object"] == "chat.completion":
-                assert choice["message"]["role"] == "assistant"
+            assert [c["index"] for c in body["choices"]] == list(range(len(body["choices"])))
+            for choice in body["choices"]:
+                assert choice["finish_reason"] in ("stop", "length")
+                content = choice["message"]["content"] if body["object"] == "chat.completion" else choice["text"]
+                assert isinstance(content, str)
+                if body["object"] == "chat.completion":
+                    assert choice["message"]["role"] == "assistant"
             usage = body["usage"]
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
             assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
@@ -105,6 +107,13 @@ def test_batch_round_trip(tmp_path: Path, tiny_llm) -> None:
     expect_cmpl = tiny_llm.generate(["Once upon a time"], SamplingParams(max_tokens=4))[0]
     assert body["cmpl-1"]["choices"][0]["text"] == expect_cmpl.text
     assert body["cmpl-2"]["object"] == "text_completion" and body["chat-2"]["usage"]["completion_tokens"] <= 3
+    n3 = body["chat-n3"]  # three samples of one prompt, with penalties, seeded
+    assert len(n3["choices"]) == 3
+    seeded = SamplingParams(max_tokens=3, n=3, temperature=1.0, seed=7, presence_penalty=0.5, frequency_penalty=0.2)
+    chat_n3 = tiny_llm.apply_chat_template(REQUESTS[-1]["body"]["messages"])
+    (expect_n3,) = tiny_llm.generate([tiny_llm.tokenizer.encode(chat_n3, add_special_tokens=False)], seeded)
+    assert [c["message"]["content"] for c in n3["choices"]] == [s.text for s in expect_n3.outputs]
+    assert n3["usage"]["completion_tokens"] == expect_n3.num_output_tokens
     again = results.read_bytes()
     assert _run(str(batch), str(results)) == 0  # a finished run rewrites the same bytes
     assert results.read_bytes() == again
@@ -167,9 +176,6 @@ def test_plan_describes_a_batch_file(tmp_path: Path, capsys) -> None:
     batch = _write(tmp_path / "batch.jsonl", REQUESTS)
     assert main(["plan", "--input", str(batch), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["requests"] == len(REQUESTS) and info["kinds"] == {
-        "chat": 5,
-        "completion": 2,
-        "unsupported": 1,
-    }
+    assert info["requests"] == len(REQUESTS)
+    assert info["kinds"] == {"chat": 6, "completion": 2, "unsupported": 1}
     assert [r["custom_id"] for r in info["refused"]] == ["embed-1", "logit-bias"]

@@ -106,3 +106,26 @@ def test_a_named_file_that_is_not_parquet_fails_naming_it(tmp_path: Path) -> Non
     csv.write_text("id,text\n1,hello\n")
     with pytest.raises(InputError, match="CSV or text"):
         plan_shards(_spec(str(csv)))
+
+
+def test_plan_prints_the_effective_shard_sizes(tmp_path: Path) -> None:
+    """shard_rows is rounded to row groups: 60 over groups of 56, 44 and 100 rows gives 56/44/100."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from prefixflow.pipeline.cli import main
+
+    rows = docs(200)
+    table = pa.Table.from_pylist(rows)
+    with pq.ParquetWriter(tmp_path / "in.parquet", table.schema) as writer:
+        for a, b in ((0, 56), (56, 100), (100, 200)):
+            writer.write_table(table.slice(a, b - a))
+    assert [s.num_rows for s in plan_shards(_spec(str(tmp_path / "in.parquet"), shard_rows=60))] == [56, 44, 100]
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "--input", str(tmp_path / "in.parquet"), "--shard-rows", "60"]) == 0
+    flat = " ".join(out.getvalue().split())
+    assert "shard_rows 60: effective shard sizes 56/44/100 rows" in flat and "(56 rows)" in flat

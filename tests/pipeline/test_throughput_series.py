@@ -57,10 +57,10 @@ def test_intervals_keep_stalls_and_the_last_partial_interval(tmp_path: Path) -> 
 
 
 def test_series_are_stored_beside_the_run_and_merged_on_one_clock(tmp_path: Path) -> None:
-    layout = Layout(Store.open(str(tmp_path / "out"), StorageConfig()))
+    layout = Layout(Store.open(str(tmp_path / "out"), StorageConfig())).for_run("run1")
     _record("lane-0", 1000.0, [2, 2, 2], save=saver(layout))
     _record("lane-1", 1005.0, [4, 0], save=saver(layout))  # started one interval later
-    (tmp_path / "out" / "_metrics" / "throughput" / "junk.json").write_text("{not json")
+    (tmp_path / "out" / "_metrics" / "run1" / "throughput" / "junk.json").write_text("{not json")
     series = load_series(layout)
     assert [s.lane for s in series] == ["lane-0", "lane-1"]
     timeline = run_timeline(series)

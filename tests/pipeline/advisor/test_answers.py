@@ -79,6 +79,12 @@ def test_llama_8b_on_l4_needs_quantization_or_tp(review_folder) -> None:
     assert q1.verdict == "no"
     assert "quantize" in q1.recommendation and "tensor parallel" in q1.recommendation
     assert advice.settings["quantization"] == "fp8"  # L4 has fp8 math
+    from prefixflow.pipeline.advisor.report import engine_settings
+
+    assert engine_settings(advice)["quantization"] == "fp8"  # a valid EngineConfig setting
+    from prefixflow.engine import EngineConfig
+
+    EngineConfig(**engine_settings(advice))
     assert advice.fits["bf16"].weight_share > 0.6 and not advice.fits["bf16"].headroom
     l4 = advice.estimates[0]
     assert l4.device == "l4" and l4.precision == "fp8"

@@ -51,12 +51,12 @@ def test_advise_runs_with_torch_unimportable_and_pilot_says_it_needs_it(job_inpu
 def test_human_report_walks_the_six_questions(job_input, capsys) -> None:
     folder, job = job_input
     assert main(["plan", "--input", folder, "--job", job, "--model", "tiny", "--advise", "--gpu", "a100-80g"]) == 0
-    err = capsys.readouterr().err
+    out = capsys.readouterr().out  # a report: stdout (`plan --advise > advice.txt`)
     for heading in ("Tokens", "Sharing", "Memory on a100-80g", "The six questions", "Recommended engine settings",
                     "Time and cost"):  # fmt: skip
-        assert heading in err
-    assert "6. Do prefill and decode contend at scale?" in err
-    assert "largest that fit (bf16): max_model_len" in err
+        assert heading in out
+    assert "6. Do prefill and decode contend at scale?" in out
+    assert "largest that fit (bf16): max_model_len" in out
 
 
 def test_pilot_measures_output_lengths(job_input, capsys) -> None:

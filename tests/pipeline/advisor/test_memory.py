@@ -25,11 +25,11 @@ def test_llama_8b_weight_bytes_per_precision() -> None:
     # the rest (embedding 525,336,576 + LM head 525,336,576 + norms 266,240) = 1,050,939,392 stays 16-bit
     assert shape.total_params == 8_030_261_248
     assert weight_bytes(shape, "bf16") == 16_060_522_496
-    # fp8/int8: 1 byte + one fp16 scale per output channel (32 layers x 43,008 channels x 2 bytes)
-    assert weight_bytes(shape, "fp8") == 6_979_321_856 + 2_752_512 + 2 * 1_050_939_392 == 9_083_953_152
+    # fp8/int8: 1 byte + one float32 scale per output channel (32 layers x 43,008 channels x 4 bytes)
+    assert weight_bytes(shape, "fp8") == 6_979_321_856 + 5_505_024 + 2 * 1_050_939_392 == 9_086_705_664
     assert weight_bytes(shape, "int8") == weight_bytes(shape, "fp8")
-    # int4: half a byte + per group of 128: fp16 scale (2 bytes) + 4-bit zero (0.5 byte)
-    assert weight_bytes(shape, "int4") == 3_489_660_928 + 54_525_952 * 5 // 2 + 2_101_878_784 == 5_727_854_592
+    # int4: half a byte + per group of 128 inputs: float16 scale and float16 zero (4 bytes)
+    assert weight_bytes(shape, "int4") == 3_489_660_928 + 54_525_952 * 4 + 2_101_878_784 == 5_809_643_520
     assert shape.kv_bytes_per_token(2) == 2 * 32 * 8 * 128 * 2 == 131_072
 
 
@@ -38,9 +38,21 @@ def test_llama_1b_weight_bytes_per_precision() -> None:
     # 16 x (2048*2048*2 + 2048*512*2 + 3*2048*8192) = 973,078,528 linear; tied LM head 262,668,288; norms 67,584
     assert shape.total_params == 1_235_814_400  # the published Llama-3.2-1B count
     assert weight_bytes(shape, "bf16") == 2_471_628_800
-    assert weight_bytes(shape, "fp8") == 973_078_528 + 16 * 23_552 * 2 + 2 * 262_735_872 == 1_499_303_936
-    assert weight_bytes(shape, "int4") == 486_539_264 + 7_602_176 * 5 // 2 + 525_471_744 == 1_031_016_448
+    assert weight_bytes(shape, "fp8") == 973_078_528 + 16 * 23_552 * 4 + 2 * 262_735_872 == 1_500_057_600
+    assert weight_bytes(shape, "int4") == 486_539_264 + 7_602_176 * 4 + 525_471_744 == 1_042_419_712
     assert shape.kv_bytes_per_token(2) == 2 * 16 * 8 * 64 * 2 == 32_768
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-7b"])
+def test_torch_free_arithmetic_matches_the_engines_own_quantized_layout(name: str) -> None:
+    """The engine builds the model on the meta device with each on-the-fly method and sums its tensors;
+    the advisor's arithmetic (no torch) must give the same bytes (Qwen2.5's q/k/v biases aside)."""
+    from prefixflow.engine.quantization.footprint import describe_weights
+
+    shape, cfg = _preset(name)
+    bias = shape.num_layers * (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim * 2 if name.startswith("qwen") else 0
+    for engine_name, ours in ((None, "bf16"), ("int8", "int8"), ("int4", "int4"), ("fp8", "fp8")):
+        assert describe_weights(cfg, "bfloat16", engine_name)["weight_bytes"] == weight_bytes(shape, ours) + bias
 
 
 def test_llama_8b_kv_pool_on_h200() -> None:

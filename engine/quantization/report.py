@@ -1,0 +1,39 @@
+"""What the loaded weights cost and how each linear layer runs: for ``llm.stats()`` and ``describe_model``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from prefixflow.engine.quantization.method import KernelMethod
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer the model holds (each storage counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.device.type != "meta" else (id(t), 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def linear_kernels(model: nn.Module) -> dict[str, int]:
+    """How many linear layers run each ``method/kernel`` (``dense`` for full-precision ones)."""
+    counts: Counter[str] = Counter()
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if isinstance(method, KernelMethod):
+            counts[f"{method.name}/{method.kernel_name}"] += 1
+        elif method is not None:
+            counts[str(getattr(method, "name", "dense"))] += 1
+    return dict(sorted(counts.items()))
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
