@@ -37,3 +37,15 @@ def test_eval_labels_smoke(tmp_path: Path) -> None:
         # the pipeline's default job end to end equals the offline evaluation of the default method
         assert res["pipeline_default"]["predicted"] == res["methods"][default]["predicted"]
         assert res["pipeline_default"]["ece"] == pytest.approx(res["methods"][default]["ece"], abs=1e-6)
+
+
+def test_eval_labels_demo_smoke(tmp_path: Path) -> None:
+    from benchmarks import eval_labels_demo
+
+    out = tmp_path / "demo.json"
+    eval_labels_demo.main(["--model", "tiny", "--threads", "1", "--json", str(out)])
+    demo = json.loads(out.read_text())["demo"]
+    assert len(demo) == 2
+    for methods in demo.values():
+        for m in methods.values():
+            assert m["of"] == 20 and 0 <= m["agree"] <= 20 and sum(m["counts"]) == 24
