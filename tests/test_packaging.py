@@ -78,3 +78,15 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
     assert res.returncode == 0, res.stdout + res.stderr
     assert list((elsewhere / "demo" / "tiny" / "summarize-out" / "data").rglob("*.parquet"))
     assert list((elsewhere / "demo" / "tiny" / "label-out" / "data").rglob("*.parquet"))
+
+
+def test_the_wheel_lists_every_package_of_the_checkout() -> None:
+    """pyproject.toml lists the packages explicitly (package-dir maps them); a new subpackage must be added."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = set(find_packages(str(REPO), include=["prefixflow*"]))  # follows the prefixflow/* links
+    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - on_disk == {"prefixflow.configs"}
