@@ -107,3 +107,15 @@ def test_cpu_uses_the_engines_default_pool_and_float32() -> None:
 def test_unknown_gpu_names_the_choices() -> None:
     with pytest.raises(ValueError, match="h200, h100, a100-80g, l4, cpu, local"):
         get_device("v100")
+
+
+def test_engine_limits_defaults_are_the_engine_configs() -> None:
+    """The advisor sizes the KV pool as the engine would: its defaults must not drift from EngineConfig's."""
+    import dataclasses
+
+    from prefixflow.engine.config import EngineConfig
+
+    engine_defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    for f in dataclasses.fields(EngineLimits):
+        assert f.name in engine_defaults, f.name
+        assert f.default == engine_defaults[f.name], (f.name, f.default, engine_defaults[f.name])
