@@ -35,6 +35,15 @@ def evaluate(variant: str, reviews: list[dict], dtype: str) -> dict[str, Any]:
     return result
 
 
+def set_int4_group(group: int) -> None:
+    """Diagnostic only: the engine's int4 is group 128 by definition (issue 12); this measures how much
+    of int4's loss on the already 4-bit SmolLM2 comes from the group size."""
+    from prefixflow.engine.quantization import online
+
+    online.INT4_GROUP = group
+    online.quantize_int4.__defaults__ = (group,)
+
+
 def agreement(a: dict[str, Any], b: dict[str, Any]) -> float:
     same = sum(x["predicted"] == y["predicted"] for x, y in zip(a["items"], b["items"]))
     return same / len(a["items"])
@@ -44,9 +53,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="none,gguf,int8,int4,fp8")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--int4-group", type=int, default=None,
+                    help="diagnostic: on-the-fly int4 with this group size instead of 128 (patches the method)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.int4_group:
+        set_int4_group(args.int4_group)
     reviews = read_jsonl("reviews.jsonl")
     load_before = os.getloadavg()
     results = {v: evaluate(v, reviews, args.dtype) for v in args.variants.split(",")}
@@ -59,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["agreement_with_none"] = agreement(r, base)
         rows.append(row)
         print(row, flush=True)
-    out = {"benchmark": "quant_eval", "model": MODEL, "dtype": args.dtype, "rows": rows, "results": results,
+    out = {"benchmark": "quant_eval", "model": MODEL, "dtype": args.dtype, "int4_group": args.int4_group or 128,
+           "rows": rows, "results": results,
            "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment()}  # fmt: skip
     if args.json:
         write_json(args.json, out)

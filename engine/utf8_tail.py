@@ -67,7 +67,9 @@ def ends_incomplete(tokenizer: Any, token_ids: list[int], skip_special_tokens: b
         return False
     special = set(getattr(tokenizer, "all_special_ids", ()) or ()) if skip_special_tokens else set()
     tail = [t for t in token_ids if t not in special][-_TAIL_TOKENS:]
-    pieces = [_token_bytes(tok, kinds) for tok in tokenizer.convert_ids_to_tokens(tail)]
+    # An id the tokenizer does not know (a model vocabulary padded past the tokenizer's) decodes to
+    # nothing, as in ``tokenizer.decode``.
+    pieces = [_token_bytes(tok, kinds) for tok in tokenizer.convert_ids_to_tokens(tail) if tok is not None]
     if any(p is None for p in pieces):
         return False
     decoder = codecs.getincrementaldecoder("utf-8")("replace")

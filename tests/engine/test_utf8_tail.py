@@ -42,6 +42,16 @@ def test_a_generated_replacement_character_is_kept(tokenizer) -> None:
     assert _finished(tokenizer, ids) == " bad byte \ufffd"
 
 
+def test_ids_beyond_the_tokenizer_decode_to_nothing(tokenizer) -> None:
+    """A model whose vocabulary is padded past the tokenizer's can sample such an id (a random-weight
+    1B preset did, at batch 64): the row must finish, not fail with "detokenizing failed"."""
+    unknown = len(tokenizer) + 7
+    assert tokenizer.convert_ids_to_tokens([unknown]) == [None]
+    ids = tokenizer.encode(" angry 😡😡", add_special_tokens=False)
+    assert _finished(tokenizer, ids[:-1] + [unknown]) == " angry 😡"
+    assert _finished(tokenizer, ids + [unknown]) == " angry 😡😡"
+
+
 def test_tokenizers_without_a_byte_view_are_left_alone() -> None:
     class Plain:
         def convert_ids_to_tokens(self, ids):  # pragma: no cover - never reached
