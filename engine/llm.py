@@ -41,6 +41,7 @@ class LLM:
         self._streams = CallStreams(self.engine)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        self.vocab_size = self.engine.model_cfg.vocab_size  # what sampling values are checked against
         # prompts taken from a non-list iterable per refill (see generate_stream)
         self.stream_window = max(256, 4 * self.config.max_num_seqs)
 

@@ -79,6 +79,8 @@ class Engine(Protocol):
     def tokenizer(self) -> Any: ...  # a Tokenizer; Any because the engine types it as a plain object
     @property
     def max_model_len(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...  # the model's: sampling values are checked against it per row
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
 

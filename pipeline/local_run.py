@@ -18,7 +18,7 @@ from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.read_hint import polars_hint
-from prefixflow.pipeline.rows import check_max_tokens
+from prefixflow.pipeline.rows import check_max_tokens, check_sampling_vocabulary
 from prefixflow.pipeline.run_record import check_output, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
@@ -42,6 +42,7 @@ def run_local(
     try:
         if llm is not None:
             check_max_tokens(spec.config, llm.max_model_len)
+            check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
         with hold_output(spec):
             prepare_output(spec, new_run=new_run)

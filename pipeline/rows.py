@@ -67,6 +67,18 @@ def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
         raise JobConfigError(f"job config: sampling.max_tokens: {max_tokens_problem(value, max_model_len)}")
 
 
+def check_sampling_vocabulary(cfg: JobConfig, vocab_size: int) -> None:
+    """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would
+    fail); plan time checks the rest, without the model."""
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.sampling.items() if k != "structured"}
+    try:
+        problem = engine_access.SamplingParams(**values).validation_error(vocab_size)
+    except TypeError:  # an unknown key: the plan-time check names it
+        return
+    if problem:
+        raise JobConfigError(f"job config: sampling: {problem}")
+
+
 def derived_id(relpath: str, row_index: int) -> str:
     return f"{relpath}#{row_index}"
 
@@ -88,6 +100,8 @@ class RowPreparer:
             except ValueError as exc:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
+        vocab = getattr(llm, "vocab_size", None)  # the advisor's model card has none: no generation there
+        self.vocab_size = int(vocab) if vocab is not None else None
         self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
         self.template = cfg.effective_template()
         self.reserve = 1
@@ -142,7 +156,7 @@ class RowPreparer:
         if isinstance(values.get("stop"), list):
             values["stop"] = tuple(values["stop"])
         params = engine_access.SamplingParams(**values)
-        problem = params.validation_error()
+        problem = params.validation_error(self.vocab_size)  # vocabulary-bound values too, before the engine
         if problem:
             raise RowError(BAD_SAMPLING, problem)
         return params

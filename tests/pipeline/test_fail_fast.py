@@ -64,6 +64,30 @@ def test_max_tokens_over_the_context_is_named_not_a_negative_limit(tmp_path: Pat
     assert "max_tokens is 1000000000" in bad["error"] and "is 160" in bad["error"]
 
 
+def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_record(tmp_path: Path, capsys) -> None:
+    """Values only the model can judge (stop ids past its vocabulary) used to reach the engine and make
+    every row an engine_error row; they fail fast like max_tokens over the context."""
+    write_dataset(tmp_path / "in", files=1, rows_per_file=3)
+    spec = job("generate", prompt_column="text", template=None, sampling={"stop_token_ids": [10**6], "min_tokens": 1})
+    (tmp_path / "job.yaml").write_text(json.dumps(spec))
+    assert _run(tmp_path, "--job", str(tmp_path / "job.yaml")) == 2
+    err = capsys.readouterr().err
+    assert "stop_token_ids holds 1000000, outside the vocabulary [0, 512)" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_are_checked_against_the_vocabulary_too(tiny_llm) -> None:
+    from prefixflow.pipeline.config import parse_job_config
+    from prefixflow.pipeline.errors import RowError
+    from prefixflow.pipeline.rows import RowPreparer
+
+    cfg = parse_job_config(job("generate", prompt_column="text", template=None,
+                                  sampling={"stop_token_ids": [10**6]}))  # fmt: skip
+    with pytest.raises(RowError, match="outside the vocabulary") as caught:
+        RowPreparer(cfg, tiny_llm, {}).params({"text": "x"})
+    assert caught.value.error_class == "bad_sampling"
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
