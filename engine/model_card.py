@@ -32,6 +32,11 @@ class ModelCard:
     checkpoint_bytes: int | None
     checkpoint_precision: str
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary (what the pipeline checks sampling values against, as with a loaded LLM)."""
+        return int(self.hf_config["vocab_size"])
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The same rendering ``LLM.apply_chat_template`` does, without loading the model."""
         template = getattr(self.tokenizer, "chat_template", None) or self.chat_template

@@ -379,13 +379,19 @@ def _check_template(source: str | None, path: str) -> None:
         raise _fail(path, f"invalid Jinja2 template: {exc}") from exc
 
 
-def _check_sampling(values: dict[str, Any]) -> None:
+def sampling_problem(values: dict[str, Any], vocab_size: int | None = None) -> str | None:
+    """What is wrong with the job-wide ``sampling:`` values, or None; with ``vocab_size`` (a loaded
+    model's), the vocabulary-bound values too (the plan checks the rest without a model)."""
     if not values:
-        return
+        return None
     from prefixflow.pipeline.engine_access import SamplingParams
 
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k != "structured"}
-    problem = SamplingParams(**values).validation_error()
+    return SamplingParams(**values).validation_error(vocab_size)
+
+
+def _check_sampling(values: dict[str, Any]) -> None:
+    problem = sampling_problem(values)
     if problem:
         raise _fail("sampling", problem)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline import engine_access
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.config import JobConfig, sampling_problem
 from prefixflow.pipeline.constraints import job_constraint
 from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
@@ -68,13 +68,8 @@ def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
 
 
 def check_sampling_vocabulary(cfg: JobConfig, vocab_size: int) -> None:
-    """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would
-    fail); plan time checks the rest, without the model."""
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.sampling.items() if k != "structured"}
-    try:
-        problem = engine_access.SamplingParams(**values).validation_error(vocab_size)
-    except TypeError:  # an unknown key: the plan-time check names it
-        return
+    """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would fail)."""
+    problem = sampling_problem(cfg.sampling, vocab_size)
     if problem:
         raise JobConfigError(f"job config: sampling: {problem}")
 
@@ -100,8 +95,7 @@ class RowPreparer:
             except ValueError as exc:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
-        vocab = getattr(llm, "vocab_size", None)  # the advisor's model card has none: no generation there
-        self.vocab_size = int(vocab) if vocab is not None else None
+        self.vocab_size = int(llm.vocab_size)
         self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
         self.template = cfg.effective_template()
         self.reserve = 1

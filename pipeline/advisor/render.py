@@ -19,12 +19,14 @@ from prefixflow.pipeline.rows import RowPreparer, derived_id
 
 
 class TokenizerOnlyModel:
-    """What ``RowPreparer`` needs from an ``LLM``: ``tokenizer``, ``max_model_len``, ``apply_chat_template``."""
+    """What ``RowPreparer`` needs from an ``LLM``: ``tokenizer``, ``max_model_len``, ``vocab_size``,
+    ``apply_chat_template``."""
 
     def __init__(self, card: Any, max_model_len: int) -> None:
         self.card = card
         self.tokenizer = card.tokenizer
         self.max_model_len = max_model_len
+        self.vocab_size = card.vocab_size
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return str(self.card.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
