@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "LLM": "prefixflow.engine.llm",
+    "Logprob": "prefixflow.engine.outputs",
     "EngineConfig": "prefixflow.engine.config",
     "EngineStats": "prefixflow.engine.stats",
     "ModelCard": "prefixflow.engine.model_card",
@@ -27,6 +28,7 @@ _EXPORTS = {
 
 __all__ = [
     "LLM",
+    "Logprob",
     "EngineConfig",
     "EngineStats",
     "ModelCard",
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from prefixflow.engine.model_card import ModelCard, inspect_model
     from prefixflow.engine.model_identity import describe_model
     from prefixflow.engine.model_source import ModelSource
-    from prefixflow.engine.outputs import RequestOutput, TokenLogprob
+    from prefixflow.engine.outputs import Logprob, RequestOutput, TokenLogprob
     from prefixflow.engine.sampling_params import SamplingParams
     from prefixflow.engine.stats import EngineStats
     from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error

@@ -14,6 +14,7 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.loader import resolve_model
+from prefixflow.engine.logprob_view import LogprobView
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_identity import identity_of, memory_identity
 from prefixflow.engine.model_runner import ModelRunner
@@ -45,6 +46,7 @@ class LLMEngine:
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.logprob_view = LogprobView(self.tokenizer)
         self.scheduler = Scheduler(
             SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
         )
@@ -221,7 +223,12 @@ class LLMEngine:
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens,
             num_output_tokens=len(out_ids),
-            logprobs=tuple(req.logprobs) if req.params.logprobs is not None else None,
+            logprobs=self.logprob_view.sample(req.logprobs) if req.params.logprobs is not None else None,
+            prompt_logprobs=(
+                self.logprob_view.prompt(req.prompt_logprobs, req.num_prompt_tokens)
+                if req.params.prompt_logprobs is not None
+                else None
+            ),
             time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             latency=now - req.arrival_time,
             stop_reason=req.stop_reason,

@@ -50,12 +50,14 @@ class ModelOutput:
     sampled: dict[int, int] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     prompt_logprobs: dict[int, float] = field(default_factory=dict)
+    prompt_positions: dict[int, list[tuple[int, TokenLogprob]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
 
     def merge(self, other: ModelOutput) -> None:
         self.sampled.update(other.sampled)
         self.logprobs.update(other.logprobs)
         self.prompt_logprobs.update(other.prompt_logprobs)
+        self.prompt_positions.update(other.prompt_positions)
         self.errors.update(other.errors)
 
 
