@@ -8,7 +8,7 @@ requests into ``RequestOutput``s.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.distributed.pool import TensorParallelError
@@ -64,6 +64,9 @@ class LLMEngine:
             if loc is not None
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
         )
+        # Called after every step with the engine's counters (live progress, throughput series): the
+        # counts move per step, not when a request finishes.
+        self.step_listeners: list[Callable[[EngineStats], None]] = []
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
@@ -163,6 +166,7 @@ class LLMEngine:
                 self.scheduler.abort(self._deferred_aborts)
                 self._deferred_aborts.clear()
         self.stats.steps += 1
+        self.stats.generated_tokens += len(output.sampled)
         self.stats.preemptions = self.scheduler.num_preemptions
         so = self.structured
         self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
@@ -170,6 +174,8 @@ class LLMEngine:
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
+        for listener in list(self.step_listeners):
+            listener(self.stats)
         return finished
 
     def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:

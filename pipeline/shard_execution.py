@@ -217,9 +217,11 @@ def run_shards(
     watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
     held = devices if devices is not None else int(spec.config.engine.get("tensor_parallel_size") or 1)
     recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
+    detach = recorder.attach(llm)  # tokens per engine step, so the series shows decoding as it happens
     try:
         yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)
     finally:
+        detach()
         recorder.flush()
     if watch is not None:
         watch.finish()
