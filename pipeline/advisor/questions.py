@@ -14,6 +14,7 @@ from prefixflow.pipeline.advisor.memory import (
     Footprint,
     choose_precision,
     crossover_tokens,
+    fit,
     native_precision,
 )
 from prefixflow.pipeline.advisor.roofline import ModelShape
@@ -57,13 +58,21 @@ class Facts:
     seqs: Footprint
     checkpoint: tuple[str, int | None] = ("", None)  # how the checkpoint stores its weights, bytes on disk
     settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
+    group: Fit | None = None  # question 1 chose tensor parallelism: the fit on that group of devices
 
     @property
     def native(self) -> Fit:
         return self.fits[native_precision(self.device)]
 
     def chosen(self) -> Fit:
+        """The fit the later questions size the batch from: the chosen precision on the chosen group."""
+        if self.group is not None:
+            return self.group
         return self.fits[self.settings.get("quantization") or native_precision(self.device)]
+
+    @property
+    def nothing_fits(self) -> bool:
+        return not self.chosen().fits
 
     def crossover_tokens(self, precision: str) -> float:
         return crossover_tokens(self.device, precision)
@@ -88,6 +97,17 @@ def q1_fit(f: Facts) -> Answer:
     precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
     f.settings.update(quantization=quant, tensor_parallel_size=tp * f.device.devices)
+    if tp > 1:
+        f.group = fit(f.shape, f.hf_config, f.device.group(tp), f.limits, precision, f.seqs)
+    if f.nothing_fits:
+        f.settings["fits"] = False
+        size = tp * f.device.devices
+        evidence.append(f"{precision} over {size} x {f.device.name}: weights {f.chosen().weight_bytes / GB:.1f} GB, "
+                        f"KV pool {f.chosen().kv_tokens:,} tokens")  # fmt: skip
+        rec = (f"nothing fits: not even {size} x {f.device.name} (tensor_parallel_size={size}, the largest "
+               f"group considered) leaves room for a KV pool of two blocks; use GPUs with more memory, or a "
+               "smaller or quantized checkpoint. No engine settings are recommended")  # fmt: skip
+        return Answer(1, q, "no", evidence, rec)
     if n.headroom:
         rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
                f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
@@ -163,6 +183,9 @@ def q3_output_lengths(f: Facts) -> Answer:
 
 def q4_fragmentation(f: Facts) -> Answer:
     x = f.chosen()
+    if f.nothing_fits:
+        return Answer(4, "Does KV fragmentation cap the batch?", "not applicable",
+                      [f"no KV pool fits ({x.kv_tokens:,} tokens)"], "nothing fits (question 1): no batch to size")  # fmt: skip
     ctx = max(x.max_model_len, 1)
     contiguous = x.kv_tokens // ctx
     paged = x.seqs_at_mean
@@ -171,7 +194,7 @@ def q4_fragmentation(f: Facts) -> Answer:
                 f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
     capped = contiguous < f.limits.max_num_seqs
     verdict = "yes" if capped and paged >= PAGING_GAIN * max(contiguous, 1) else "no"
-    seqs = max(1, min(paged, MAX_SEQS_CAP))
+    seqs = max(1, min(paged, MAX_SEQS_CAP))  # the pool holds two blocks at least (it fits): one sequence runs
     f.settings["max_num_seqs"] = seqs
     f.settings["max_model_len"] = x.max_model_len
     if verdict == "yes":

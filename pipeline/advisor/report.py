@@ -32,8 +32,11 @@ def _span(lo: str, hi: str) -> str:
 
 
 def engine_settings(advice: Advice) -> dict[str, Any]:
-    """The recommended settings as a job config's ``engine:`` section (only EngineConfig fields)."""
+    """The recommended settings as a job config's ``engine:`` section (only EngineConfig fields, only
+    values it accepts; empty when nothing fits)."""
     s = advice.settings
+    if s.get("fits") is False:
+        return {}
     keys = ("ordering", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
     out: dict[str, Any] = {k: s[k] for k in keys if k in s}
     if s.get("quantization"):
@@ -100,7 +103,10 @@ def print_advice(console: Console, advice: Advice) -> None:
         console.print(f"   -> {a.recommendation}", soft_wrap=True, markup=False)
 
     console.print("\n[bold]Recommended engine settings[/] (job config `engine:` section)")
-    console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
+    if advice.settings.get("fits") is False:
+        console.print(f"  [red]none: nothing fits[/] on {d.name}: {advice.answers[0].recommendation}", soft_wrap=True)
+    else:
+        console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
 
     console.print("\n[bold]Time and cost[/] for the whole input, one lane")
     t = Table(show_edge=False, pad_edge=False, box=None)
