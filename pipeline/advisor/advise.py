@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import Device, get_device
+from prefixflow.pipeline.advisor.engine_path import engine_path
 from prefixflow.pipeline.advisor.estimate import Estimate, estimate_all
 from prefixflow.pipeline.advisor.memory import (
     EngineLimits,
@@ -161,13 +162,15 @@ def advise(
     facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs,
                   (card.checkpoint_precision, card.checkpoint_bytes))  # fmt: skip
     answers = answer_all(facts)
-    estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff)
+    path = engine_path(card.checkpoint_precision, cfg.engine.get("quantization"))
+    estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff, path)
     timings["total_s"] = time.perf_counter() - t0
     model = {"model": spec.model, "name": card.name, "format": card.format,
              "checkpoint_precision": card.checkpoint_precision, "checkpoint_bytes": card.checkpoint_bytes,
              "params": shape.total_params, "layers": shape.num_layers, "hidden_size": shape.hidden_size,
              "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
-             "context": model_context_limit(card.hf_config, limits)}  # fmt: skip
+             "context": model_context_limit(card.hf_config, limits),
+             "engine_path": {"method": path.method, "precision": path.precision, "label": path.label}}  # fmt: skip
     kv_elem = 4 if device.dtype == "float32" else 2
     return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,
                   facts.settings, estimates, timings, sample.skipped_shards)  # fmt: skip

@@ -51,7 +51,8 @@ def print_advice(console: Console, advice: Advice) -> None:
     console.rule("[bold]prefixflow advice")
     console.print(f"model {m['model']} ({m['format']}, stored {m['checkpoint_precision']}, "
                   f"{m['params'] / 1e6:,.0f} M parameters, context {m['context']:,}); "
-                  f"target {d.name} ({d.source})", soft_wrap=True)  # fmt: skip
+                  f"target {d.name} ({d.source}); the engine runs its weights {m['engine_path']['label']}",
+                  soft_wrap=True)  # fmt: skip
     console.print(f"sample: {w.sampled_rows:,} of {w.total_rows:,} rows "
                   f"({advice.timings.get('total_s', 0):.1f} s)", soft_wrap=True)  # fmt: skip
     if advice.skipped_shards:
