@@ -51,6 +51,7 @@ class EngineConfig:
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
+    kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -94,5 +95,7 @@ class EngineConfig:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
+        if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
+            raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
         if not self.distributed_timeout_s > 0:
             raise bad("distributed_timeout_s", "a positive number of seconds")
