@@ -109,10 +109,10 @@ def test_kv_offload_bytes_must_be_a_non_negative_int():
 
 @pytest.mark.slow
 def test_embedded_model_is_unchanged_by_the_host_tier():
-    opts = dict(OPTIONS, block_size=16, num_kv_blocks=12, max_num_batched_tokens=64)
-    chat = [[1, 9690, 198] + p for p in random_prompts(6, 20, 40, vocab=20000, seed=8)]
-    rows_ = chat + chat[:3]
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    opts = dict(OPTIONS, block_size=16, num_kv_blocks=8, max_num_batched_tokens=64)
+    chat = [[1, 9690, 198] + p for p in random_prompts(4, 20, 36, vocab=20000, seed=8)]
+    rows_ = chat + chat[:2]  # the first two again, after the others evicted them
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
     want = run(LLM("smollm2-135m-instruct", **opts), rows_, params)
     on = LLM("smollm2-135m-instruct", kv_offload_bytes=64 << 20, **opts)
     assert run(on, rows_, params) == want
