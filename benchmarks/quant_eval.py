@@ -26,7 +26,7 @@ MODEL = "smollm2-135m-instruct"
 def evaluate(variant: str, reviews: list[dict], dtype: str) -> dict[str, Any]:
     from prefixflow.engine import LLM
 
-    quantization = {"none": "none", "gguf": None}.get(variant, variant)
+    quantization = {"none": "none"}.get(variant, variant)  # "gguf": the file's blocks kept packed
     start = time.perf_counter()
     llm = LLM(model=MODEL, dtype=dtype, quantization=quantization)
     result = label_reviews(llm, reviews)

@@ -58,7 +58,7 @@ class LLMEngine:
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization)
+            identity_of(loc, dtype, cfg.quantization, self.runner.device.type)
             if loc is not None
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
         )

@@ -122,12 +122,22 @@ def describe_model(
     ValueError whose message says what is accepted or what to do) for a model that cannot load, and
     ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
-    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization)
+    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization, resolve_device(device))
 
 
-def identity_of(location: ModelLocation, dtype: str, quantization: str | None = None) -> dict[str, Any]:
+def resolve_device(device: str = "auto") -> str:
+    """``cuda`` or ``cpu``: where ``EngineConfig(device=device)`` runs."""
+    import torch
+
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def identity_of(
+    location: ModelLocation, dtype: str, quantization: str | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """``quantization`` is the method's settings (part of the digest: it decides outputs);
-    ``weight_bytes`` what the weights take in that dtype and method (informational, not digested)."""
+    ``weight_bytes`` what the weights take in that dtype and method, and for a GGUF file ``weight_path``
+    (packed or dense on ``device``, and why): informational, not digested."""
     out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
     if location.kind == "hf":
         assert location.path is not None
@@ -140,8 +150,8 @@ def identity_of(location: ModelLocation, dtype: str, quantization: str | None = 
     else:
         assert location.preset is not None
         out.update(_preset_digests(location.preset))
-    out.update(_weights(location, dtype, quantization))
-    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    out.update(_weights(location, dtype, quantization, device))
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")})
     return out
 
 
@@ -159,14 +169,14 @@ def memory_identity(
     return out
 
 
-def _weights(location: ModelLocation, dtype: str, quantization: str | None) -> dict[str, Any]:
+def _weights(location: ModelLocation, dtype: str, quantization: str | None, device: str) -> dict[str, Any]:
     """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
     from prefixflow.engine import presets
     from prefixflow.engine.quantization.footprint import describe_gguf_weights, describe_weights
 
     if location.kind == "gguf":
         assert location.path is not None
-        return describe_gguf_weights(location.path, dtype, quantization)
+        return describe_gguf_weights(location.path, dtype, quantization, device)
     if location.kind == "hf":
         assert location.path is not None
         config = json.loads((location.path / "config.json").read_text())
