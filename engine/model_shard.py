@@ -53,7 +53,7 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
-        quant = resolve_quantization(source.hf_config, cfg.quantization)
+        quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
         gguf_file = source.location.path if source.location is not None and source.location.kind == "gguf" else None
         dtype_name = str(self.dtype).removeprefix("torch.")
         self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
