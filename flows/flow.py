@@ -17,6 +17,7 @@ from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import (
     ShardProgress,
     publish_comparison,
+    publish_labels,
     publish_summary,
     publish_throughput,
     run_metrics,
@@ -78,8 +79,10 @@ def summarize_run(
 ) -> dict[str, Any]:
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
     `complete` says whether every shard is committed) and publish the summary table artifact."""
-    metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
+    summary = finalize(with_credentials(spec, credentials_block))
+    metrics = run_metrics(summary.as_dict(), reports, wall_s)
     publish_summary(metrics, spec.output)
+    publish_labels(summary)
     publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
