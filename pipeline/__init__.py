@@ -6,6 +6,7 @@ from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
+    InputChanged,
     InputError,
     JobConfigError,
     OutputBusy,
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "Engine",
     "FingerprintMismatch",
+    "InputChanged",
     "InputError",
     "JobConfig",
     "JobConfigError",
