@@ -74,6 +74,8 @@ class Scheduler:
                 i += 1
                 continue
             break
+        for req in self.running[i:]:
+            req.drop_drafts()  # not scheduled this step: drafts live for one step only
         if not preempted:
             budget = self._admit(out, budget)
         return SchedulerOutput(out)

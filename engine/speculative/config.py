@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 SpecMethod = Literal["ngram", "draft_model"]
 METHODS: tuple[str, ...] = ("ngram", "draft_model")
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"speculative_config.{name}={getattr(self, name)!r} is invalid; expected {allowed}")
+            return ValueError(
+                f"speculative_config.{name}={getattr(self, name)!r} is invalid; expected {allowed}"
+            )
 
         if self.method not in METHODS:
             raise bad("method", f"one of {', '.join(METHODS)}")

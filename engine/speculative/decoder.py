@@ -67,7 +67,9 @@ class NgramProposer:
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig, proposer: Proposer, max_model_len: int, stats: SpeculationStats) -> None:
+    def __init__(
+        self, cfg: SpeculativeConfig, proposer: Proposer, max_model_len: int, stats: SpeculationStats
+    ) -> None:
         self.cfg = cfg
         self.proposer = proposer
         self.max_model_len = max_model_len
@@ -79,7 +81,11 @@ class Speculator:
 
     def state(self, req: Request) -> RequestSpecState:
         if req.spec is None:
-            index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max) if self.proposer.lookahead else None
+            index = (
+                NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+                if self.proposer.lookahead
+                else None
+            )
             req.spec = RequestSpecState(index, method=self.method_acceptance)
         assert isinstance(req.spec, RequestSpecState)
         return req.spec
@@ -109,7 +115,9 @@ class Speculator:
             limits = [len(p) for p in proposals]
         if self.cfg.auto:
             prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
-            candidates = [Candidate(lim, self.state(r).acceptance.rate(prior)) for r, lim in zip(decoding, limits)]
+            candidates = [
+                Candidate(lim, self.state(r).acceptance.rate(prior)) for r, lim in zip(decoding, limits)
+            ]
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
         else:
             ks = limits

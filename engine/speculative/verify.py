@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from prefixflow.engine.outputs import TokenLogprob
 from prefixflow.engine.request import Request
 from prefixflow.engine.sampler import sample
 from prefixflow.engine.step_types import ModelOutput, TokenMasks
@@ -51,6 +52,8 @@ def sample_verified(
         per_request = masks.take_bitmask(sampled_requests)
         if per_request is not None:
             bitmask = _expand(per_request, spans, views, vocab_size)
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None]
     try:
         tokens, logprobs = sample(logits, views, eos_ids, bitmask)
     except Exception:
@@ -70,9 +73,9 @@ def sample_verified(
             continue
         if count == 1:
             out.sampled[key] = tokens[first]
-            lp = logprobs[first]
-            if lp is not None:
-                out.logprobs[key] = lp
+            one = logprobs[first]
+            if one is not None:
+                out.logprobs[key] = one
         else:
             out.verified[key] = tokens[first : first + count]
             lps = [x for x in logprobs[first : first + count] if x is not None]
@@ -80,7 +83,9 @@ def sample_verified(
                 out.verified_logprobs[key] = lps
 
 
-def _expand(per_request: torch.Tensor, spans: list[tuple[int, int]], views: list[Request], vocab: int) -> torch.Tensor:
+def _expand(
+    per_request: torch.Tensor, spans: list[tuple[int, int]], views: list[Request], vocab: int
+) -> torch.Tensor:
     """One bitmask row per sampled position: a run's row j is the grammar's mask after drafts d_1..d_j
     (the matcher advances over the drafts, fills, then rolls back; it keeps only accepted tokens)."""
     rows = len(views)
