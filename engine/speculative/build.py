@@ -18,7 +18,5 @@ def build_speculator(
     if spec.method == "ngram":
         proposer = NgramProposer(spec)
     else:
-        from prefixflow.engine.speculative.draft import DraftProposer
-
-        proposer = DraftProposer(spec, cfg, target, max_model_len)
+        raise ValueError("speculative_config.method='draft_model' is not available yet; use method='ngram'")
     return Speculator(spec, proposer, max_model_len, stats)
