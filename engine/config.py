@@ -53,6 +53,7 @@ class EngineConfig:
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
+    sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
     # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
     speculative_config: SpeculativeConfig | None = None
 
@@ -98,6 +99,8 @@ class EngineConfig:
             raise bad("kernel_backend", "one of auto, torch, triton")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
+        if self.sparsity not in (None, "2:4"):
+            raise bad("sparsity", "None or '2:4'")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
         if not self.distributed_timeout_s > 0:

@@ -59,9 +59,10 @@ class LLMEngine:
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization)
+            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.device.type)
             if loc is not None
-            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
+            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
+                                 cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
         self.speculator = build_speculator(cfg, self.source, self.max_model_len, self.scheduler.speculation)
         self._seed_counter = 0

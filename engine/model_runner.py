@@ -44,7 +44,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
-        resolve_quantization(source.hf_config, cfg.quantization)  # a bad quantization fails before any work
+        resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:

@@ -52,7 +52,7 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
-        self.quantization = resolve_quantization(source.hf_config, cfg.quantization)
+        self.quantization = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
         with torch.device(device):
             self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization)
         load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))

@@ -63,6 +63,10 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    # Stop strings (see StopChecker): characters of output text already searched, and where the stop
+    # string that ended the request starts.
+    stop_scan_from: int | None = None
+    stop_at: int | None = None
     error: str | None = None
     key: int = field(default_factory=lambda: next(_KEYS), kw_only=True)
     _prompt_hashes: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)

@@ -6,6 +6,7 @@ from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
+    InputChanged,
     InputError,
     JobConfigError,
     OutputBusy,
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "Engine",
     "FingerprintMismatch",
+    "InputChanged",
     "InputError",
     "JobConfig",
     "JobConfigError",

@@ -260,6 +260,19 @@ def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
     if summary.replaced_runs:
         err.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
                   "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
+    if summary.shards_lost:
+        err.print(f"[red]warning:[/] committed parts of {len(summary.shards_lost)} shard(s) were deleted "
+                  f"({', '.join(summary.shards_lost[:5])}); data/ lacks their rows. The next `prefixflow run` of "
+                  "this job generates them again", soft_wrap=True)  # fmt: skip
+    if summary.shards_unpublished:
+        err.print(f"[yellow]note:[/] {len(summary.shards_unpublished)} shard(s) committed but not yet published "
+                  f"to data/ ({', '.join(summary.shards_unpublished[:5])}; a run was killed in between): "
+                  f"readers see {summary.rows_published} of {summary.rows} committed rows. The next `prefixflow "
+                  "run` of this job publishes them", soft_wrap=True)  # fmt: skip
+    if summary.orphan_parts:
+        err.print(f"[yellow]note:[/] data/ holds {len(summary.orphan_parts)} part(s) no commit marker lists "
+                  f"({', '.join(summary.orphan_parts[:3])}; a marker was deleted): the next `prefixflow run` "
+                  "replaces them", soft_wrap=True)  # fmt: skip
     print_summary(out, summary, storage)
     if series:
         out.print(throughput_table(series))

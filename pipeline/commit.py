@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from prefixflow.pipeline.label_watch import label_counts
 from prefixflow.pipeline.layout import Layout
 
 COUNT_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens")
+_log = logging.getLogger("prefixflow")
 
 
 @dataclass
@@ -183,9 +185,20 @@ def commit(
     return marker
 
 
+class PartLost(Exception):
+    """A committed part is neither staged nor published: its rows are gone (someone deleted them)."""
+
+
 def publish(layout: Layout, marker: CommitMarker) -> None:
-    """Copy every listed part to its data/ name. Idempotent; safe to repeat after a crash."""
+    """Copy every listed part to its data/ name, after removing any other file in the shard's data/
+    folder (parts of an earlier commit of this shard whose marker was deleted: publishing them beside
+    the new ones would show their rows twice). Idempotent; safe to repeat after a crash. Raises PartLost
+    when a part is neither staged nor published (``repair`` then regenerates the shard)."""
     store = layout.store
+    listed = {layout.path(p.data) for p in marker.parts}
+    for stale in store.list_files(layout.data_shard(marker.shard_id)):
+        if stale not in listed:
+            store.remove(stale)
     for i, part in enumerate(marker.parts):
         src, dst = layout.path(part.staged), layout.path(part.data)
         if i == 1:
@@ -193,10 +206,31 @@ def publish(layout: Layout, marker: CommitMarker) -> None:
         if store.exists(dst):
             continue
         if not store.exists(src):
-            raise RuntimeError(
-                f"committed part {part.staged} is missing and was never published to {part.data}"
-            )
+            if store.exists(dst):  # a concurrent publisher copied it, then cleaned staging up
+                continue
+            raise PartLost(f"committed part {part.data} of shard {marker.shard_id} is missing from data/ "
+                           "and from staging")  # fmt: skip
         store.copy(src, dst)
+
+
+def repair(layout: Layout, marker: CommitMarker) -> bool:
+    """Make a committed shard visible: publish it; True when every part is in data/. When a part is lost
+    (deleted by hand), the marker and the shard's data are removed and False comes back: the shard is
+    then uncommitted and the run generates it again, instead of failing on every resume."""
+    try:
+        publish(layout, marker)
+        return True
+    except PartLost as exc:
+        _log.warning("%s; shard %s will be generated again", exc, marker.shard_id)
+        drop(layout, marker.shard_id)
+        return False
+
+
+def drop(layout: Layout, shard_id: str) -> None:
+    """Uncommit a shard of ``layout``'s run: the marker first (from then on it does not count), then
+    its data/ folder (a kill in between leaves parts that the next commit or finalize removes)."""
+    layout.store.remove(layout.marker(shard_id))
+    layout.store.remove_tree(layout.data_shard(shard_id))
 
 
 def read_marker(layout: Layout, shard_id: str) -> CommitMarker:

@@ -19,6 +19,10 @@ class FingerprintMismatch(PipelineError):
     """The output root holds a run with a different job fingerprint; refuse to mix the two."""
 
 
+class InputChanged(FingerprintMismatch):
+    """The input files of the output's run changed since it started (edited, removed or added files)."""
+
+
 class OutputStateError(PipelineError):
     """The output root cannot hold a run (a file, unwritable, an unreadable fingerprint record)."""
 

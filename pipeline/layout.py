@@ -97,6 +97,9 @@ class Layout:
         """The run's throughput series (throughput_series.py): one file per lane attempt."""
         return self._run("_metrics", "throughput", *([name] if name else []))
 
+    def data_shard(self, shard_id: str) -> str:
+        return self._run(DATA_DIR, shard_id)
+
     def data_part(self, shard_id: str, attempt: str, n: int) -> str:
         return self._run(DATA_DIR, shard_id, f"part-{attempt}-{n:05d}.parquet")
 

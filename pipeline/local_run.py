@@ -37,7 +37,7 @@ def run_local(
     shards = plan_shards(spec)
     check_output(spec, new_run)
     owned = llm is None
-    if llm is None and any(not is_committed(spec, s) for s in shards):
+    if llm is None and (new_run or any(not is_committed(spec, s) for s in shards)):
         llm = open_engine(spec)
     try:
         if llm is not None:

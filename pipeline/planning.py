@@ -22,7 +22,7 @@ from prefixflow.pipeline.prompts import (
     render_template,
     static_prefix,
 )
-from prefixflow.pipeline.sources import InputFile, list_inputs, parquet_file
+from prefixflow.pipeline.sources import InputFile, file_identity, list_inputs, parquet_file
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
 
@@ -205,6 +205,28 @@ def input_schemas(spec: JobSpec) -> list[tuple[str, pa.Schema]]:
         except Exception:
             continue  # unreadable files fail their own shard
     return out
+
+
+def input_identities(spec: JobSpec) -> dict[str, dict[str, Any]]:
+    """relative path -> ``sources.file_identity`` of every input file (what a resume must find unchanged)."""
+    store, files = list_inputs(spec.input, spec.config.storage)
+    return {f.relpath: file_identity(store, f.path) for f in files}
+
+
+def input_changes(recorded: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between the input a run started on and the input now, one entry per file."""
+    out = [f"{name} changed ({_what_changed(recorded[name], now[name])})"
+           for name in sorted(set(recorded) & set(now)) if recorded[name] != now[name]]  # fmt: skip
+    out += [f"{name} removed" for name in sorted(set(recorded) - set(now))]
+    out += [f"{name} added" for name in sorted(set(now) - set(recorded))]
+    return out
+
+
+def _what_changed(old: dict[str, Any], new: dict[str, Any]) -> str:
+    if old.get("size") != new.get("size"):
+        return f"size {old.get('size')} -> {new.get('size')} bytes"
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return "same size, different " + "/".join(keys)
 
 
 def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | None = None) -> None:

@@ -20,10 +20,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import lease
 from prefixflow.pipeline.duplicates import duplicate_index
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
+    InputChanged,
     JobConfigError,
     OutputNotPrepared,
     OutputStateError,
@@ -37,7 +39,7 @@ from prefixflow.pipeline.output_schema import (
     schema_from_text,
     schema_to_text,
 )
-from prefixflow.pipeline.planning import check_input_columns, input_schemas
+from prefixflow.pipeline.planning import check_input_columns, input_changes, input_identities, input_schemas
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.storage import Store
 
@@ -57,6 +59,7 @@ class RunRecord:
     retired_runs: tuple[str, ...] = ()
     version: int = RECORD_VERSION
     columns: dict[str, str] = field(default_factory=dict)  # the output schema, readable
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> sources.file_identity
 
     @property
     def schema(self) -> pa.Schema:
@@ -208,6 +211,7 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
         output_schema=schema_to_text(schema),
         created_at=time.time(),
         columns={f.name: str(f.type) for f in schema},
+        inputs=input_identities(spec),
     )
 
 
@@ -222,7 +226,26 @@ def check_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
         _refuse_foreign_root(spec, layout)
     elif existing.fingerprint_hash != fresh.fingerprint_hash and not new_run:
         check_fingerprint(spec, layout, existing)
+    elif not new_run:
+        check_inputs(spec, existing, fresh)
     return fresh
+
+
+def check_inputs(spec: JobSpec, existing: RunRecord, fresh: RunRecord) -> None:
+    """Refuse to resume a run whose input files changed since it started (InputChanged, naming them):
+    its committed shards hold rows of the old contents, so a resume would keep deleted rows, duplicate
+    moved ones and lose new ones. A record written before input identities were recorded is not checked."""
+    if not existing.inputs:
+        return
+    changes = input_changes(existing.inputs, fresh.inputs)
+    if changes:
+        shown = "; ".join(changes[:8]) + (f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+        raise InputChanged(
+            f"the input of run {existing.run_id} in {spec.output} changed since it started: {shown}. Its "
+            "committed rows come from the old files, so resuming would mix old and new rows. Restore the "
+            "input as it was to resume, pass --new-run to discard the results and start over, or write to "
+            "another --output"
+        )
 
 
 def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
@@ -233,22 +256,42 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
     output root that cannot hold a run (OutputStateError): a file, unwritable, unreachable, or holding
     files but no run record. A run of another job is refused (FingerprintMismatch) unless ``new_run``,
     which replaces it, and is itself refused (OutputBusy) while another process still writes the output.
-    A run with the same fingerprint is resumed, also under ``new_run``.
+    A run with the same fingerprint is resumed unless its input files changed (InputChanged); ``new_run``
+    always starts over. A resume first publishes what a kill left committed but unpublished.
     """
     fresh = check_output(spec, new_run)
     layout = output_layout(spec)
     with lease.hold(layout) as held:
         record = read_run_record(layout) or _create(spec, layout, fresh)
-        if record.fingerprint_hash != fresh.fingerprint_hash:
+        if record.run_id != fresh.run_id:  # an existing run: resume it, or (new_run) start over
             if not new_run:
                 check_fingerprint(spec, layout, record)
-            with held.exclusive():
-                record = _replace(layout, fresh)
+                check_inputs(spec, record, fresh)
+            else:
+                with held.exclusive():
+                    record = _replace(layout, fresh, record.run_id)
         sweep(layout, record)
         run = layout.for_run(record.run_id)
+        mark_in_progress(layout, record)
+        repair_published(run)
         if spec.config.id_column and not run.store.exists(run.duplicates):
             run.store.write_atomic(run.duplicates, duplicate_index(spec))
     return record
+
+
+def mark_in_progress(layout: Layout, record: RunRecord) -> None:
+    """Replace ``_manifest.json`` (a finished run's totals) by one saying this run is in progress, so a
+    reader never takes the manifest of a replaced or resumed run for the state of the output."""
+    manifest = {"run_id": record.run_id, "complete": False, "state": "in progress", "started_at": time.time(),
+                "note": "a run is writing this output; finalize rewrites this file with the totals"}  # fmt: skip
+    layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def repair_published(run: Layout) -> None:
+    """Publish every committed shard a kill left unpublished (publishing is part of committing), and
+    uncommit those whose parts were deleted, so they are generated again (commit.repair)."""
+    for marker in commits.list_markers(run):
+        commits.repair(run, marker)
 
 
 def _refuse_foreign_root(spec: JobSpec, layout: Layout) -> None:
@@ -281,12 +324,12 @@ def _create(spec: JobSpec, layout: Layout, fresh: RunRecord) -> RunRecord:
     return record
 
 
-def _replace(layout: Layout, fresh: RunRecord) -> RunRecord:
+def _replace(layout: Layout, fresh: RunRecord, replacing: str) -> RunRecord:
     """--new-run, holding the output alone: the new record first (the old run stops counting at once),
-    then ``sweep`` removes the old run's folders."""
+    then ``sweep`` removes the old run's folders. Always starts over, also for the same job."""
     current = read_run_record(layout)
-    if current is not None and current.fingerprint_hash == fresh.fingerprint_hash:
-        return current  # another --new-run of this same job got here first
+    if current is not None and current.run_id != replacing and current.fingerprint_hash == fresh.fingerprint_hash:
+        return current  # another --new-run of this same job started over first
     retired = (*current.retired_runs, current.run_id) if current is not None else ()
     record = replace(fresh, retired_runs=retired)
     layout.store.write_atomic(layout.record, record.to_json())

@@ -123,8 +123,7 @@ def _run_shard(
     start = time.perf_counter()
     layout, record = current_run(spec)
     marker = commits.committed_marker(layout, shard.shard_id)
-    if marker is not None:
-        commits.publish(layout, marker)
+    if marker is not None and commits.repair(layout, marker):  # a lost part uncommits it: generate again
         if progress is not None:
             progress.resumed(marker.rows)
         return ShardResult.from_marker(marker, skipped=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -83,6 +84,33 @@ def _looks_like(head: bytes) -> str:
     if b"," in head.split(b"\n", 1)[0] and head.isascii():
         return f"it starts with {head[:24]!r}: CSV or text"
     return f"it starts with {head[:8]!r}, not with the Parquet magic bytes PAR1"
+
+
+def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
+    """What pins one input file's contents, recorded in the run record so a resume over changed input is
+    refused: the size and a digest of the Parquet footer (it holds every row group's offsets, sizes and
+    statistics, so an edit that keeps the size still changes it), plus S3's ETag and version id. The
+    footer digest is ``None`` for a file whose footer cannot be read (it fails its own shard anyway)."""
+    info = store.fs.info(path)
+    size = int(info.get("size") or 0)
+    identity: dict[str, str | int | None] = {"size": size}
+    for key in ("ETag", "VersionId"):
+        if info.get(key):
+            identity[key.lower()] = str(info[key]).strip('"')
+    if store.is_s3 and "etag" in identity:
+        return identity  # the ETag already changes with the content; no second read
+    try:
+        with store.fs.open(path, "rb") as f:
+            f.seek(max(size - 8, 0))
+            tail = f.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != PARQUET_MAGIC or length + 8 > size:
+                raise ValueError("no Parquet footer")
+            f.seek(size - 8 - length)
+            identity["footer_sha256"] = hashlib.sha256(f.read(length)).hexdigest()[:32]
+    except Exception:  # noqa: BLE001 - unreadable: its shard fails; the size still pins it
+        identity["footer_sha256"] = None
+    return identity
 
 
 def parquet_file(store: Store, path: str) -> pq.ParquetFile:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -55,6 +56,11 @@ class RunSummary:
     device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
     preemptions: int = 0  # engine preemptions while the committed shards generated
     predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
+    shards_unpublished: list[str] = field(default_factory=list)  # committed, not (wholly) in data/ yet
+    shards_lost: list[str] = field(default_factory=list)  # committed, a part deleted: generated again next run
+    orphan_parts: list[str] = field(default_factory=list)  # own parts no marker lists (a deleted marker)
+    shards_unplanned: list[str] = field(default_factory=list)  # markers of shards not in the plan (never count)
+    rows_published: int | None = None  # rows of committed shards wholly in data/ (None: not checked)
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,9 +84,18 @@ class RunSummary:
 def summarize_layout(
     layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
     num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
+    data: DataState | None = None,
 ) -> RunSummary:  # fmt: skip
-    """Totals of ``layout``'s run from its ``markers``; ``num_labels`` (how many labels a label job
-    lists) enables the label-collapse check."""
+    """Totals of ``layout``'s run from its ``markers`` (only those of planned shards count, when the plan
+    is known); ``num_labels`` (how many labels a label job lists) enables the label-collapse check.
+    ``data`` (what data/ holds) lets the summary tell committed from published: without it every
+    committed shard is taken as published (finalize, which has just published them)."""
+    if planned is not None:
+        wanted = set(planned)
+        unplanned = sorted(m.shard_id for m in markers if m.shard_id not in wanted)
+        markers = [m for m in markers if m.shard_id in wanted]
+    else:
+        unplanned = []
     done = {m.shard_id for m in markers}
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -91,6 +106,9 @@ def summarize_layout(
             labels[k] = labels.get(k, 0) + v
     staged = set(layout.store.list_dir(layout.staging()))
     pending = [s for s in planned if s not in done] if planned is not None else []
+    unpublished = data.unpublished(markers) if data is not None else []
+    lost = data.lost(markers) if data is not None else []
+    orphans = data.orphans if data is not None else []
     return RunSummary(
         output=output,
         data_glob=layout.data_glob(),
@@ -103,7 +121,7 @@ def summarize_layout(
         cached_tokens=sum(m.cached_tokens for m in markers),
         output_tokens=sum(m.output_tokens for m in markers),
         elapsed_s=sum(m.elapsed_s for m in markers),
-        complete=planned is not None and not pending,
+        complete=planned is not None and not pending and not unpublished and not orphans,
         shards_pending=pending,
         shards_in_progress=sorted(staged - done),
         run_id=layout.run_id,
@@ -113,6 +131,11 @@ def summarize_layout(
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
         device_seconds=round(sum(s.device_seconds for s in load_series(layout)), 3),
         preemptions=sum(m.preemptions for m in markers),
+        shards_unpublished=unpublished,
+        shards_lost=lost,
+        orphan_parts=orphans,
+        shards_unplanned=unplanned,
+        rows_published=sum(m.rows for m in markers if m.shard_id not in set(unpublished)),
     )
 
 
@@ -121,31 +144,71 @@ def listed_labels(job: Mapping[str, Any]) -> int:
     return len(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else 0
 
 
-def _unlisted_data(layout: Layout) -> tuple[list[commits.CommitMarker], list[str]]:
-    """The run's markers, and the files in its data/ folder that none of them lists. Data files are
-    listed before markers: a part is published only after its marker exists, so a concurrent commit
-    can never make its own file look unlisted."""
+_OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")
+
+
+@dataclass(frozen=True)
+class DataState:
+    """What the run's data/ folder holds beside its markers. ``files`` is listed before the markers: a
+    part is published only after its marker exists, so a concurrent commit never looks unlisted."""
+
+    layout: Layout
+    files: frozenset[str]
+    markers: list[commits.CommitMarker]
+    orphans: list[str]  # our own part names in a shard folder no marker lists (its marker was deleted)
+    foreign: list[str]  # anything else no marker lists: written by no run
+
+    def unpublished(self, markers: list[commits.CommitMarker]) -> list[str]:
+        """Shards committed but not (wholly) in data/: a kill between marker and publish."""
+        return sorted(m.shard_id for m in markers if any(self.layout.path(p.data) not in self.files for p in m.parts))
+
+    def lost(self, markers: list[commits.CommitMarker]) -> list[str]:
+        """Unpublished shards whose missing parts are not staged either: the next run generates them again."""
+        store, out = self.layout.store, []
+        for m in markers:
+            gone = [p for p in m.parts if self.layout.path(p.data) not in self.files]
+            if any(not store.exists(self.layout.path(p.staged)) for p in gone):
+                out.append(m.shard_id)
+        return sorted(out)
+
+
+def data_state(layout: Layout) -> DataState:
     files = layout.store.list_files(layout.data)
     markers = commits.list_markers(layout)
     listed = {layout.path(p.data) for m in markers for p in m.parts}
-    return markers, [layout.rel(f) for f in files if f not in listed]
+    orphans: list[str] = []
+    foreign: list[str] = []
+    for f in files:
+        if f in listed:
+            continue
+        parts = layout.rel(f).split("/")[2:]  # data/<run>/<shard>/<name>
+        (orphans if len(parts) == 2 and _OWN_PART.fullmatch(parts[1]) else foreign).append(layout.rel(f))
+    return DataState(layout, frozenset(files), markers, orphans, foreign)
 
 
 def finalize(spec: JobSpec) -> RunSummary:
-    """Re-publish any committed part a crash left unpublished, remove what replaced runs and finished
-    attempts left, then write _manifest.json with the totals. Raises OutputStateError when data/ holds
-    files no run wrote (readers would take their rows for results)."""
+    """Publish any committed part a crash left unpublished (and regenerate nothing: a shard whose part was
+    deleted is uncommitted, so it shows as pending), drop markers of shards the plan no longer has, remove
+    parts left by deleted markers and what replaced runs and finished attempts left, then write
+    _manifest.json with the totals. Raises OutputStateError when data/ holds files no run wrote (readers
+    would take their rows for results)."""
     with lease.hold(output_layout(spec)):
         layout, record = current_run(spec)
         sweep(output_layout(spec), record)
-        for marker in commits.list_markers(layout):
-            commits.publish(layout, marker)
-        markers, foreign = _unlisted_data(layout)
-        if foreign:
-            raise foreign_files(layout, foreign)
+        planned = [s.shard_id for s in plan_shards(spec)]
+        state = data_state(layout)
+        if state.foreign:
+            raise foreign_files(layout, state.foreign)
+        wanted, markers = set(planned), []
+        for marker in state.markers:
+            if marker.shard_id not in wanted:  # not in the plan: never counts, and its rows leave data/
+                commits.drop(layout, marker.shard_id)
+            elif commits.repair(layout, marker):
+                markers.append(marker)
+        for orphan in state.orphans:
+            layout.store.remove(layout.path(orphan))
         for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
-        planned = [s.shard_id for s in plan_shards(spec)]
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
         summary = with_prediction(layout, summary)
         series = load_series(layout)
@@ -173,13 +236,14 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
         planned = [sh.shard_id for sh in plan_shards(spec)]
     except Exception:
         planned = None
-    markers, foreign = _unlisted_data(layout)
+    state = data_state(layout)
+    markers, foreign = state.markers, state.foreign
     folders = [n for n in root.store.list_dir(root.path("data")) if n != record.run_id]
     others = [f"data/{n}" for n in folders if n not in record.retired_runs]
     replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
-    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced)
+    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced, state)
     return with_prediction(layout, summary), record
 
 

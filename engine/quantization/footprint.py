@@ -20,7 +20,9 @@ from prefixflow.engine.quantization.report import weight_bytes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | None) -> dict[str, Any]:
+def describe_weights(
+    hf_config: dict[str, Any], dtype: str, quantization: str | None, sparsity: str | None = None
+) -> dict[str, Any]:
     """``{"quantization": {...}, "weight_bytes": n}`` for a model given by its HF-shaped config
     (``weight_bytes`` None for a config the engine cannot shape; loading it fails with the reason)."""
     from prefixflow import kernels
@@ -28,7 +30,7 @@ def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | 
     from prefixflow.engine.model_config import ModelConfig
     from prefixflow.engine.models.llama import LlamaForCausalLM
 
-    quant = resolve_quantization(hf_config, quantization)  # a bad quantization fails here, before loading
+    quant = resolve_quantization(hf_config, quantization, sparsity)  # a bad quantization fails here, before loading
     try:
         cfg = ModelConfig.from_hf(hf_config)
     except (ValueError, KeyError, TypeError):  # not a model this engine shapes: the loader says why
@@ -39,7 +41,7 @@ def describe_weights(hf_config: dict[str, Any], dtype: str, quantization: str | 
     return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
 
 
-def describe_gguf_weights(path: Path, dtype: str, quantization: str | None) -> dict[str, Any]:
+def describe_gguf_weights(path: Path, dtype: str, quantization: str | None, sparsity: str | None = None) -> dict[str, Any]:
     """The same for a GGUF file, from its header's tensor table."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -59,7 +61,7 @@ def describe_gguf_weights(path: Path, dtype: str, quantization: str | None) -> d
         types[hf], shapes[hf] = kind.name, tuple(reversed(dims))
         stored[hf] = _numel(dims) // block * size
     qc = {"quant_method": "gguf", "tensor_types": types}
-    quant: QuantizationConfig = resolve_quantization({"quantization_config": qc}, quantization)
+    quant: QuantizationConfig = resolve_quantization({"quantization_config": qc}, quantization, sparsity)
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     total = 0
     for hf, shape in shapes.items():

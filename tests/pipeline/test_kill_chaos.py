@@ -1,7 +1,9 @@
 """Kill chaos: SIGKILLs at random pause points, interleaved with --new-run and with concurrent runs of the
 same and of another job. After every step, what readers of OUTPUT/data/**/*.parquet see is one job's rows,
 each input row at most once; in the end, exactly once. No process may fail other than by being killed
-or by a clear refusal (exit 2): a crash (exit 1, a traceback) fails the test.
+or by a clear refusal (exit 2): a crash (exit 1, a traceback) fails the test. Between a kill and the next
+run the input is sometimes edited (a row removed or put back): resuming over it is refused, a --new-run
+starts over, and a run that ends well shows exactly the current input's rows.
 
 PREFIXFLOW_CHAOS_SEED picks the trials (default 11); PREFIXFLOW_CHAOS_TRIALS how many (default 8)."""
 
@@ -14,12 +16,13 @@ import subprocess
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.hooks import POINTS
 from prefixflow.pipeline.local_run import run_local
-from tests.pipeline.support import cli_args, job, start_cli, write_dataset, write_job
+from tests.pipeline.support import cli_args, job, start_cli, write_dataset, write_job, write_parquet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -65,8 +68,18 @@ def _kill_at(proc: subprocess.Popen[str], point: str, nth: int) -> bool:
     return False
 
 
+def _toggle_last_row(folder: Path, rows: list[dict[str, str]]) -> list[str]:
+    """Remove the last row of part-1.parquet, or put it back; returns the input's ids afterwards. A resume
+    of a run over the other version must be refused (exit 2), and a --new-run must start over."""
+    path = folder / "part-1.parquet"
+    now = pq.read_table(path).num_rows
+    write_parquet(path, rows[:-1] if now == len(rows) else rows, row_group_size=3)
+    return sorted(pl.read_parquet(str(folder / "*.parquet"))["id"].to_list())
+
+
 def test_kill_chaos_with_new_run_and_concurrent_runs(tmp_path: Path, tiny_llm) -> None:
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=6, row_group_size=3)
+    rows = pq.read_table(tmp_path / "in" / "part-1.parquet").to_pylist()
     files = {name: write_job(tmp_path / f"{name}.yaml", cfg) for name, cfg in JOBS.items()}
     refs = {}
     for name, cfg in JOBS.items():
@@ -76,7 +89,8 @@ def test_kill_chaos_with_new_run_and_concurrent_runs(tmp_path: Path, tiny_llm) -
     assert refs["A"] != refs["B"]
     out = tmp_path / "out"
     rng = random.Random(int(os.environ.get("PREFIXFLOW_CHAOS_SEED", "11")))
-    kills = refusals = 0
+    kills = refusals = edits = 0
+    current = sorted(ids)
     for _ in range(int(os.environ.get("PREFIXFLOW_CHAOS_TRIALS", "8"))):
         name = rng.choice("AB")
         extra = ["--new-run"] if rng.random() < 0.5 else []
@@ -96,11 +110,16 @@ def test_kill_chaos_with_new_run_and_concurrent_runs(tmp_path: Path, tiny_llm) -
         kills += killed
         refusals += codes.count(2)
         _one_jobs_rows(out, refs)
-    print(f"chaos: {kills} kills, {refusals} refusals")
-    assert kills >= 3
+        if second is None and codes == [0]:  # a run that ended well: the current input's rows, each once
+            assert sorted(_rows(out)["id"].to_list()) == current, "a finished run lost rows or kept deleted ones"
+        if killed and (edits == 0 or rng.random() < 0.3):  # issue 22: edit the input before the resume
+            current = _toggle_last_row(tmp_path / "in", rows)
+            edits += 1
+    print(f"chaos: {kills} kills, {refusals} refusals, {edits} input edits")
+    assert kills >= 3 and edits >= 1
     final = start_cli(cli_args(tmp_path / "in", out, files["A"], "--new-run"))
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err
     assert _one_jobs_rows(out, refs) == "A"
-    assert sorted(_rows(out)["id"].to_list()) == sorted(ids)
+    assert sorted(_rows(out)["id"].to_list()) == current
     assert not list((out / "_leases").glob("*.json"))

@@ -65,16 +65,17 @@ def test_fingerprint_mismatch_is_refused_and_new_run_resets(tmp_path: Path) -> N
     assert record["run_id"] != first and record["retired_runs"] == [first]
 
 
-def test_new_run_resumes_a_run_with_the_same_fingerprint(tmp_path: Path) -> None:
+def test_new_run_always_starts_over_also_for_the_same_job(tmp_path: Path) -> None:
+    """Issue 22 item 1: --new-run is the documented remedy for a changed input, whose fingerprint is the
+    same; so it starts over even when the job did not change (it used to resume)."""
     spec = _spec(tmp_path)
     run_id = prepare_output(spec).run_id
     marker = tmp_path / "out" / "_commits" / run_id / "done.json"
     marker.parent.mkdir(parents=True)
     marker.write_text("{}")
-    prepare_output(spec, new_run=True)  # same job: nothing is discarded
-    assert marker.exists()
-    changed = load_job(spec.input, spec.output, "tiny", job("summarize", sampling={"max_tokens": 9}))
-    prepare_output(changed, new_run=True)  # a different job: the old run is discarded
+    assert prepare_output(spec).run_id == run_id and marker.exists()  # a plain rerun resumes
+    new = prepare_output(spec, new_run=True)
+    assert new.run_id != run_id and run_id in new.retired_runs
     assert not marker.exists()
 
 
@@ -104,19 +105,20 @@ def test_overlapping_staged_attempts_keep_each_row_once(tmp_path: Path) -> None:
 def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     layout: Layout = output_layout(spec).for_run(prepare_output(spec).run_id)
-    parts = [commits.write_part(layout, "s1", "a1", 0, _part(spec, [0, 1])),
-             commits.write_part(layout, "s1", "a1", 1, _part(spec, [2]))]  # fmt: skip
-    marker = commits.build_marker(layout, "s1", "fp", "a1", parts, 0.5, 3)
+    s1 = plan_shards(spec)[0].shard_id  # a shard of the plan: markers of other shards never count
+    parts = [commits.write_part(layout, s1, "a1", 0, _part(spec, [0, 1])),
+             commits.write_part(layout, s1, "a1", 1, _part(spec, [2]))]  # fmt: skip
+    marker = commits.build_marker(layout, s1, "fp", "a1", parts, 0.5, 3)
     # Simulate a crash after the marker but before publication: create it, publish one part only.
-    layout.store.create_exclusive(layout.marker("s1"), marker.to_json())
+    layout.store.create_exclusive(layout.marker(s1), marker.to_json())
     layout.store.copy(parts[0].staged, parts[0].data)
     assert len(list((tmp_path / "out" / "data").rglob("*.parquet"))) == 1
     # A second committer loses the race and adopts the winner's marker.
-    loser = commits.build_marker(layout, "s1", "fp", "zz", parts[:1], 0.1, 3)
+    loser = commits.build_marker(layout, s1, "fp", "zz", parts[:1], 0.1, 3)
     assert commits.commit(layout, loser).attempt == "a1"
     published = sorted(p.name for p in (tmp_path / "out" / "data").rglob("*.parquet"))
     assert published == ["part-a1-00000.parquet", "part-a1-00001.parquet"]
-    assert not (tmp_path / "out" / "_staging" / layout.run_id / "s1").exists()
+    assert not (tmp_path / "out" / "_staging" / layout.run_id / s1).exists()
     commits.publish(layout, marker)  # again: nothing to do, no error
     summary = finalize(spec)
     assert summary.shards_committed == 1 and summary.rows == 3 and not summary.complete
