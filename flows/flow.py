@@ -17,6 +17,7 @@ from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import (
     ShardProgress,
     publish_comparison,
+    publish_labels,
     publish_summary,
     publish_throughput,
     run_metrics,
@@ -84,9 +85,11 @@ def summarize_run(
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
     `complete` says whether every shard is committed) and publish the summary table artifact.
     `resubmits`: lane attempts whose Ray node or worker died, each resubmitted."""
-    metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
+    summary = finalize(with_credentials(spec, credentials_block))
+    metrics = run_metrics(summary.as_dict(), reports, wall_s)
     metrics.update(run_lane_resubmits=list(resubmits or []), run_nodes=sorted({r.node_id for r in reports}))
     publish_summary(metrics, spec.output)
+    publish_labels(summary)
     publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
