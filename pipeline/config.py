@@ -98,6 +98,17 @@ _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "acco
                 "connection_string"}  # fmt: skip
 
 
+def secret_name_pattern() -> str:
+    """A JSON-schema ``pattern`` (case-insensitive without inline flags, so every validator reads it the
+    same) matching the option names ``secret_option_paths`` takes for credentials."""
+
+    def nocase(word: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in word)
+
+    exact = "|".join(nocase(k) for k in sorted(_SECRET_KEYS))
+    return f"^({exact})$|" + "|".join(nocase(w) for w in _SECRET_WORDS)
+
+
 def secret_option_paths(options: Any, prefix: str = "") -> list[str]:
     """Dotted paths of the storage options that look like credentials (``key``, ``secret``, ``token``,
     ``client_kwargs.aws_secret_access_key``, a password in a URL ...), searched through nested mappings."""
