@@ -140,6 +140,13 @@ class KVCacheManager:
             block = self.pool.blocks[table.block_ids[i]]
             table.block_hashes.append(self.pool.register(block, parent, req.token_ids[i * bs : (i + 1) * bs]))
 
+    def truncate(self, req: Request) -> None:
+        """Give back the blocks past ``req.num_computed_tokens`` (rejected speculative positions)."""
+        table = self._tables[req.key]
+        keep = max(self._blocks_for(req.num_computed_tokens), len(table.block_hashes))
+        while len(table.block_ids) > keep:
+            self.pool.release(self.pool.blocks[table.block_ids.pop()])
+
     def free(self, req: Request) -> None:
         """Tail blocks first, so the LRU queue evicts a request's suffix before its shared prefix."""
         table = self._tables.pop(req.key, None)

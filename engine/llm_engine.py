@@ -23,6 +23,7 @@ from prefixflow.engine.request import Request, RequestSpec, Status
 from prefixflow.engine.sampler import position_seed
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.speculative.build import build_speculator
 from prefixflow.engine.stats import EngineStats
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
 from prefixflow.engine.stop_checker import StopChecker
@@ -58,10 +59,12 @@ class LLMEngine:
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization)
+            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.device.type)
             if loc is not None
-            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config, cfg.quantization)
+            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
+                                 cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
+        self.speculator = build_speculator(cfg, self.source, self.max_model_len, self.scheduler.speculation)
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
@@ -144,10 +147,14 @@ class LLMEngine:
         """One step: schedule, execute, update. Returns the requests that finished, by key."""
         start = time.perf_counter()
         self._stepping = True
+        features: list[float] | None = None
         try:
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running, self.cfg.max_num_batched_tokens)
             scheduled = self.scheduler.schedule()
             if not scheduled:
                 raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+            features = self.speculator.features(scheduled) if self.speculator is not None else None
             self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
             host = time.perf_counter() - start
             output = self._execute(scheduled)
@@ -168,6 +175,9 @@ class LLMEngine:
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
+        if self.speculator is not None and features is not None:
+            self.speculator.observe(features, end - start)
+            self.stats.speculation = self.scheduler.speculation.as_dict()
         return finished
 
     def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:

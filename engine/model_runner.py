@@ -23,6 +23,7 @@ from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, Mo
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
+from prefixflow.engine.speculative.verify import sample_verified
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.kernels import KernelBackend
@@ -43,7 +44,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
-        resolve_quantization(source.hf_config, cfg.quantization)  # a bad quantization fails before any work
+        resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
@@ -141,7 +142,12 @@ class ModelRunner:
             return out
         dev = logits.device
         n_sample = len(step.sample_rows)
-        if n_sample:
+        if n_sample and step.speculative:
+            sample_verified(
+                logits[:n_sample], step.sample_requests, step.sampled_requests, self.eos_ids, masks,
+                self.model_cfg.vocab_size, out,
+            )  # fmt: skip
+        elif n_sample:
             bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
             sampled = sample_batch(logits[:n_sample], step.sample_requests, self.eos_ids, bitmask)
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors

@@ -50,6 +50,10 @@ class Request:
     # keeps the tokens, so it keeps the matcher too (nothing to roll back).
     grammar: Any = field(default=None, repr=False)
     num_computed_tokens: int = 0
+    # Speculative decoding: the last ``num_draft_tokens`` of ``token_ids`` are proposed, not yet
+    # verified (the step that computes them verifies them); ``spec`` is the proposer's per-request state.
+    num_draft_tokens: int = 0
+    spec: Any = field(default=None, repr=False)
     num_cached_tokens: int = 0
     status: Status = Status.WAITING
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -59,6 +63,10 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    # Stop strings (see StopChecker): characters of output text already searched, and where the stop
+    # string that ended the request starts.
+    stop_scan_from: int | None = None
+    stop_at: int | None = None
     error: str | None = None
     key: int = field(default_factory=lambda: next(_KEYS), kw_only=True)
     _prompt_hashes: tuple[int, list[int]] | None = field(default=None, init=False, repr=False)
@@ -113,9 +121,17 @@ class Request:
             self._prompt_hashes = (block_size, hashes)
         return self._prompt_hashes[1]
 
+    def drop_drafts(self, keep: int = 0) -> None:
+        """Forget all but the first ``keep`` proposed tokens (they were never verified)."""
+        extra = self.num_draft_tokens - keep
+        if extra > 0:
+            del self.token_ids[len(self.token_ids) - extra :]
+            self.num_draft_tokens = keep
+
     def reset_computed(self) -> None:
         """Preempted: its KV is gone, so everything derived from computed positions restarts."""
         self.num_computed_tokens = 0
+        self.drop_drafts()
         self.prompt_logprob_sum = 0.0  # a scoring request recomputes, and re-adds, every log-prob
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -24,6 +24,8 @@ class EngineStats:
     mask_overlapped_steps: int = 0  # of those, steps whose fill ran on the worker while the model ran
     weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
     quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
+    # speculative decoding, per method: proposed, accepted, runs, acceptance_rate, mean_accepted_length
+    speculation: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def host_ms_per_step(self) -> float:

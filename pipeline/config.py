@@ -20,7 +20,11 @@ CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
 LABEL_MODES = ("score", "generate", "constrained")
-LABEL_CALIBRATIONS = ("contextual", "domain", "none")  # how pipeline/label_scoring.py calibrates
+# how pipeline/label_scoring.py calibrates; the batch ones estimate each label's prior from a sample of the
+# job's own rows (pipeline/label_batch.py)
+LABEL_CALIBRATIONS = ("batch", "batch+contextual", "contextual", "domain", "none")
+BATCH_CALIBRATIONS = ("batch", "batch+contextual")
+BATCH_MIN_ROWS_PER_LABEL = 8  # fewer distinct sample rows than this x labels: batch falls back to contextual
 LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
@@ -30,8 +34,8 @@ SAMPLING_KEYS = (
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted",
-                  "samples")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "label_logprobs_raw",
+                  "label_gold", "extracted", "samples")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -59,8 +63,11 @@ class LabelConfig:
     mode: str = "score"
     choice_prefix: str = " "
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
-    # measured on reference prompts: contextual | domain | none
-    calibration: str = "contextual"
+    # measured on a sample of the job's rows (batch, Zhou et al. 2024), on reference prompts
+    # (contextual | domain), or both (batch+contextual); none: plain softmax
+    calibration: str = "batch"
+    calibration_rows: int = 256  # batch: rows sampled across shards at plan time to estimate the prior
+    gold_column: str | None = None  # an input column with the true label: the summary reports accuracy etc.
     # contextual: stand-ins for the row's values. Not "" (Zhao et al. use it too): a blank field is an
     # error row, never scored, and as a stand-in it over-corrected (benchmarks/RESULTS.md, issue 14)
     content_free: tuple[str, ...] = ("N/A", "[MASK]")
@@ -223,6 +230,8 @@ def _label(data: Any, task: str) -> LabelConfig:
     _choice(cfg.mode, LABEL_MODES, "label.mode")
     _choice(cfg.calibration, LABEL_CALIBRATIONS, "label.calibration")
     _choice(cfg.length_norm, LABEL_LENGTH_NORMS, "label.length_norm")
+    _pos_int(cfg.calibration_rows, "label.calibration_rows")
+    _opt_str(cfg.gold_column, "label.gold_column")
     if not isinstance(cfg.case_variants, bool):
         raise _fail("label.case_variants", f"expected true or false, got {cfg.case_variants!r}")
     if not isinstance(cfg.choice_prefix, str):
