@@ -3,7 +3,8 @@
 For each variant the 60 reviews of ``benchmarks/data/reviews.jsonl`` are labelled by scoring both
 labels (``benchmarks.eval_smollm2.label_reviews``); agreement is the share of reviews whose predicted
 label equals the full-precision engine's (``quantization="none"``: the GGUF's Q4_1 blocks dequantized
-to float32). Goal: int8 agrees on >= 97 % of the labels.
+to float32). Goal: int8 agrees on >= 97 % of the labels. ``sparse24`` is ``sparsity="2:4"`` on the
+dequantized GGUF (issue 29: what magnitude pruning without retraining costs).
 
     python -m benchmarks.quant_eval --variants none,gguf,int8,int4,fp8 --json benchmarks/results/cpu_quant_eval.json
 """
@@ -26,9 +27,11 @@ MODEL = "smollm2-135m-instruct"
 def evaluate(variant: str, reviews: list[dict], dtype: str) -> dict[str, Any]:
     from prefixflow.engine import LLM
 
-    quantization = {"none": "none", "gguf": None}.get(variant, variant)
+    # sparse24: the GGUF dequantized, then pruned 2:4 by magnitude on the fly (issue 29); "gguf": kept packed
+    quantization = {"none": "none", "sparse24": "none"}.get(variant, variant)
+    sparsity = "2:4" if variant == "sparse24" else None
     start = time.perf_counter()
-    llm = LLM(model=MODEL, dtype=dtype, quantization=quantization)
+    llm = LLM(model=MODEL, dtype=dtype, quantization=quantization, sparsity=sparsity)
     result = label_reviews(llm, reviews)
     result["seconds"] = time.perf_counter() - start
     result["weight_bytes"] = llm.stats().weight_bytes

@@ -113,8 +113,9 @@ def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
 
 
 def describe_model(
-    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
-) -> dict[str, Any]:
+    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None,
+    sparsity: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Identity of ``model`` plus the dtype and quantization it would run with, without loading weights
     (see module doc).
 
@@ -122,12 +123,23 @@ def describe_model(
     ValueError whose message says what is accepted or what to do) for a model that cannot load, and
     ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
-    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization)
+    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization, sparsity, resolve_device(device))
 
 
-def identity_of(location: ModelLocation, dtype: str, quantization: str | None = None) -> dict[str, Any]:
-    """``quantization`` is the method's settings (part of the digest: it decides outputs);
-    ``weight_bytes`` what the weights take in that dtype and method (informational, not digested)."""
+def resolve_device(device: str = "auto") -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def identity_of(
+    location: ModelLocation, dtype: str, quantization: str | None = None, sparsity: str | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:  # fmt: skip
+    """``quantization`` is the method's settings (part of the digest: it decides outputs), with the
+    2:4 kernel ``device`` would run; ``weight_bytes`` what the weights take in that dtype and method,
+    and for a GGUF file ``weight_path`` (packed or dense on ``device``, and why): informational, not
+    digested."""
     out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
     if location.kind == "hf":
         assert location.path is not None
@@ -140,40 +152,58 @@ def identity_of(location: ModelLocation, dtype: str, quantization: str | None = 
     else:
         assert location.preset is not None
         out.update(_preset_digests(location.preset))
-    out.update(_weights(location, dtype, quantization))
-    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    out.update(_weights(location, dtype, quantization, sparsity, device))
+    _add_sparse_kernel(out, device, dtype)
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")})
     return out
 
 
 def memory_identity(
     name: str, identity: dict[str, Any], dtype: str, hf_config: dict[str, Any] | None = None,
-    quantization: str | None = None,
+    quantization: str | None = None, sparsity: str | None = None, device: str = "cpu",
 ) -> dict[str, Any]:  # fmt: skip
     """An in-memory ``ModelSource`` names itself (its ``identity``); dtype and quantization are added as for files."""
     out: dict[str, Any] = {"model": name, "format": "memory", "dtype": dtype, **identity}
     if hf_config is not None:
         from prefixflow.engine.quantization.footprint import describe_weights
 
-        out.update(describe_weights(hf_config, dtype, quantization))
+        out.update(describe_weights(hf_config, dtype, quantization, sparsity))
+        _add_sparse_kernel(out, device, dtype)
     out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
     return out
 
 
-def _weights(location: ModelLocation, dtype: str, quantization: str | None) -> dict[str, Any]:
+def _add_sparse_kernel(out: dict[str, Any], device: str, dtype: str) -> None:
+    """The 2:4 kernel this device runs (quantization/sparse24.py ``sparse_kernel``), beside the sparsity."""
+    sparsity = out.get("quantization", {}).get("sparsity")
+    if sparsity is None:
+        return
+    import torch
+
+    from prefixflow.engine.quantization.footprint import DTYPES
+    from prefixflow.engine.quantization.sparse24 import sparse_kernel
+
+    quantized = out["quantization"].get("method") not in ("none", "gguf")
+    sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(torch.device(device), DTYPES[dtype], quantized)
+
+
+def _weights(
+    location: ModelLocation, dtype: str, quantization: str | None, sparsity: str | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
     from prefixflow.engine import presets
     from prefixflow.engine.quantization.footprint import describe_gguf_weights, describe_weights
 
     if location.kind == "gguf":
         assert location.path is not None
-        return describe_gguf_weights(location.path, dtype, quantization)
+        return describe_gguf_weights(location.path, dtype, quantization, sparsity, device)
     if location.kind == "hf":
         assert location.path is not None
         config = json.loads((location.path / "config.json").read_text())
     else:
         assert location.preset is not None
         config = presets.hf_config_of(presets.load_preset(location.preset))
-    return describe_weights(config, dtype, quantization)
+    return describe_weights(config, dtype, quantization, sparsity)
 
 
 def file_digest(path: Path, start: int = 0) -> str:

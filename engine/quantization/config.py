@@ -79,7 +79,19 @@ def uniform(prefixes: Sequence[str], decide: list[bool], what: str) -> bool:
     )
 
 
-def resolve_quantization(hf_config: dict[str, Any], requested: str | None = None) -> QuantizationConfig:
+def resolve_quantization(
+    hf_config: dict[str, Any], requested: str | None = None, sparsity: str | None = None
+) -> QuantizationConfig:
+    """The config for a model: its checkpoint's ``quantization_config``, or an on-the-fly method, wrapped
+    for 2:4 sparsity (the checkpoint's ``sparsity_config`` or ``sparsity="2:4"``: quantization/sparse24.py).
+"""
+    from prefixflow.engine.quantization.sparse24 import with_sparsity
+
+    qc = hf_config.get("quantization_config")
+    return with_sparsity(_resolve(hf_config, requested), qc if isinstance(qc, dict) else None, sparsity)
+
+
+def _resolve(hf_config: dict[str, Any], requested: str | None = None) -> QuantizationConfig:
     """The config for a model: its checkpoint's ``quantization_config``, or an on-the-fly method.
 
     ``requested`` is ``EngineConfig.quantization``: None (use what the checkpoint says), one of
@@ -109,7 +121,7 @@ def resolve_quantization(hf_config: dict[str, Any], requested: str | None = None
             from prefixflow.engine.quantization.online import OnlineConfig
 
             return OnlineConfig(requested)
-        if requested is not None:
+        if requested is not None and requested != "gguf":  # "gguf": keep the file's blocks packed
             raise QuantizationError(f"quantization={requested!r} does not apply to a GGUF file")
         return GGUFConfig.from_dict(qc or {})
     if qc and requested in ONLINE_METHODS:
@@ -141,5 +153,7 @@ def resolve_quantization(hf_config: dict[str, Any], requested: str | None = None
     if method == "compressed-tensors":
         from prefixflow.engine.quantization.compressed_tensors import CompressedTensorsConfig
 
-        return CompressedTensorsConfig.from_dict(qc)
+        if qc.get("sparsity_config") and not qc.get("config_groups"):
+            return NO_QUANTIZATION  # 2:4 sparse only: dense weights (with_sparsity wraps them)
+        return CompressedTensorsConfig.from_dict({k: v for k, v in qc.items() if k != "sparsity_config"})
     raise field_error("quant_method", method, ", ".join(CHECKPOINT_METHODS))
