@@ -20,7 +20,9 @@ from prefixflow.pipeline.advisor.memory import (
     choose_precision,
     fit,
     model_context_limit,
+    native_precision,
     precisions_for,
+    weight_bytes,
 )
 from prefixflow.pipeline.advisor.questions import Answer, Facts, answer_all
 from prefixflow.pipeline.advisor.render import TokenizerOnlyModel, render_sample
@@ -162,7 +164,9 @@ def advise(
     facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs,
                   (card.checkpoint_precision, card.checkpoint_bytes))  # fmt: skip
     answers = answer_all(facts)
-    path = engine_path(card.checkpoint_precision, cfg.engine.get("quantization"))
+    dense = weight_bytes(shape, native_precision(device))
+    path = engine_path(spec.model, device.dtype, "cuda" if device.is_gpu else "cpu", cfg.engine.get("quantization"),
+                       card.checkpoint_precision, dense, device.memory_bytes // max(device.devices, 1))  # fmt: skip
     estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff, path)
     timings["total_s"] = time.perf_counter() - t0
     model = {"model": spec.model, "name": card.name, "format": card.format,
@@ -170,7 +174,7 @@ def advise(
              "params": shape.total_params, "layers": shape.num_layers, "hidden_size": shape.hidden_size,
              "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
              "context": model_context_limit(card.hf_config, limits),
-             "engine_path": {"method": path.method, "precision": path.precision, "label": path.label}}  # fmt: skip
+             "engine_path": dataclasses.asdict(path)}  # fmt: skip
     kv_elem = 4 if device.dtype == "float32" else 2
     return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,
                   facts.settings, estimates, timings, sample.skipped_shards)  # fmt: skip
