@@ -77,7 +77,7 @@ def test_penalties_and_logprobs_per_position():
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     for x, y in zip(a, b):
         assert len(y.logprobs) == len(y.token_ids)
-        for p, q in zip(x.logprobs, y.logprobs):
-            assert p.token_id == q.token_id and p.logprob == pytest.approx(q.logprob, abs=1e-4)
-            assert [t for t, _ in p.top] == [t for t, _ in q.top]
+        for token, p, q in zip(x.token_ids, x.logprobs, y.logprobs):  # vLLM's shape: {token id: Logprob}
+            assert list(p) == list(q) and p[token].logprob == pytest.approx(q[token].logprob, abs=1e-4)
+            assert [lp.rank for lp in p.values()] == [lp.rank for lp in q.values()]
     assert llm_on.stats().speculation["ngram"]["accepted"] > 0
