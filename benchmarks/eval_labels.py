@@ -270,6 +270,20 @@ def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: li
     return out
 
 
+def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
+    """What batch calibration's sample adds: its rows (the default 256 cover these sets whole), their
+    prompt tokens (each counted once) and the scoring requests (one per row and label choice)."""
+    from prefixflow.pipeline.config import parse_job_config
+    from prefixflow.pipeline.label_scoring import label_choices
+    from prefixflow.pipeline.rows import RowPreparer
+
+    cfg = parse_job_config(job_dict(label_set, style))
+    prep = RowPreparer(cfg, llm, {})
+    sampled = rows[: cfg.label.calibration_rows]
+    tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
+    return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}
+
+
 def pipeline_run(
     llm, model: str, label_set: LabelSet, style: Style, rows: list[dict], **label: Any
 ) -> dict:
@@ -319,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.overhead:
         tickets = SETS[0]
         rows = read_jsonl(tickets.file)[: args.limit]
-        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead)
+        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead,
+                                      ("none", "contextual", "batch"))
+        result["overhead"].pop("runs")
         print(json.dumps(result["overhead"], indent=1))
         write_json(args.json, result)
         return result
@@ -336,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 res["pipeline_default"] = res["cost"].pop("runs")["batch"]
             elif args.pipeline:
                 res["pipeline_default"] = pipeline_run(llm, args.model, label_set, style, rows)
+            res["sample_prompt_tokens"] = sample_tokens(llm, label_set, style, rows)
             per_style[style.name] = res
             table = [{"method": m, **{k: v for k, v in r.items() if k != "n"}} for m, r in res["methods"].items()]
             if "pipeline_default" in res:
