@@ -80,6 +80,19 @@ def is_committed(spec: JobSpec, shard: Shard) -> bool:
     return commits.committed_marker(layout, shard.shard_id) is not None
 
 
+def committed_shard_ids(spec: JobSpec) -> frozenset[str]:
+    """The shards the current run of ``spec.output`` committed, from ONE listing of its marker folder
+    (empty when there is no run of this job). Markers live in the run's own folder and are created
+    whole and exclusively, so a name there is a commit. Use it instead of ``is_committed`` per shard
+    when asking about many shards: that reads the run record and a marker for each."""
+    try:
+        layout, _ = current_run(spec)
+    except PipelineError:
+        return frozenset()
+    names = (p.rsplit("/", 1)[-1] for p in layout.store.list_files(layout.commits))
+    return frozenset(n.removesuffix(".json") for n in names if n.endswith(".json"))
+
+
 class _Flusher:
     """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``."""
 
