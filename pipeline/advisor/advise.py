@@ -14,6 +14,7 @@ from typing import Any
 from prefixflow.pipeline.advisor.devices import Device, get_device
 from prefixflow.pipeline.advisor.engine_path import engine_path
 from prefixflow.pipeline.advisor.estimate import Estimate, estimate_all
+from prefixflow.pipeline.advisor.labels import label_advice
 from prefixflow.pipeline.advisor.memory import (
     EngineLimits,
     Fit,
@@ -52,6 +53,7 @@ class Advice:
     estimates: list[Estimate]
     timings: dict[str, float] = field(default_factory=dict)
     skipped_shards: list[str] = field(default_factory=list)
+    labels: dict[str, Any] = field(default_factory=dict)  # label jobs: advisor/labels.py
 
     def largest(self) -> dict[str, Any]:
         """The largest max_model_len and max_num_seqs that fit at the recommended precision: the pool's
@@ -79,6 +81,7 @@ class Advice:
             "estimates": [{**dataclasses.asdict(e), "bound_by": e.bound_by,
                            "output_tokens_per_s": e.output_tokens_per_s} for e in self.estimates],  # fmt: skip
             "skipped_shards": self.skipped_shards,
+            "labels": self.labels,
             "timings_s": self.timings,
         }
 
@@ -176,5 +179,6 @@ def advise(
              "context": model_context_limit(card.hf_config, limits),
              "engine_path": dataclasses.asdict(path)}  # fmt: skip
     kv_elem = 4 if device.dtype == "float32" else 2
+    labels = label_advice(cfg, card.tokenizer, rendered, sample)
     return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,
-                  facts.settings, estimates, timings, sample.skipped_shards)  # fmt: skip
+                  facts.settings, estimates, timings, sample.skipped_shards, labels)  # fmt: skip
