@@ -126,6 +126,8 @@ class CommitMarker:
     parts: tuple[MarkerPart, ...]
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs; absent in older markers
     preemptions: int = 0  # the engine's preemptions while this attempt generated; absent in older markers
+    # speculative decoding while this attempt generated, per method: proposed, accepted, runs (absent in older markers)
+    speculation: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -138,7 +140,8 @@ class CommitMarker:
 
 
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
-                 elapsed_s: float, num_rows: int, preemptions: int = 0) -> CommitMarker:  # fmt: skip
+                 elapsed_s: float, num_rows: int, preemptions: int = 0,
+                 speculation: dict[str, dict[str, int]] | None = None) -> CommitMarker:  # fmt: skip
     """The marker of ``layout``'s run for ``shard_id`` over ``parts``."""
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -164,6 +167,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
         parts=tuple(p.marker_part(layout) for p in parts),
         label_counts=dict(sorted(labels.items())),
         preemptions=preemptions,
+        speculation=speculation or {},
     )
 
 
