@@ -13,7 +13,7 @@ KernelBackendName = Literal["auto", "torch", "triton"]
 # quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
 # checkpoint's own method; see docs/models.md "Quantized models"
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
-CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
+CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors", "gguf")
 QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + ("none",) + CHECKPOINT_QUANTIZATION
 
 

@@ -28,6 +28,7 @@ from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContex
 from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
 from prefixflow.engine.quantization.report import weight_bytes
+from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
 from prefixflow.engine.step_inputs import StepInputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
@@ -52,7 +53,11 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
-        self.quantization = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
+        quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
+        gguf_file = source.location.path if source.location is not None and source.location.kind == "gguf" else None
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
+        self.quantization = apply_weight_path(quant, self.weight_path)
         with torch.device(device):
             self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization)
         load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
