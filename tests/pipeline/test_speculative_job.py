@@ -84,3 +84,27 @@ def test_run_summary_reports_acceptance_and_outputs_match(tmp_path: Path) -> Non
     a = pl.read_parquet(str(tmp_path / "on" / "data" / "**" / "*.parquet")).sort("id")
     b = pl.read_parquet(str(tmp_path / "off" / "data" / "**" / "*.parquet")).sort("id")
     assert a["output"].to_list() == b["output"].to_list()
+
+
+def test_replay_counts_what_verification_would_accept() -> None:
+    from prefixflow.pipeline.advisor.speculation import replay_ngram
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    copied = [1, 2, 3, 4, 5, 6, 7, 8]  # the output quotes the prompt: after "1 2" every draft is right
+    proposed, accepted, steps = replay_ngram(prompt, copied)
+    assert accepted == proposed > 0 and steps < len(copied)
+    assert accepted + steps == len(copied)  # every step emits its accepted drafts plus one token
+    fresh = [40, 41, 42, 43, 44, 45]  # nothing to look up
+    assert replay_ngram(prompt, fresh) == (0, 0, len(fresh))
+
+
+def test_advisor_q5_uses_the_pilot_replay(tmp_path: Path) -> None:
+    from prefixflow.pipeline.advisor.advise import advise
+
+    write_dataset(tmp_path / "in", files=1, rows_per_file=6)
+    job = {"task": "generate", "prompt_column": "text", "chat": "off", "sampling": {"max_tokens": 24},
+           "engine": {"num_kv_blocks": 512}}  # fmt: skip
+    advice = advise(load_job(str(tmp_path / "in"), "", "tiny", job), gpu="local", pilot_rows=4)
+    q5 = next(a for a in advice.answers if a.number == 5)
+    assert advice.workload.pilot is not None and advice.workload.pilot.ngram_replay[2] > 0
+    assert any("replayed under n-gram prompt lookup" in e for e in q5.evidence)
