@@ -121,8 +121,8 @@ def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_to
 
 def matmul_flops(prompt_len: int, max_tokens: int, batch: int) -> float:
     """2 x linear parameters per token (prompt and generated) + the LM head per sampled token."""
-    from prefixflow.engine.gguf.header import gguf_tensor_table
     from prefixflow.engine.embedded import resolve_embedded
+    from prefixflow.engine.gguf.header import gguf_tensor_table
 
     path = resolve_embedded(MODEL)
     assert path is not None
