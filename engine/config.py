@@ -54,6 +54,7 @@ class EngineConfig:
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
     sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
+    kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
     # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
     speculative_config: SpeculativeConfig | None = None
 
@@ -103,5 +104,7 @@ class EngineConfig:
             raise bad("sparsity", "None or '2:4'")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
+        if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
+            raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
         if not self.distributed_timeout_s > 0:
             raise bad("distributed_timeout_s", "a positive number of seconds")

@@ -18,8 +18,16 @@ from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.distributed.context import for_group, layout_for, single_rank
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
+from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.model_shard import COLLECTIVE_STATS, INIT_CACHE, STEP, ModelShard, WorkerShardFactory
+from prefixflow.engine.model_shard import (
+    COLLECTIVE_STATS,
+    INIT_CACHE,
+    KV_COPY,
+    STEP,
+    ModelShard,
+    WorkerShardFactory,
+)
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
@@ -115,6 +123,17 @@ class ModelRunner:
 
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
         return self.shard.make_decode_graphs(max_blocks_per_seq, capture)
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.shard.host_kv.num_blocks
+
+    def copy_blocks(self, plan: CopyPlan) -> None:
+        """Run a step's block copies on every rank, before that step's forward pass."""
+        if self.pool is None:
+            self.shard.host_kv.apply(plan)
+        else:
+            self.pool.run(self.shard, KV_COPY, plan.pack())
 
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:

@@ -21,6 +21,8 @@ from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.distributed.context import TensorParallel, for_group
 from prefixflow.engine.distributed.group import ParallelGroup
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
+from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_identity import ModelLocation
 from prefixflow.engine.model_source import ModelSource
@@ -35,6 +37,7 @@ CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, capture graphs
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
 COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
+KV_COPY = 4  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
 
 
 class ModelShard:
@@ -90,6 +93,9 @@ class ModelShard:
             return self.run_step(batch_inputs(batch), batch.logit_rows, batch.decode_only)
         if command == COLLECTIVE_STATS:
             return self.collective_stats()
+        if command == KV_COPY:
+            self.host_kv.apply(CopyPlan.unpack(payload))
+            return None
         raise ValueError(f"unknown command {command}")
 
     @torch.inference_mode()
@@ -101,6 +107,7 @@ class ModelShard:
         shape = (mc.num_layers, 2, self.num_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_layers)]
+        self.host_kv = HostKVStore(self.kv_cache, self._host_blocks())
         if self.device.type == "cuda" and not cfg.enforce_eager:
             max_len = min(self.max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
@@ -148,6 +155,13 @@ class ModelShard:
         ctx = StepContext(torch.from_numpy(step.positions).to(dev), meta, self.cos_sin_cache)
         hidden: torch.Tensor = self.model(torch.from_numpy(step.token_ids).to(dev), ctx, kv_caches)
         return hidden
+
+    def _host_blocks(self) -> int:
+        """Host-tier blocks: ``kv_offload_bytes`` covers every rank's share of a block (each rank keeps
+        its own KV heads), and all ranks take the smallest count so host block ids agree."""
+        if self.cfg.kv_offload_bytes == 0:
+            return 0
+        return self.tp.group.all_reduce_min(self.cfg.kv_offload_bytes // (self.block_bytes * self.tp.world))
 
     def _local_num_blocks(self) -> int:
         if self.cfg.num_kv_blocks is not None:

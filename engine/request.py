@@ -61,6 +61,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    num_computed_before_preemption: int = 0  # positions below this that are computed again are recompute
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     # Stop strings (see StopChecker): characters of output text already searched, and where the stop
@@ -130,6 +131,7 @@ class Request:
 
     def reset_computed(self) -> None:
         """Preempted: its KV is gone, so everything derived from computed positions restarts."""
+        self.num_computed_before_preemption = max(self.num_computed_before_preemption, self.num_computed_tokens)
         self.num_computed_tokens = 0
         self.drop_drafts()
         self.prompt_logprob_sum = 0.0  # a scoring request recomputes, and re-adds, every log-prob

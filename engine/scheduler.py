@@ -102,7 +102,7 @@ class Scheduler:
             req = self.waiting.popleft()
             prefix = self.kv.cached_prefix(req)
             pending = req.prompt_block_hashes(bs)[len(prefix) :]
-            own_blocks = self.kv.blocks_for_reservation(req) - len(prefix)
+            own_blocks = self.kv.blocks_for_reservation(req) - prefix.num_device
             if in_flight and pending and pending[0] in in_flight:
                 held.append(req)
                 held_need += own_blocks - sum(1 for h in pending if h in in_flight)

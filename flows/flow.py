@@ -1,17 +1,23 @@
 """The `batch_inference` flow: plan shards, run engine lanes, summarize."""
 
-from __future__ import annotations
-
 import time
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import Flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner
+from pydantic import WithJsonSchema
 
-from prefixflow.flows.credentials import redact_parameters, refuse_plain_secrets, with_credentials
+from prefixflow.flows.credentials import (
+    SAFE_JOB_SCHEMA,
+    SAFE_OPTIONS_SCHEMA,
+    SAFE_URL_SCHEMA,
+    redact_parameters,
+    refuse_plain_secrets,
+    with_credentials,
+)
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import (
@@ -100,10 +106,10 @@ def summarize_run(
 
 
 def batch_inference(
-    input: str,
-    output: str,
+    input: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
+    output: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
     model: str = DEFAULT_MODEL,
-    job: str | dict[str, Any] | None = None,
+    job: Annotated[str | dict[str, Any] | None, WithJsonSchema(SAFE_JOB_SCHEMA)] = None,
     task: str | None = None,
     id_column: str | None = None,
     prompt_column: str | None = None,
@@ -119,8 +125,8 @@ def batch_inference(
     quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
-    endpoint_url: str | None = None,
-    storage_options: dict[str, Any] | None = None,
+    endpoint_url: Annotated[str | None, WithJsonSchema(SAFE_URL_SCHEMA)] = None,
+    storage_options: Annotated[dict[str, Any] | None, WithJsonSchema(SAFE_OPTIONS_SCHEMA)] = None,
     credentials_block: str | None = None,
     new_run: bool = False,
     lanes: int | None = None,
@@ -157,7 +163,7 @@ def batch_inference(
     holding a JSON object of storage options.
     """
     overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
-    refuse_plain_secrets(storage_options, endpoint_url)
+    refuse_plain_secrets(storage_options, endpoint_url, job=job, input=input, output=output, ray_address=ray_address)
     logger = get_run_logger()
     started = time.time()
     tp = engine_tensor_parallel_size(input, model, job, overrides)

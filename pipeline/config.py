@@ -7,6 +7,8 @@ dies an hour in over a misspelt key is the most expensive kind of typo.
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -103,6 +105,17 @@ class StorageConfig:
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "credential", "private", "sas", "signature")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "api_key",
                 "connection_string"}  # fmt: skip
+
+
+def secret_name_pattern() -> str:
+    """A JSON-schema ``pattern`` (case-insensitive without inline flags, so every validator reads it the
+    same) matching the option names ``secret_option_paths`` takes for credentials."""
+
+    def nocase(word: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in word)
+
+    exact = "|".join(nocase(k) for k in sorted(_SECRET_KEYS))
+    return f"^({exact})$|" + "|".join(nocase(w) for w in _SECRET_WORDS)
 
 
 def secret_option_paths(options: Any, prefix: str = "") -> list[str]:
@@ -291,6 +304,33 @@ def _chat(value: Any) -> str:
     return _choice(value, CHAT_MODES, "chat")
 
 
+_INT64 = 2**63
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """None when ``value`` fits the type ``hint`` of an EngineConfig field (int, float, bool, str,
+    Literal and Optional of those), else what was expected. The engine's dataclass checks ranges but
+    not types, and a wrong type there surfaces only when a shard runs (``seed=abc``: OverflowError)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return None if value in args else "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_type_problem(value, a) for a in args if a is not type(None)]
+        return None if None in problems else " or ".join(p for p in problems if p)
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
+        return None if ok else "an integer (64-bit)"
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    return None
+
+
 def _engine(data: Any) -> dict[str, Any]:
     d = {} if data is None else data
     if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
@@ -298,6 +338,11 @@ def _engine(data: Any) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import EngineConfig  # validated by the engine's own dataclass
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
+    hints = typing.get_type_hints(EngineConfig)
+    for name, value in d.items():
+        problem = _type_problem(value, hints[name])
+        if problem:
+            raise _fail(f"engine.{name}", f"{value!r} is not {problem}")
     try:
         EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:

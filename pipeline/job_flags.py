@@ -24,7 +24,12 @@ def key_value(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
-    return key, yaml.safe_load(value)
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as exc:  # argparse turns this into one usage line, not a traceback
+        problem = str(getattr(exc, "problem", None) or exc).strip()
+        raise argparse.ArgumentTypeError(f"{key}={value!r}: the value is not valid YAML ({problem}); to pass "
+                                         f"it as a string, quote it: {key}='...'") from exc  # fmt: skip
 
 
 @dataclass(frozen=True)
