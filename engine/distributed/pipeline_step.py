@@ -49,6 +49,8 @@ def micro_batches(query_start_loc: np.ndarray, count: int) -> list[tuple[int, in
     for m in range(1, count):
         target = total * m / count
         seq = int(np.searchsorted(query_start_loc, target, side="left"))
+        if 0 < seq <= b and target - query_start_loc[seq - 1] < query_start_loc[seq] - target:
+            seq -= 1  # the nearer request boundary
         seq = min(max(seq, cuts[-1] + 1), b - (count - m))
         cuts.append(seq)
     cuts.append(b)
