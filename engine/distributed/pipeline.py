@@ -139,12 +139,14 @@ def stage_of(world: DistributedGroup, cfg: ModelConfig, pp: int, tp: int, timeou
     """This rank's TP group (within its stage) and its ``PipelineStage``; every rank calls it."""
     from datetime import timedelta
 
+    from prefixflow.engine.distributed.group import RENDEZVOUS_TIMEOUT
+
     stage, tp_rank = divmod(world.rank, tp)
     first, end = split_for(cfg, pp)[stage]
     group: ParallelGroup = ParallelGroup(0, 1, world.device)
     if tp > 1:
         store = dist.PrefixStore(f"pp-stage{stage}", world._store)
-        pg = _new_group(world.device, store, tp_rank, tp, timedelta(seconds=timeout_s))
+        pg = _new_group(world.device, store, tp_rank, tp, RENDEZVOUS_TIMEOUT)  # peers may still be loading
         pg._set_default_timeout(timedelta(seconds=timeout_s))
         group = StageGroup(tp_rank, tp, world.device, pg)
     return group, PipelineStage(stage, pp, tp, first, end, world)
