@@ -1,9 +1,13 @@
 """Pipeline vs tensor parallelism vs one engine per core, on the CPU (issue 29).
 
     python -m benchmarks.pp_bench --repeats 2 --json benchmarks/results/cpu_pp_bench.json
+    python -m benchmarks.pp_bench --model llama-3.1-8b --device cuda --dtype bfloat16 ...   # 2 GPUs (gpu_pp_check.sh)
 
-Three ways to spend two cores on the embedded SmolLM2-135M (float32, 30 layers; PP splits 19/11
-because its 28 M-parameter LM head sits on the last stage), one torch thread per process each:
+Three ways to spend two cores (or GPUs) on one model, one torch thread per process each on the CPU.
+The CPU default model is SmolLM2-135M's shape with 8 query / 4 KV heads instead of 9 / 3 (random
+weights, float32, 30 layers, tied 49,152-word head): the real SmolLM2's 9 heads cannot split over
+two TP ranks, which PP does not mind. PP splits it 19/11 (its 28 M-parameter head sits on the
+last stage).
 - ``pp2``: ``pipeline_parallel_size=2`` (two ranks, gloo send/recv, micro-batches in flight);
 - ``tp2``: ``tensor_parallel_size=2`` (two ranks, 61 gloo all-reduces per step);
 - ``dp2``: two independent engines (subprocesses), each on half the prompts, run at the same time.
@@ -30,7 +34,25 @@ import torch
 
 from benchmarks.common import environment, print_table, write_json
 
-MODEL = "smollm2-135m-instruct"
+MODEL = "smollm2-shape"
+SMOLLM2_SHAPE = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 72, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def model_dir(name: str) -> str:
+    """A preset's HF directory, or the SmolLM2-shaped random model (built once in the cache)."""
+    from prefixflow.engine import presets
+
+    if name != MODEL:
+        return str(presets.materialize(name))
+    out = presets.cache_dir() / "bench" / "smollm2-shape-8h"
+    if not (out / "config.json").exists():
+        presets.save_random_model(SMOLLM2_SHAPE, out, seed=0)
+    return str(out)
 COLUMNS = ["run", "mode", "output_tok_s", "elapsed_s", "cpu_s", "steps", "bytes_per_step", "bubble_rank0",
            "bubble_rank1"]  # fmt: skip
 
@@ -53,12 +75,13 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def engine_run(mode: str, work: list[list[int]], max_tokens: int, options: dict) -> dict:
+def engine_run(model: str, mode: str, work: list[list[int]], max_tokens: int, options: dict) -> dict:
     from prefixflow.engine import LLM, SamplingParams
 
-    torch.set_num_threads(1)
+    if options["device"] == "cpu":
+        torch.set_num_threads(1)
     size = {"pipeline_parallel_size": 2} if mode == "pp2" else {"tensor_parallel_size": 2}
-    with LLM(MODEL, **size, **options) as llm:
+    with LLM(model, **size, **options) as llm:
         runner = llm.engine.runner
         llm.generate(work[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up (untimed)
         pids = runner.pool.pids
@@ -90,7 +113,7 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     work = prompts(args.num_prompts, args.prompt_len, seed=0)[args.part :: 2]
-    llm = LLM(MODEL, **json.loads(args.options))
+    llm = LLM(args.model, **json.loads(args.options))
     llm.generate(work[:1], SamplingParams(max_tokens=2, ignore_eos=True))
     print("ready", flush=True)
     sys.stdin.readline()
@@ -100,11 +123,12 @@ def child(args: argparse.Namespace) -> None:
                       "output_tokens": sum(o.num_output_tokens for o in outs), "steps": llm.stats().steps}), flush=True)  # fmt: skip
 
 
-def dp_run(args: argparse.Namespace, options: dict) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.pp_bench", "--child", "--num-prompts", str(args.num_prompts),
+def dp_run(args: argparse.Namespace, model: str, options: dict) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.pp_bench", "--child", "--model", model, "--num-prompts", str(args.num_prompts),
            "--prompt-len", str(args.prompt_len), "--max-tokens", str(args.max_tokens), "--options", json.dumps(options)]  # fmt: skip
-    procs = [subprocess.Popen([*cmd, "--part", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for i in (0, 1)]  # fmt: skip
+    env = [dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(i)} if args.device == "cuda" else {})) for i in (0, 1)]
+    procs = [subprocess.Popen([*cmd, "--part", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env[i]) for i in (0, 1)]  # fmt: skip
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     for p in procs:
@@ -124,6 +148,9 @@ def dp_run(args: argparse.Namespace, options: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=MODEL, help="a preset name, or smollm2-shape (the CPU default)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -137,14 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
-    options = {"dtype": "float32", "device": "cpu", "max_num_seqs": args.num_prompts, "enable_prefix_caching": False,
-               "kv_cache_memory_bytes": 128 * 2**20}  # fmt: skip
+    options = {"dtype": args.dtype, "device": args.device, "max_num_seqs": args.num_prompts,
+               "enable_prefix_caching": False}  # fmt: skip
+    if args.device == "cpu":
+        options["kv_cache_memory_bytes"] = 128 * 2**20
+    model = model_dir(args.model)
     work = prompts(args.num_prompts, args.prompt_len, seed=0)
     rows, loads = [], []
     for i in range(args.repeats):
         for mode in args.modes.split(","):
             loads.append(os.getloadavg()[0])
-            row = dp_run(args, options) if mode == "dp2" else engine_run(mode, work, args.max_tokens, options)
+            row = dp_run(args, model, options) if mode == "dp2" else engine_run(model, mode, work, args.max_tokens, options)
             rows.append({"run": f"{i + 1}{mode}", **row})
             print_table(rows[-1:], COLUMNS)
             sys.stdout.flush()
@@ -157,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                          "bytes_per_step_median": statistics.median(r["bytes_per_step"] for r in mine)}  # fmt: skip
         if mode == "pp2":
             summary[mode]["bubble_median"] = [statistics.median(r[f"bubble_rank{k}"] for r in mine) for k in (0, 1)]
-    print_table(rows, COLUMNS, title=f"{MODEL}: PP=2 vs TP=2 vs one engine per core (CPU)")
+    print_table(rows, COLUMNS, title=f"{args.model}: PP=2 vs TP=2 vs one engine per device ({args.device})")
     print(json.dumps(summary, indent=1), f"\nload average per run: {loads}")
     write_json(args.json, {"benchmark": "pp_bench", "args": vars(args), "environment": environment(), "rows": rows,
                            "summary": summary, "load_average_per_run": loads})  # fmt: skip

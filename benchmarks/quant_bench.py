@@ -34,7 +34,7 @@ def load(model: str, variant: str, dtype: str, kv_bytes: int, bench_model: Any =
     from prefixflow.kernels import reference
 
     method, _, attention = variant.partition("+")
-    quantization = {"none": "none", "gguf": None}.get(method, method)
+    quantization = {"none": "none"}.get(method, method)  # "gguf": the file's blocks kept packed
     source: Any = model
     if bench_model is not None:
         from benchmarks.common import model_source

@@ -8,7 +8,7 @@ Blocks that were never hashed are handed out first, since nobody can hit them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -33,6 +33,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.evictions = 0
         self.num_free_cached = 0  # free blocks that still hold a findable prefix
+        self.on_evict: Callable[[Block], None] | None = None  # sees a cached block before it is reused
 
     @property
     def num_free_uncached(self) -> int:
@@ -49,6 +50,8 @@ class BlockPool:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:
+            if self.on_evict is not None:
+                self.on_evict(block)
             self.cached.pop(block.block_hash, None)
             block.block_hash, block.key = None, None
             self.evictions += 1

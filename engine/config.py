@@ -6,12 +6,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+from prefixflow.engine.speculative.config import SpeculativeConfig
+
 Ordering = Literal["prefix", "fifo"]
 KernelBackendName = Literal["auto", "torch", "triton"]
 # quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
 # checkpoint's own method; see docs/models.md "Quantized models"
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
-CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors")
+CHECKPOINT_QUANTIZATION = ("gptq", "awq", "compressed-tensors", "gguf")
 QUANTIZATION_CHOICES = ONLINE_QUANTIZATION + ("none",) + CHECKPOINT_QUANTIZATION
 
 
@@ -54,6 +56,9 @@ class EngineConfig:
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
     sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
+    kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
+    # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -73,6 +78,8 @@ class EngineConfig:
             )
             object.__setattr__(self, "kernel_backend", self.attention_backend)
             object.__setattr__(self, "attention_backend", None)
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise bad("dtype", "one of auto, float32, bfloat16, float16")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -108,5 +115,7 @@ class EngineConfig:
             or self.pipeline_micro_batches < 1
         ):  # fmt: skip
             raise bad("pipeline_micro_batches", "None or a positive integer")
+        if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
+            raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
         if not self.distributed_timeout_s > 0:
             raise bad("distributed_timeout_s", "a positive number of seconds")

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixflow.engine.block_pool import Block, BlockPool
+from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.cost_model import CostModel
+from prefixflow.engine.kv_offload.host_pool import HostBlock
+from prefixflow.engine.kv_offload.tier import HostTier
 from prefixflow.engine.request import Request
 
 
@@ -23,23 +27,51 @@ class BlockTable:
 
 @dataclass(frozen=True)
 class CachedPrefix:
-    """The longest run of cached full blocks a waiting request can map in."""
+    """The longest run of cached full blocks a waiting request can map in: device blocks, then the
+    host blocks that continue the run (reloaded on admission). ``hashes`` covers both."""
 
     blocks: list[Block]
     hashes: list[int]
+    host: list[HostBlock] = field(default_factory=list)
 
     def __len__(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def num_device(self) -> int:
         return len(self.blocks)
 
 
 class KVCacheManager:
+    """``host_blocks`` > 0 adds the host tier (kv_offload/): evicted prefix blocks are offloaded
+    there and reloaded on a later hit when ``cost`` says a reload beats recompute (no ``cost``: always).
+    The copies a step needs are collected in a plan the engine takes with ``take_copies``."""
+
     def __init__(
-        self, num_blocks: int, block_size: int, enable_caching: bool = True, reserve_output_blocks: int = 4
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        reserve_output_blocks: int = 4,
+        host_blocks: int = 0,
+        cost: CostModel | None = None,
     ) -> None:
         self.block_size = block_size
         self.reserve_output_blocks = reserve_output_blocks
         self.pool = BlockPool(num_blocks, enable_caching)
         self._tables: dict[int, BlockTable] = {}
+        self._plan = CopyPlan()
+        self.host: HostTier | None = None
+        if host_blocks > 0 and enable_caching:
+            tier = self.host = HostTier(host_blocks, cost)
+            self.pool.on_evict = lambda block: tier.offload(block, self._plan)
+
+    def take_copies(self) -> CopyPlan:
+        """The block copies the step just scheduled needs before its forward pass (see CopyPlan)."""
+        plan, self._plan = self._plan, CopyPlan()
+        if self.host is not None:
+            self.host.copies_planned()
+        return plan
 
     @property
     def num_blocks(self) -> int:
@@ -79,7 +111,12 @@ class KVCacheManager:
             parent = block.block_hash
             assert parent is not None  # a block found by lookup is hashed
             hashes.append(parent)
-        return CachedPrefix(hits, hashes)
+        host: list[HostBlock] = []
+        limit = req.max_cache_hit_tokens // bs
+        if self.host is not None and len(hits) < limit:
+            host = self.host.continue_prefix(req.token_ids, parent, len(hits), limit, bs)
+            hashes.extend(h.block_hash for h in host if h.block_hash is not None)
+        return CachedPrefix(hits, hashes, host)
 
     def blocks_reserved(self, req: Request) -> int:
         """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
@@ -109,18 +146,36 @@ class KVCacheManager:
         """
         idle_hits = sum(1 for b in prefix.blocks if b.ref_count == 0)
         cached = len(prefix) * self.block_size
-        need = self._blocks_for(cached + num_new_tokens) - len(prefix)
+        need = self._blocks_for(cached + num_new_tokens) - prefix.num_device  # host hits need device blocks
         if reserved is not None:
-            whole = self._blocks_for(self.reservation_tokens(req)) - len(prefix)
+            whole = self._blocks_for(self.reservation_tokens(req)) - prefix.num_device
             if whole + idle_hits + reserved > self.pool.num_free:
                 return False
         if need + idle_hits > self.pool.num_free:
             return False
         for block in prefix.blocks:
             self.pool.acquire(block)
-        ids = [b.block_id for b in prefix.blocks] + [self.pool.allocate().block_id for _ in range(need)]
+        ids = [b.block_id for b in prefix.blocks]
+        if prefix.host:
+            ids += self._reload(prefix)
+            need -= len(prefix.host)
+        ids += [self.pool.allocate().block_id for _ in range(need)]
         self._tables[req.key] = BlockTable(ids, list(prefix.hashes))
         return True
+
+    def _reload(self, prefix: CachedPrefix) -> list[int]:
+        """Device blocks for the prefix's host hits, registered at once (the copies run before any
+        forward pass of this step reads them)."""
+        assert self.host is not None
+        self.host.pin(prefix.host)  # allocating below may offload, which must not overwrite these
+        ids: list[int] = []
+        for host in prefix.host:
+            assert host.key is not None
+            block = self.pool.allocate()
+            self.pool.register(block, host.key[0], host.key[1])
+            self.host.reload(host, block.block_id, self._plan)
+            ids.append(block.block_id)
+        return ids
 
     def can_append(self, req: Request, num_new_tokens: int) -> bool:
         need = self._blocks_for(req.num_computed_tokens + num_new_tokens) - len(self.block_table(req))
@@ -139,6 +194,13 @@ class KVCacheManager:
             parent = table.block_hashes[i - 1] if i else None
             block = self.pool.blocks[table.block_ids[i]]
             table.block_hashes.append(self.pool.register(block, parent, req.token_ids[i * bs : (i + 1) * bs]))
+
+    def truncate(self, req: Request) -> None:
+        """Give back the blocks past ``req.num_computed_tokens`` (rejected speculative positions)."""
+        table = self._tables[req.key]
+        keep = max(self._blocks_for(req.num_computed_tokens), len(table.block_hashes))
+        while len(table.block_ids) > keep:
+            self.pool.release(self.pool.blocks[table.block_ids.pop()])
 
     def free(self, req: Request) -> None:
         """Tail blocks first, so the LRU queue evicts a request's suffix before its shared prefix."""

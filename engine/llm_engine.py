@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_cache_manager import KVCacheManager
+from prefixflow.engine.kv_offload.cost_model import CostModel
 from prefixflow.engine.loader import resolve_model
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_identity import identity_of, memory_identity
@@ -23,6 +24,7 @@ from prefixflow.engine.request import Request, RequestSpec, Status
 from prefixflow.engine.sampler import position_seed
 from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.speculative.build import build_speculator
 from prefixflow.engine.stats import EngineStats
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput
 from prefixflow.engine.stop_checker import StopChecker
@@ -41,7 +43,11 @@ class LLMEngine:
         if self.model_cfg.sliding_window:
             limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
         self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
-        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        cost = CostModel.for_model(self.model_cfg, self.runner.dtype.itemsize, self.runner.device.type)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching,
+            host_blocks=self.runner.num_host_blocks, cost=cost,
+        )  # fmt: skip
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
@@ -63,6 +69,7 @@ class LLMEngine:
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
                                  cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
+        self.speculator = build_speculator(cfg, self.source, self.max_model_len, self.scheduler.speculation)
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
@@ -145,10 +152,17 @@ class LLMEngine:
         """One step: schedule, execute, update. Returns the requests that finished, by key."""
         start = time.perf_counter()
         self._stepping = True
+        features: list[float] | None = None
         try:
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running, self.cfg.max_num_batched_tokens)
             scheduled = self.scheduler.schedule()
             if not scheduled:
                 raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+            copies = self.kv.take_copies()
+            if copies:
+                self.runner.copy_blocks(copies)
+            features = self.speculator.features(scheduled) if self.speculator is not None else None
             self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
             host = time.perf_counter() - start
             output = self._execute(scheduled)
@@ -163,12 +177,16 @@ class LLMEngine:
                 self._deferred_aborts.clear()
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
+        self._count_tier_work()
         so = self.structured
         self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
         self.stats.mask_overlapped_steps = so.overlapped_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
+        if self.speculator is not None and features is not None:
+            self.speculator.observe(features, end - start)
+            self.stats.speculation = self.scheduler.speculation.as_dict()
         return finished
 
     def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:
@@ -194,9 +212,20 @@ class LLMEngine:
                 raise batch_error
             return merged
 
+    def _count_tier_work(self) -> None:
+        host = self.kv.host
+        if host is None:
+            return
+        c, bs = host.counters, self.cfg.block_size
+        self.stats.kv_host_blocks = host.pool.num_blocks
+        self.stats.kv_offloaded_tokens, self.stats.kv_reloaded_tokens = c.offloaded_blocks * bs, c.reloaded_blocks * bs
+        self.stats.kv_host_lookups, self.stats.kv_host_hits = c.host_lookups, c.host_hits
+
     def _count_prompt_work(self, scheduled: SchedulerOutput) -> None:
         for chunk in scheduled:
             req = chunk.request
+            redo = min(req.num_computed_tokens + chunk.num_tokens, req.num_computed_before_preemption)
+            self.stats.kv_recomputed_tokens += max(0, redo - req.num_computed_tokens)
             done = min(req.num_computed_tokens + chunk.num_tokens, req.num_prompt_tokens)
             self.stats.computed_prompt_tokens += max(0, done - req.num_computed_tokens)
 

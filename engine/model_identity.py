@@ -137,8 +137,9 @@ def identity_of(
     device: str = "cpu",
 ) -> dict[str, Any]:  # fmt: skip
     """``quantization`` is the method's settings (part of the digest: it decides outputs), with the
-    2:4 kernel ``device`` would run; ``weight_bytes`` what the weights take in that dtype and method
-    (informational, not digested)."""
+    2:4 kernel ``device`` would run; ``weight_bytes`` what the weights take in that dtype and method,
+    and for a GGUF file ``weight_path`` (packed or dense on ``device``, and why): informational, not
+    digested."""
     out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
     if location.kind == "hf":
         assert location.path is not None
@@ -151,9 +152,9 @@ def identity_of(
     else:
         assert location.preset is not None
         out.update(_preset_digests(location.preset))
-    out.update(_weights(location, dtype, quantization, sparsity))
+    out.update(_weights(location, dtype, quantization, sparsity, device))
     _add_sparse_kernel(out, device, dtype)
-    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")})
     return out
 
 
@@ -186,14 +187,16 @@ def _add_sparse_kernel(out: dict[str, Any], device: str, dtype: str) -> None:
     sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(torch.device(device), DTYPES[dtype], quantized)
 
 
-def _weights(location: ModelLocation, dtype: str, quantization: str | None, sparsity: str | None = None) -> dict[str, Any]:
+def _weights(
+    location: ModelLocation, dtype: str, quantization: str | None, sparsity: str | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
     from prefixflow.engine import presets
     from prefixflow.engine.quantization.footprint import describe_gguf_weights, describe_weights
 
     if location.kind == "gguf":
         assert location.path is not None
-        return describe_gguf_weights(location.path, dtype, quantization, sparsity)
+        return describe_gguf_weights(location.path, dtype, quantization, sparsity, device)
     if location.kind == "hf":
         assert location.path is not None
         config = json.loads((location.path / "config.json").read_text())

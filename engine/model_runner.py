@@ -19,10 +19,12 @@ from prefixflow.engine.distributed.context import layout_for, single_rank
 from prefixflow.engine.distributed.pipeline import split_for
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
+from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_shard import (
     COLLECTIVE_STATS,
     INIT_CACHE,
+    KV_COPY,
     PIPELINE_STATS,
     STEP,
     ModelShard,
@@ -32,6 +34,7 @@ from prefixflow.engine.model_shard import (
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.sampler import sample_batch
+from prefixflow.engine.speculative.verify import sample_verified
 from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.kernels import KernelBackend
@@ -126,6 +129,17 @@ class ModelRunner:
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
         return self.shard.make_decode_graphs(max_blocks_per_seq, capture)
 
+    @property
+    def num_host_blocks(self) -> int:
+        return self.shard.host_kv.num_blocks
+
+    def copy_blocks(self, plan: CopyPlan) -> None:
+        """Run a step's block copies on every rank, before that step's forward pass."""
+        if self.pool is None:
+            self.shard.host_kv.apply(plan)
+        else:
+            self.pool.run(self.shard, KV_COPY, plan.pack())
+
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:
         """Run the step's forward pass, sample the rows that reached their last token and sum the
@@ -152,7 +166,12 @@ class ModelRunner:
             return out
         dev = logits.device
         n_sample = len(step.sample_rows)
-        if n_sample:
+        if n_sample and step.speculative:
+            sample_verified(
+                logits[:n_sample], step.sample_requests, step.sampled_requests, self.eos_ids, masks,
+                self.model_cfg.vocab_size, out,
+            )  # fmt: skip
+        elif n_sample:
             bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
             sampled = sample_batch(logits[:n_sample], step.sample_requests, self.eos_ids, bitmask)
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors

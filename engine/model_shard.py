@@ -23,6 +23,8 @@ from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
 from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
 from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
+from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_identity import ModelLocation
 from prefixflow.engine.model_source import ModelSource
@@ -30,6 +32,7 @@ from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContex
 from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
 from prefixflow.engine.quantization.report import weight_bytes
+from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
 from prefixflow.engine.step_inputs import StepInputs
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
@@ -37,6 +40,7 @@ INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, c
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
 PIPELINE_STATS = 4  # rank 0 gets [world, 4]: every rank's compute s, wait s, bytes sent, steps (PP only)
 COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
+KV_COPY = 4  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
 
 
 class ModelShard:
@@ -58,7 +62,11 @@ class ModelShard:
         self.dtype = pick_dtype(cfg.dtype, device)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
-        self.quantization = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
+        quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
+        gguf_file = source.location.path if source.location is not None and source.location.kind == "gguf" else None
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
+        self.quantization = apply_weight_path(quant, self.weight_path)
         with torch.device(device):
             self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp)
         load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
@@ -100,18 +108,21 @@ class ModelShard:
             return self.collective_stats()
         if command == PIPELINE_STATS:
             return self.gathered_pipeline_stats()
+        if command == KV_COPY:
+            self.host_kv.apply(CopyPlan.unpack(payload))
+            return None
         raise ValueError(f"unknown command {command}")
 
     @torch.inference_mode()
     def init_cache(self) -> int:
         """Allocate the KV pool: every rank takes the smallest block count any rank can hold, so the
         one scheduler's block ids are valid everywhere."""
-        group = self.pp.world if self.pp is not None and self.pp.world is not None else self.tp.group
-        self.num_blocks = group.all_reduce_min(self._local_num_blocks())
+        self.num_blocks = self.all_ranks.all_reduce_min(self._local_num_blocks())
         mc, cfg = self.model_cfg, self.cfg
         shape = (self.num_layers, 2, self.num_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)]
+        self.host_kv = HostKVStore(self.kv_cache, self._host_blocks())
         if self.device.type == "cuda" and not cfg.enforce_eager and self.pp is None:  # PP runs eager
             max_len = min(self.max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
@@ -132,8 +143,7 @@ class ModelShard:
         st = self.pipeline_stats
         mine = torch.tensor([[st.compute_s], [st.wait_s], [float(st.bytes_sent)], [float(st.steps)]],
                             dtype=torch.float64, device=self.device)  # fmt: skip
-        group = self.pp.world if self.pp is not None and self.pp.world is not None else self.tp.group
-        rows = group.gather_last_dim(mine)
+        rows = self.all_ranks.gather_last_dim(mine)
         return None if rows is None else rows.T.cpu()
 
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
@@ -170,8 +180,23 @@ class ModelShard:
         if self.pp is not None and not self.pp.is_first:  # a later stage: stand-in activations
             x = torch.zeros((len(ids), self.model_cfg.hidden_size), dtype=self.dtype, device=dev)
             return self.model.forward_stage(x, torch.zeros_like(x), ctx, kv_caches)[0]
-        hidden: torch.Tensor = self.model(ids, ctx, kv_caches) if self.pp is None else self.model.forward_stage(ids, None, ctx, kv_caches)[0]
+        if self.pp is not None:
+            return self.model.forward_stage(ids, None, ctx, kv_caches)[0]
+        hidden: torch.Tensor = self.model(ids, ctx, kv_caches)
         return hidden
+
+    def _host_blocks(self) -> int:
+        """Host-tier blocks: ``kv_offload_bytes`` covers every rank's share of a block (each rank keeps
+        its own KV heads), and all ranks take the smallest count so host block ids agree."""
+        if self.cfg.kv_offload_bytes == 0:
+            return 0
+        ranks = self.tp.world * (self.pp.num_stages if self.pp is not None else 1)
+        return self.all_ranks.all_reduce_min(self.cfg.kv_offload_bytes // (self.block_bytes * ranks))
+
+    @property
+    def all_ranks(self) -> ParallelGroup:
+        """The group of every rank of this engine: the world under pipeline parallelism, else the TP group."""
+        return self.pp.world if self.pp is not None and self.pp.world is not None else self.tp.group
 
     def _local_num_blocks(self) -> int:
         if self.cfg.num_kv_blocks is not None:

@@ -50,6 +50,10 @@ class Request:
     # keeps the tokens, so it keeps the matcher too (nothing to roll back).
     grammar: Any = field(default=None, repr=False)
     num_computed_tokens: int = 0
+    # Speculative decoding: the last ``num_draft_tokens`` of ``token_ids`` are proposed, not yet
+    # verified (the step that computes them verifies them); ``spec`` is the proposer's per-request state.
+    num_draft_tokens: int = 0
+    spec: Any = field(default=None, repr=False)
     num_cached_tokens: int = 0
     status: Status = Status.WAITING
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -57,6 +61,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    num_computed_before_preemption: int = 0  # positions below this that are computed again are recompute
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     # Stop strings (see StopChecker): characters of output text already searched, and where the stop
@@ -117,9 +122,18 @@ class Request:
             self._prompt_hashes = (block_size, hashes)
         return self._prompt_hashes[1]
 
+    def drop_drafts(self, keep: int = 0) -> None:
+        """Forget all but the first ``keep`` proposed tokens (they were never verified)."""
+        extra = self.num_draft_tokens - keep
+        if extra > 0:
+            del self.token_ids[len(self.token_ids) - extra :]
+            self.num_draft_tokens = keep
+
     def reset_computed(self) -> None:
         """Preempted: its KV is gone, so everything derived from computed positions restarts."""
+        self.num_computed_before_preemption = max(self.num_computed_before_preemption, self.num_computed_tokens)
         self.num_computed_tokens = 0
+        self.drop_drafts()
         self.prompt_logprob_sum = 0.0  # a scoring request recomputes, and re-adds, every log-prob
 
 

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prefixflow.engine.kv_cache_manager import KVCacheManager
-from prefixflow.engine.outputs import FinishReason
+from prefixflow.engine.outputs import FinishReason, TokenLogprob
 from prefixflow.engine.request import Request, Status
+from prefixflow.engine.speculative.runs import SpeculationStats, fit_drafts, settle
 from prefixflow.engine.step_types import ModelOutput, ScheduledChunk, SchedulerOutput
 from prefixflow.engine.stop_checker import StopChecker
 
@@ -38,6 +39,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.speculation = SpeculationStats()  # what verified runs proposed and accepted
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -57,6 +59,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.num_draft_tokens:
+                n = fit_drafts(req, n, self.kv)  # drafts only while they fit the budget and the free blocks
             while not self.kv.can_append(req, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -70,6 +74,8 @@ class Scheduler:
                 i += 1
                 continue
             break
+        for req in self.running[i:]:
+            req.drop_drafts()  # not scheduled this step: drafts live for one step only
         if not preempted:
             budget = self._admit(out, budget)
         return SchedulerOutput(out)
@@ -96,7 +102,7 @@ class Scheduler:
             req = self.waiting.popleft()
             prefix = self.kv.cached_prefix(req)
             pending = req.prompt_block_hashes(bs)[len(prefix) :]
-            own_blocks = self.kv.blocks_for_reservation(req) - len(prefix)
+            own_blocks = self.kv.blocks_for_reservation(req) - prefix.num_device
             if in_flight and pending and pending[0] in in_flight:
                 held.append(req)
                 held_need += own_blocks - sum(1 for h in pending if h in in_flight)
@@ -159,6 +165,11 @@ class Scheduler:
             if error is not None:
                 finished.append(self.finish(req, "error", error=error))
                 continue
+            if req.num_draft_tokens:
+                done = self._settle_run(req, output, now)
+                if done is not None:
+                    finished.append(done)
+                continue
             req.num_computed_tokens += chunk.num_tokens
             self.kv.commit_computed(req)
             if req.score_from is not None:
@@ -170,26 +181,49 @@ class Scheduler:
             token = output.sampled.get(req.key)
             if token is None:
                 continue  # a prefill chunk that has not reached the last prompt token
-            req.token_ids.append(token)
-            if req.grammar is not None and not req.grammar.accept_token(token):
-                error = f"structured outputs: the grammar rejected sampled token {token}"
-                finished.append(self.finish(req, "error", error=error))
-                continue
-            logprob = output.logprobs.get(req.key)
-            if logprob is not None:
-                req.logprobs.append(logprob)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            try:
-                verdict = self.stop_checker.check(req)
-            except Exception as exc:  # e.g. a tokenizer that cannot decode: this request only
-                finished.append(self.finish(req, "error", error=f"stop check failed: {exc!r}"))
-                continue
-            if verdict is None and req.grammar is not None and req.grammar.is_terminated():
-                verdict = ("stop", None)  # the grammar ended it on a stop token the model does not list as EOS
-            if verdict is not None:
-                finished.append(self.finish(req, verdict[0], verdict[1]))
+            done = self._take_token(req, token, output.logprobs.get(req.key), now)
+            if done is not None:
+                finished.append(done)
         return finished
+
+    def _take_token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> Request | None:
+        """Append one generated token; the request if that finished it."""
+        req.token_ids.append(token)
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            error = f"structured outputs: the grammar rejected sampled token {token}"
+            return self.finish(req, "error", error=error)
+        if logprob is not None:
+            req.logprobs.append(logprob)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        try:
+            verdict = self.stop_checker.check(req)
+        except Exception as exc:  # e.g. a tokenizer that cannot decode: this request only
+            return self.finish(req, "error", error=f"stop check failed: {exc!r}")
+        if verdict is None and req.grammar is not None and req.grammar.is_terminated():
+            verdict = ("stop", None)  # the grammar ended it on a stop token the model does not list as EOS
+        if verdict is not None:
+            return self.finish(req, verdict[0], verdict[1])
+        return None
+
+    def _settle_run(self, req: Request, output: ModelOutput, now: float) -> Request | None:
+        """A verified run: keep the accepted drafts and the target's next token, one token at a time
+        (stops, max_tokens and the grammar see each), roll the rest back and hash only what stays."""
+        targets = output.verified.get(req.key)
+        if targets is None:
+            req.drop_drafts()
+            return self.finish(req, "error", error="speculative verification produced no tokens")
+        emitted = settle(req, targets, self.speculation)
+        logprobs = output.verified_logprobs.get(req.key, [])
+        first = req.num_tokens  # emitted[j] lands at token index first + j
+        for j, token in enumerate(emitted):
+            req.num_computed_tokens = first + j  # positions before it hold KV computed from the right tokens
+            self.kv.commit_computed(req)
+            done = self._take_token(req, token, logprobs[j] if j < len(logprobs) else None, now)
+            if done is not None:
+                return done
+        self.kv.truncate(req)
+        return None
 
     def finish(
         self,

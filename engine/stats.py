@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -22,8 +22,16 @@ class EngineStats:
     mask_wait_s: float = 0.0  # structured outputs: time the step loop waited for a fill
     masked_steps: int = 0  # steps that sampled at least one constrained request
     mask_overlapped_steps: int = 0  # of those, steps whose fill ran on the worker while the model ran
+    kv_host_blocks: int = 0  # host KV tier capacity in blocks (0: no host tier)
+    kv_offloaded_tokens: int = 0  # tokens of evicted device blocks copied to the host tier
+    kv_reloaded_tokens: int = 0  # cached tokens copied back from the host tier instead of computed
+    kv_recomputed_tokens: int = 0  # tokens computed again after a preemption dropped their KV
+    kv_host_lookups: int = 0  # host-tier probes after a device miss
+    kv_host_hits: int = 0
     weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
     quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
+    # speculative decoding, per method: proposed, accepted, runs, acceptance_rate, mean_accepted_length
+    speculation: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def host_ms_per_step(self) -> float:
@@ -39,6 +47,11 @@ class EngineStats:
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def host_hit_rate(self) -> float:
+        """Host-tier probes that found the block (each run of hits ends in one miss, unless the prompt ends)."""
+        return self.kv_host_hits / self.kv_host_lookups if self.kv_host_lookups else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         """Output tokens per second of engine time."""
         return self.output_tokens / self.elapsed_s if self.elapsed_s else 0.0
@@ -52,6 +65,7 @@ class EngineStats:
         return {
             **asdict(self),
             "prefix_hit_rate": self.prefix_hit_rate,
+            "host_hit_rate": self.host_hit_rate,
             "tokens_per_s": self.tokens_per_s,
             "total_tokens_per_s": self.total_tokens_per_s,
             "host_ms_per_step": self.host_ms_per_step,

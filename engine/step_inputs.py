@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prefixflow.engine.request import Request
+from prefixflow.engine.speculative.views import position_views
 from prefixflow.engine.step_types import SchedulerOutput
 
 
@@ -30,6 +31,8 @@ class StepInputs:
     score_rows: list[int] = field(default_factory=list)
     score_targets: list[int] = field(default_factory=list)
     score_owner: list[int] = field(default_factory=list)  # Request.key of each score row
+    speculative: bool = False  # some request verifies drafts: its sample rows are position views
+    sampled_requests: list[Request] = field(default_factory=list)  # one per request that samples, in row order
 
     @property
     def decode_only(self) -> bool:
@@ -70,8 +73,14 @@ def build_step_inputs(scheduled: SchedulerOutput, block_size: int) -> StepInputs
                 step.score_targets.append(req.token_ids[q + 1])
                 step.score_owner.append(req.key)
         if req.generates and end == req.num_tokens:
-            step.sample_rows.append(base + n - 1)
-            step.sample_requests.append(req)
+            step.sampled_requests.append(req)
+            if req.num_draft_tokens:  # a verified run: one sample row per position (speculative/verify.py)
+                step.sample_rows.extend(range(base + n - 1 - req.num_draft_tokens, base + n))
+                step.sample_requests.extend(position_views(req))
+                step.speculative = True
+            else:
+                step.sample_rows.append(base + n - 1)
+                step.sample_requests.append(req)
     step.token_ids = np.array(ids, dtype=np.int64)
     step.positions = np.array(pos, dtype=np.int64)
     step.slot_mapping = np.array(slots, dtype=np.int64)

@@ -51,9 +51,15 @@ class ModelOutput:
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     prompt_logprobs: dict[int, float] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    # Speculative decoding: for a request whose chunk verified draft tokens, the target's token at each
+    # of its k+1 positions (each sampled as if the drafts before it were accepted), and their log-probs.
+    verified: dict[int, list[int]] = field(default_factory=dict)
+    verified_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
     def merge(self, other: ModelOutput) -> None:
         self.sampled.update(other.sampled)
+        self.verified.update(other.verified)
+        self.verified_logprobs.update(other.verified_logprobs)
         self.logprobs.update(other.logprobs)
         self.prompt_logprobs.update(other.prompt_logprobs)
         self.errors.update(other.errors)

@@ -15,18 +15,34 @@ from dataclasses import replace
 from typing import Any
 
 from prefixflow.pipeline import JobConfigError, JobSpec
-from prefixflow.pipeline.config import secret_option_paths
+from prefixflow.pipeline.config import secret_name_pattern, secret_option_paths
 
 REDACTED = "<redacted: credentials are never stored as flow parameters>"
 
 
-def refuse_plain_secrets(storage_options: dict[str, Any] | None, endpoint_url: str | None = None) -> None:
-    """Raise JobConfigError naming (never showing) credential-like storage options or a password in the
-    endpoint URL, and saying where credentials go instead."""
-    paths = secret_option_paths(storage_options or {}) + secret_option_paths({"endpoint_url": endpoint_url})
+def secret_parameter_paths(parameters: dict[str, Any]) -> list[str]:
+    """Dotted paths of the flow parameters that look like credentials: credential-like keys anywhere in
+    ``storage_options`` and in a job dict's ``storage`` (nested mappings included), and a password in
+    any URL parameter (``endpoint_url``, ``input``, ``output``, ``ray_address``, a job's endpoint)."""
+    found = secret_option_paths(parameters.get("storage_options") or {}, "storage_options.")
+    job = parameters.get("job")
+    if isinstance(job, dict):
+        found += secret_option_paths(job.get("storage") or {}, "job.storage.")
+    for name in ("endpoint_url", "input", "output", "ray_address"):
+        found += secret_option_paths({name: parameters.get(name)})
+    return found
+
+
+def refuse_plain_secrets(
+    storage_options: dict[str, Any] | None, endpoint_url: str | None = None, **more: Any
+) -> None:
+    """Raise JobConfigError naming (never showing) credential-like parameters (see
+    ``secret_parameter_paths``; ``more`` are further flow parameters: ``job``, ``input``, ...), and
+    saying where credentials go instead."""
+    paths = secret_parameter_paths({"storage_options": storage_options, "endpoint_url": endpoint_url, **more})
     if paths:
         raise JobConfigError(
-            f"storage options {', '.join(sorted(paths))} look like credentials. Prefect stores flow parameters in "
+            f"parameters {', '.join(sorted(paths))} look like credentials. Prefect stores flow parameters in "
             "plain text, so the flow does not take them: give the run its credentials through the environment "
             "or the AWS credential chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance "
             "role), or save them in a Prefect Secret block as a JSON object of storage options and pass "
@@ -37,11 +53,41 @@ def refuse_plain_secrets(storage_options: dict[str, Any] | None, endpoint_url: s
 def redact_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     """The flow's parameters with credential-like storage options replaced (what reaches the API)."""
     out = dict(parameters)
-    if secret_option_paths(out.get("storage_options") or {}):
-        out["storage_options"] = REDACTED
-    if secret_option_paths({"endpoint_url": out.get("endpoint_url")}):
-        out["endpoint_url"] = REDACTED
+    for path in secret_parameter_paths(parameters):
+        top = path.split(".", 1)[0]
+        if top == "job":  # the job dict stays readable; only its storage settings go
+            out["job"] = {**parameters["job"], "storage": REDACTED}
+        else:
+            out[top] = REDACTED
     return out
+
+
+def _safe_value(depth: int) -> dict[str, Any]:
+    """A JSON schema for a storage option value: no URL with a password, and (while ``depth`` lasts) a
+    mapping only of safe names; deeper mappings are not accepted."""
+    no_password = {"not": {"type": "string", "pattern": _URL_PASSWORD}}
+    nested = safe_options_schema(depth - 1) if depth > 1 else {"not": {"type": "object"}}
+    return {"allOf": [no_password, {"anyOf": [{"not": {"type": "object"}}, nested]}]}
+
+
+_URL_PASSWORD = "://[^/@]*@"  # user:password@host (secret_option_paths' URL rule)
+
+
+def safe_options_schema(depth: int = 4) -> dict[str, Any]:
+    """A mapping that cannot carry credentials: its keys (and those of nested mappings, ``depth`` levels
+    deep) never look like credential names. Plain JSON schema without references, which the Prefect API
+    validates deployment-run parameters against before it creates (and stores) a flow run."""
+    return {"type": "object", "propertyNames": {"not": {"pattern": secret_name_pattern()}},
+            "additionalProperties": _safe_value(depth)}  # fmt: skip
+
+
+SAFE_URL_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "null"}, {"type": "string", "not": {"pattern": _URL_PASSWORD}}]}
+SAFE_OPTIONS_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "null"}, safe_options_schema()]}
+SAFE_JOB_SCHEMA: dict[str, Any] = {
+    "anyOf": [{"type": "null"}, {"type": "string"},
+              {"type": "object", "properties": {"storage": safe_options_schema()}}],  # fmt: skip
+    "description": "a job YAML path or a job dict; its `storage` never holds credentials",
+}
 
 
 def block_options(block: str) -> dict[str, Any]:

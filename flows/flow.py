@@ -1,27 +1,35 @@
 """The `batch_inference` flow: plan shards, run engine lanes, summarize."""
 
-from __future__ import annotations
-
 import time
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import Flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, wait
+from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner
+from pydantic import WithJsonSchema
 
-from prefixflow.flows.credentials import redact_parameters, refuse_plain_secrets, with_credentials
+from prefixflow.flows.credentials import (
+    SAFE_JOB_SCHEMA,
+    SAFE_OPTIONS_SCHEMA,
+    SAFE_URL_SCHEMA,
+    redact_parameters,
+    refuse_plain_secrets,
+    with_credentials,
+)
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import (
     ShardProgress,
     publish_comparison,
+    publish_labels,
     publish_summary,
     publish_throughput,
     run_metrics,
 )
 from prefixflow.flows.slots import DEFAULT_LIMIT
+from prefixflow.flows.supervise import supervise_lanes
 from prefixflow.flows.task_runners import LaneLayout, lane_layout, make_task_runner, visible_gpus
 from prefixflow.pipeline import (
     DEFAULT_MODEL,
@@ -74,12 +82,20 @@ def plan_job(
 
 @task(name="summarize-run", persist_result=False, cache_policy=NO_CACHE)
 def summarize_run(
-    spec: JobSpec, reports: list[LaneReport], wall_s: float, credentials_block: str | None = None
+    spec: JobSpec,
+    reports: list[LaneReport],
+    wall_s: float,
+    credentials_block: str | None = None,
+    resubmits: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
-    `complete` says whether every shard is committed) and publish the summary table artifact."""
-    metrics = run_metrics(finalize(with_credentials(spec, credentials_block)).as_dict(), reports, wall_s)
+    `complete` says whether every shard is committed) and publish the summary table artifact.
+    `resubmits`: lane attempts whose Ray node or worker died, each resubmitted."""
+    summary = finalize(with_credentials(spec, credentials_block))
+    metrics = run_metrics(summary.as_dict(), reports, wall_s)
+    metrics.update(run_lane_resubmits=list(resubmits or []), run_nodes=sorted({r.node_id for r in reports}))
     publish_summary(metrics, spec.output)
+    publish_labels(summary)
     publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
@@ -90,10 +106,10 @@ def summarize_run(
 
 
 def batch_inference(
-    input: str,
-    output: str,
+    input: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
+    output: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
     model: str = DEFAULT_MODEL,
-    job: str | dict[str, Any] | None = None,
+    job: Annotated[str | dict[str, Any] | None, WithJsonSchema(SAFE_JOB_SCHEMA)] = None,
     task: str | None = None,
     id_column: str | None = None,
     prompt_column: str | None = None,
@@ -110,13 +126,14 @@ def batch_inference(
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     pipeline_parallel_size: int | None = None,
-    endpoint_url: str | None = None,
-    storage_options: dict[str, Any] | None = None,
+    endpoint_url: Annotated[str | None, WithJsonSchema(SAFE_URL_SCHEMA)] = None,
+    storage_options: Annotated[dict[str, Any] | None, WithJsonSchema(SAFE_OPTIONS_SCHEMA)] = None,
     credentials_block: str | None = None,
     new_run: bool = False,
     lanes: int | None = None,
     gpus_per_lane: int | None = None,
     ray_address: str | None = None,
+    lane_resources: dict[str, float] | None = None,
     lane_retries: int = 2,
     retry_delay_s: float = 10.0,
     lane_timeout_s: float | None = None,
@@ -130,7 +147,9 @@ def batch_inference(
     engine once and commits its shards one after another. Lanes run on a local thread pool
     (default: one lane per visible GPU, one on CPU) or, with `ray_address` (`auto`,
     `ray://head:10001`), as Ray tasks with `gpus_per_lane` GPUs each (default: one lane per GPU
-    in the cluster). A lane retries `lane_retries` times with exponential backoff from
+    in the cluster) and the custom Ray resources `lane_resources` (e.g. {"lane": 1}: one lane per node
+    that advertises one). A Ray lane whose node or worker dies is resubmitted (up to `lane_retries`
+    times) and runs on a live node. A lane retries `lane_retries` times with exponential backoff from
     `retry_delay_s`, skipping committed shards, and times out after `lane_timeout_s`. A thread
     lane owns its device(s) exclusively while its engine is loaded: it takes the one-slot global
     concurrency limit of each (`<concurrency_limit>-gpu-<id>`, `<concurrency_limit>-cpu`, created
@@ -146,12 +165,13 @@ def batch_inference(
     holding a JSON object of storage options.
     """
     overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
-    refuse_plain_secrets(storage_options, endpoint_url)
+    refuse_plain_secrets(storage_options, endpoint_url, job=job, input=input, output=output, ray_address=ray_address)
     logger = get_run_logger()
     started = time.time()
     tp = engine_tensor_parallel_size(input, model, job, overrides)
     with make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
-        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp)
+        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp,
+                             lane_resources=lane_resources)  # fmt: skip
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
             # the flow process may have no GPU while Ray lanes do: pin the device so the job
             # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
@@ -171,14 +191,15 @@ def batch_inference(
             retry_delay_seconds=[retry_delay_s * 2**i for i in range(max(1, lane_retries))],
             timeout_seconds=lane_timeout_s,
         )
-        futures = _submit_lanes(runner, lane_task, spec, groups, layout, concurrency_limit, credentials_block)
-        _wait_with_progress(futures, progress, progress_poll_s)
-        reports, lane_errors = _collect(futures)
+        submit = _lane_submitter(runner, lane_task, spec, groups, layout, concurrency_limit, credentials_block,
+                                 lane_resources)  # fmt: skip
+        lanes_done = supervise_lanes(submit, len(groups), progress, progress_poll_s, lane_retries, logger)
+        reports, lane_errors = lanes_done.reports, lanes_done.errors
     for message in lane_errors:
         logger.error(message)
 
     progress.finish()
-    metrics = summarize_run(spec, reports, time.time() - started, credentials_block)
+    metrics = summarize_run(spec, reports, time.time() - started, credentials_block, lanes_done.resubmits)
     failed = progress.uncommitted()
     if failed:
         raise ShardsFailed(
@@ -202,7 +223,7 @@ def engine_tensor_parallel_size(
 batch_inference = _RedactingFlow(fn=batch_inference, name="batch-inference", persist_result=False)
 
 
-def _submit_lanes(
+def _lane_submitter(
     runner: TaskRunner,
     lane_task: Any,
     spec: JobSpec,
@@ -210,14 +231,11 @@ def _submit_lanes(
     layout: LaneLayout,
     limit: str | None,
     credentials_block: str | None,
-) -> list[PrefectFuture[LaneReport]]:
-    """Submit one lane task per shard group: thread lanes take per-device limits named after
-    `limit`; Ray lanes get `num_gpus` per task instead (Ray's scheduler keeps them apart)."""
-    options: AbstractContextManager[Any] = nullcontext()
-    if layout.on_ray and layout.gpus_per_lane:
-        from prefect_ray.context import remote_options
-
-        options = remote_options(num_gpus=layout.gpus_per_lane)
+    lane_resources: dict[str, float] | None,
+) -> Any:
+    """`submit(lane, attempt)` for the supervisor: thread lanes take per-device limits named after
+    `limit`; Ray lanes get `num_gpus` and `lane_resources` per task instead (Ray's scheduler keeps
+    them apart) and no Ray-side retries (a dead attempt is resubmitted by the supervisor, visibly)."""
     params = {
         "spec": spec,
         "limit": limit if layout.local else None,
@@ -225,32 +243,24 @@ def _submit_lanes(
         "local": layout.local,
         "credentials_block": credentials_block,
     }
-    with options:
-        return [
-            runner.submit(lane_task, {**params, "shards": group, "lane": i}) for i, group in enumerate(groups)
-        ]
+    ray_options: dict[str, Any] = {"max_retries": 0}
+    if layout.gpus_per_lane:
+        ray_options["num_gpus"] = layout.gpus_per_lane
+    if lane_resources:
+        ray_options["resources"] = dict(lane_resources)
 
+    def submit(lane: int, attempt: int) -> PrefectFuture[LaneReport]:
+        name = f"lane-{lane}" if attempt == 1 else f"lane-{lane}-attempt-{attempt}"
+        options: AbstractContextManager[Any] = nullcontext()
+        if layout.on_ray:
+            from prefect_ray.context import remote_options
 
-def _wait_with_progress(futures: list[PrefectFuture[Any]], progress: ShardProgress, poll_s: float) -> None:
-    """Block until every lane finishes, polling shard commits for the progress artifact."""
-    pending = list(futures)
-    while pending:
-        pending = list(wait(pending, timeout=poll_s).not_done)
-        progress.poll()
+            options = remote_options(**ray_options)
+        with options:
+            return runner.submit(lane_task.with_options(task_run_name=name),
+                                 {**params, "shards": groups[lane], "lane": lane})  # fmt: skip
 
-
-def _collect(futures: list[PrefectFuture[LaneReport]]) -> tuple[list[LaneReport], list[str]]:
-    """Split lane outcomes into reports of completed lanes and messages of failed ones."""
-    reports: list[LaneReport] = []
-    errors: list[str] = []
-    for future in futures:
-        outcome = future.result(raise_on_failure=False)
-        if isinstance(outcome, LaneReport):
-            reports.append(outcome)
-        else:
-            state = future.state
-            errors.append(f"{state.name}: {state.message or outcome}")
-    return reports, errors
+    return submit
 
 
 def _lane_row(report: LaneReport) -> dict[str, Any]:
@@ -263,4 +273,7 @@ def _lane_row(report: LaneReport) -> dict[str, Any]:
         "gpus": list(report.gpus),
         "held_from": report.held_from,
         "held_until": report.held_until,
+        "node_id": report.node_id,
+        "node_ip": report.node_ip,
+        "attempt": report.attempt,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,9 @@ class LaneReport:
     gpus: list[int] = field(default_factory=list)  # CUDA ordinals the lane was pinned to
     held_from: float = 0.0  # when it got its device(s), after any wait
     held_until: float = 0.0  # when it was done with them, just before releasing
+    node_id: str = "local"  # the Ray node the lane ran on ("local": a thread of the flow's process)
+    node_ip: str = ""  # that node's address (the flow host's name for a thread lane)
+    attempt: int = 1  # 2+: the lane was resubmitted after an attempt's node or worker died
 
 
 @task(
@@ -84,12 +88,15 @@ def run_lane(
     spec = with_credentials(spec, credentials_block)
     logger = get_run_logger()
     report = LaneReport(lane=lane)
+    report.node_id, report.node_ip = _where(local)
     pending = [s for s in shards if not is_committed(spec, s)]
     pending_ids = {s.shard_id for s in pending}
     report.already_committed = [s.shard_id for s in shards if s.shard_id not in pending_ids]
     logger.info(
-        "lane %d: %d shards, %d already committed, %d to run",
+        "lane %d on node %s (%s): %d shards, %d already committed, %d to run",
         lane,
+        report.node_id,
+        report.node_ip,
         len(shards),
         len(report.already_committed),
         len(pending),
@@ -106,6 +113,15 @@ def run_lane(
         detail = "; ".join(f"{sid}: {msg}" for sid, msg in failures.items())
         raise LaneFailed(f"lane {lane}: {len(failures)} of {len(pending)} shards failed: {detail}")
     return report
+
+
+def _where(local: bool) -> tuple[str, str]:
+    """(Ray node id, node address) of a Ray lane; ("local", host name) of a thread lane."""
+    if local:
+        return "local", socket.gethostname()
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
 @contextmanager

@@ -14,12 +14,13 @@ from prefect.artifacts import (
 )
 
 from prefixflow.flows.lanes import LaneReport
-from prefixflow.pipeline import JobSpec, Shard, is_committed, throughput_markdown
+from prefixflow.pipeline import JobSpec, RunSummary, Shard, is_committed, markdown_labels, throughput_markdown
 
 SUMMARY_KEY = "prefixflow-run-summary"
 COMPARISON_KEY = "prefixflow-predicted-vs-measured"
 PROGRESS_KEY = "prefixflow-progress"
 THROUGHPUT_KEY = "prefixflow-throughput"
+LABELS_KEY = "prefixflow-labels"
 
 
 def run_metrics(totals: Mapping[str, Any], reports: Sequence[LaneReport], wall_s: float) -> dict[str, Any]:
@@ -82,6 +83,16 @@ def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:
         description = f"WARNING: {metrics['label_warning']}\n\n{description}"
     rows = summary_table({k: v for k, v in metrics.items() if k != "predicted_vs_measured"})
     return create_table_artifact(rows, key=SUMMARY_KEY, description=description)
+
+
+def publish_labels(summary: RunSummary) -> UUID | None:
+    """A label job's report (a Markdown artifact): the label distribution before and after
+    calibration, the calibration used and what its sample cost, and with a gold column accuracy,
+    macro-F1, ECE and the confusion matrix, with the same picture as ``_labels.svg``."""
+    text = markdown_labels(summary)
+    if not text:
+        return None
+    return create_markdown_artifact(text, key=LABELS_KEY, description=f"prefixflow labels for {summary.output}")
 
 
 def publish_comparison(rows: Sequence[Mapping[str, Any]], output: str) -> UUID | None:

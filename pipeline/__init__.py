@@ -17,6 +17,7 @@ from prefixflow.pipeline.errors import (
     ShardError,
 )
 from prefixflow.pipeline.job_flags import DEFAULT_MODEL
+from prefixflow.pipeline.label_charts import markdown_labels
 from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
@@ -47,6 +48,7 @@ __all__ = [
     "ProgressSink",
     "RunRecord",
     "RunSummary",
+    "markdown_labels",
     "RunSuperseded",
     "Shard",
     "ShardError",

@@ -122,6 +122,9 @@ def _job_dict(job: str | dict[str, Any] | None) -> dict[str, Any]:
 def _check_results_owner(results: str, layout: Layout, storage: StorageConfig, new_run: bool) -> None:
     """Never replace a results file that another tool (or a deleted run) left, unless told to."""
     store = Store.open(results, storage)
+    if store.fs.isdir(store.root):  # --new-run cannot help: the file could never be written there
+        raise OutputStateError(f"--output {results} is a folder; OpenAI Batch results are one JSONL file: pass a "
+                               f"file path such as {results.rstrip('/')}/results.jsonl, or another name")  # fmt: skip
     if store.exists(store.root) and not layout.store.exists(layout.record) and not new_run:
         raise OutputStateError(f"{results} exists but {layout.store.root} holds no prefixflow run that wrote it; "
                                "pass --new-run to replace it, or pick another --output")  # fmt: skip

@@ -16,14 +16,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.hooks import hook
+from prefixflow.pipeline.label_quality import merge_quality, part_quality
 from prefixflow.pipeline.label_watch import label_counts
 from prefixflow.pipeline.layout import Layout
 
 COUNT_COLUMNS = ("prompt_tokens", "cached_tokens", "output_tokens")
+LABEL_COLUMNS = ("label", "label_probs", "label_logprobs_raw", "label_gold")
 _log = logging.getLogger("prefixflow")
 
 
@@ -39,15 +42,20 @@ class PartInfo:
     tokens: dict[str, int]
     row_keys: list[int] = field(default_factory=list, repr=False)
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: rows per label
+    label_quality: dict[str, Any] = field(default_factory=dict)  # label jobs: label_quality.part_quality
 
     def marker_part(self, layout: Layout) -> MarkerPart:
         return MarkerPart(layout.rel(self.staged), layout.rel(self.data), self.rows, self.error_rows)
 
 
-def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[str, int], dict[str, int]]:
+def _summarize_part(
+    data: bytes,
+) -> tuple[list[int], int, dict[str, int], dict[str, int], dict[str, int], dict[str, Any]]:
     part = pq.ParquetFile(io.BytesIO(data))
-    has_label = "label" in part.schema_arrow.names
-    table = part.read(columns=["row_index", "error_class", *COUNT_COLUMNS, *(["label"] if has_label else [])])
+    names = part.schema_arrow.names
+    has_label = "label" in names
+    extra = [c for c in LABEL_COLUMNS if c in names] if has_label else []
+    table = part.read(columns=["row_index", "error_class", *COUNT_COLUMNS, *extra])
     keys = table.column("row_index").to_pylist()
     classes: dict[str, int] = {}
     for c in table.column("error_class").to_pylist():
@@ -55,15 +63,21 @@ def _summarize_part(data: bytes) -> tuple[list[int], int, dict[str, int], dict[s
             classes[c] = classes.get(c, 0) + 1
     tokens = {c: int(sum(v or 0 for v in table.column(c).to_pylist())) for c in COUNT_COLUMNS}
     labels = label_counts(table.column("label").to_pylist()) if has_label else {}
-    return keys, sum(classes.values()), classes, tokens, labels
+    quality: dict[str, Any] = {}
+    if has_label:
+        job_labels = [f.name for f in part.schema_arrow.field("label_probs").type]
+        cols = {c: table.column(c).to_pylist() for c in extra}
+        quality = part_quality(job_labels, cols["label"], cols["label_probs"], cols.get("label_logprobs_raw"),
+                               cols.get("label_gold"))  # fmt: skip
+    return keys, sum(classes.values()), classes, tokens, labels, quality
 
 
 def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartInfo:
     attempt, name = staged.rsplit("/", 2)[-2:]
     n = int(name.removeprefix("part-").removesuffix(".parquet"))
-    keys, errors, classes, tokens, labels = _summarize_part(data)
+    keys, errors, classes, tokens, labels, quality = _summarize_part(data)
     return PartInfo(staged, layout.data_part(shard_id, attempt, n), len(keys), errors, classes, tokens, keys,
-                    labels)  # fmt: skip
+                    labels, quality)  # fmt: skip
 
 
 def scan_staged(layout: Layout, shard_id: str) -> list[PartInfo]:
@@ -126,6 +140,7 @@ class CommitMarker:
     parts: tuple[MarkerPart, ...]
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs; absent in older markers
     preemptions: int = 0  # the engine's preemptions while this attempt generated; absent in older markers
+    label_quality: dict[str, Any] = field(default_factory=dict)  # label jobs (label_quality.py); not in older markers
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -164,6 +179,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
         parts=tuple(p.marker_part(layout) for p in parts),
         label_counts=dict(sorted(labels.items())),
         preemptions=preemptions,
+        label_quality=merge_quality([p.label_quality for p in parts]),
     )
 
 

@@ -7,6 +7,8 @@ dies an hour in over a misspelt key is the most expensive kind of typo.
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -18,7 +20,11 @@ CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
 LABEL_MODES = ("score", "generate", "constrained")
-LABEL_CALIBRATIONS = ("contextual", "domain", "none")  # how pipeline/label_scoring.py calibrates
+# how pipeline/label_scoring.py calibrates; the batch ones estimate each label's prior from a sample of the
+# job's own rows (pipeline/label_batch.py)
+LABEL_CALIBRATIONS = ("batch", "batch+contextual", "contextual", "domain", "none")
+BATCH_CALIBRATIONS = ("batch", "batch+contextual")
+BATCH_MIN_ROWS_PER_LABEL = 8  # fewer distinct sample rows than this x labels: batch falls back to contextual
 LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
@@ -28,8 +34,8 @@ SAMPLING_KEYS = (
 
 # Columns every output row has (pipeline/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "extracted",
-                  "samples")  # fmt: skip
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "label_logprobs_raw",
+                  "label_gold", "extracted", "samples")  # fmt: skip
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
@@ -57,8 +63,11 @@ class LabelConfig:
     mode: str = "score"
     choice_prefix: str = " "
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
-    # measured on reference prompts: contextual | domain | none
-    calibration: str = "contextual"
+    # measured on a sample of the job's rows (batch, Zhou et al. 2024), on reference prompts
+    # (contextual | domain), or both (batch+contextual); none: plain softmax
+    calibration: str = "batch"
+    calibration_rows: int = 256  # batch: rows sampled across shards at plan time to estimate the prior
+    gold_column: str | None = None  # an input column with the true label: the summary reports accuracy etc.
     # contextual: stand-ins for the row's values. Not "" (Zhao et al. use it too): a blank field is an
     # error row, never scored, and as a stand-in it over-corrected (benchmarks/RESULTS.md, issue 14)
     content_free: tuple[str, ...] = ("N/A", "[MASK]")
@@ -96,6 +105,17 @@ class StorageConfig:
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "credential", "private", "sas", "signature")
 _SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "api_key",
                 "connection_string"}  # fmt: skip
+
+
+def secret_name_pattern() -> str:
+    """A JSON-schema ``pattern`` (case-insensitive without inline flags, so every validator reads it the
+    same) matching the option names ``secret_option_paths`` takes for credentials."""
+
+    def nocase(word: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in word)
+
+    exact = "|".join(nocase(k) for k in sorted(_SECRET_KEYS))
+    return f"^({exact})$|" + "|".join(nocase(w) for w in _SECRET_WORDS)
 
 
 def secret_option_paths(options: Any, prefix: str = "") -> list[str]:
@@ -210,6 +230,8 @@ def _label(data: Any, task: str) -> LabelConfig:
     _choice(cfg.mode, LABEL_MODES, "label.mode")
     _choice(cfg.calibration, LABEL_CALIBRATIONS, "label.calibration")
     _choice(cfg.length_norm, LABEL_LENGTH_NORMS, "label.length_norm")
+    _pos_int(cfg.calibration_rows, "label.calibration_rows")
+    _opt_str(cfg.gold_column, "label.gold_column")
     if not isinstance(cfg.case_variants, bool):
         raise _fail("label.case_variants", f"expected true or false, got {cfg.case_variants!r}")
     if not isinstance(cfg.choice_prefix, str):
@@ -282,6 +304,33 @@ def _chat(value: Any) -> str:
     return _choice(value, CHAT_MODES, "chat")
 
 
+_INT64 = 2**63
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """None when ``value`` fits the type ``hint`` of an EngineConfig field (int, float, bool, str,
+    Literal and Optional of those), else what was expected. The engine's dataclass checks ranges but
+    not types, and a wrong type there surfaces only when a shard runs (``seed=abc``: OverflowError)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return None if value in args else "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_type_problem(value, a) for a in args if a is not type(None)]
+        return None if None in problems else " or ".join(p for p in problems if p)
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
+        return None if ok else "an integer (64-bit)"
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    return None
+
+
 def _engine(data: Any) -> dict[str, Any]:
     d = {} if data is None else data
     if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
@@ -289,6 +338,11 @@ def _engine(data: Any) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import EngineConfig  # validated by the engine's own dataclass
 
     _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
+    hints = typing.get_type_hints(EngineConfig)
+    for name, value in d.items():
+        problem = _type_problem(value, hints[name])
+        if problem:
+            raise _fail(f"engine.{name}", f"{value!r} is not {problem}")
     try:
         EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:

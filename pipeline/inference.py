@@ -7,7 +7,7 @@ generate/summarize stream from ``llm.generate_stream``; label/score is labeling.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefixflow.pipeline.config import JobConfig, LabelConfig
@@ -155,12 +155,15 @@ def _reduce(
         yield rec
 
 
-def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
-    """All prepared rows of a shard, finished records in completion order."""
+def execute(
+    llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, label_bias: Sequence[float] | None | str = "shard"
+) -> Iterator[dict[str, Any]]:
+    """All prepared rows of a shard, finished records in completion order (``label_bias``: see
+    labeling.score_labels)."""
     cfg = prep.cfg
     single = [p for p in rows if p.prompt is not None]
     if cfg.task == "label" and cfg.label.mode == "score":
-        yield from score_labels(llm, prep, single, batch)
+        yield from score_labels(llm, prep, single, batch, label_bias)
     else:
         yield from stream_generate(llm, cfg, single)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])

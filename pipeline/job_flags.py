@@ -24,7 +24,12 @@ def key_value(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
-    return key, yaml.safe_load(value)
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as exc:  # argparse turns this into one usage line, not a traceback
+        problem = str(getattr(exc, "problem", None) or exc).strip()
+        raise argparse.ArgumentTypeError(f"{key}={value!r}: the value is not valid YAML ({problem}); to pass "
+                                         f"it as a string, quote it: {key}='...'") from exc  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("flush_rows", "write a part file every N finished rows", type=int),
     JobOption("flush_seconds", "... or every T seconds", type=float),
     JobOption("quantization", "quantize a full-precision model while loading: int8, int4 or fp8 "
-              "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; docs/models.md)"),
+              "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
+              "blocks packed on the CPU too; docs/models.md)"),
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip

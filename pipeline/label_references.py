@@ -66,7 +66,7 @@ def check_references(cfg: JobConfig) -> None:
             "template ends with an expression; end the template with such text, or use contextual"
         )
     texts, problems = reference_texts(cfg)
-    if cfg.label.calibration == "contextual" and not texts:
+    if cfg.label.calibration in ("contextual", "batch+contextual") and not texts:
         raise JobConfigError(
             "job config: label.content_free: the template fails on every content-free input ("
             + "; ".join(problems)

@@ -93,3 +93,16 @@ def calibrated_probs(scores: Sequence[float], bias: Sequence[float] | None) -> l
     if bias is None:
         return softmax(scores)
     return softmax([s - b for s, b in zip(scores, bias)])
+
+
+def batch_bias(row_scores: Sequence[Sequence[float]], base: Sequence[float] | None) -> list[float]:
+    """Batch calibration (Zhou et al., ICLR 2024): the log of each label's mean probability over the
+    sampled rows, after ``base`` (a contextual bias, or None) is divided out, plus ``base``: the whole
+    log correction that ``calibrated_probs`` subtracts from a row's scores. Estimating the prior from
+    the rows themselves needs no content-free prompt; it assumes the rows are not dominated by one label."""
+    if not row_scores:
+        raise ValueError("batch calibration needs at least one scored row")
+    dists = [calibrated_probs(s, base) for s in row_scores]
+    k = len(dists[0])
+    prior = [math.log(max(sum(d[j] for d in dists) / len(dists), 1e-300)) for j in range(k)]
+    return prior if base is None else [p + b for p, b in zip(prior, base)]

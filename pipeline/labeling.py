@@ -1,15 +1,17 @@
 """Label jobs in score mode: score every label as the row's answer, calibrate, report probabilities.
 
-Per shard, the reference prompts (label_references) are scored once with the same choices as the
-rows; their mean label distribution is the model's lean that calibration divides out
-(label_scoring). Rows are then scored in batches, each row coming out as soon as its own labels are
-scored; each gets the most probable label and ``label_probs`` (calibrated, summing to 1).
+Batch calibration's correction is estimated once per run from a sample of its rows and stored
+(label_batch); for contextual/domain, per shard, the reference prompts (label_references) are scored
+once with the same choices as the rows; their mean label distribution is the model's lean that
+calibration divides out (label_scoring). Rows are then scored in batches, each row coming out as soon as its own labels are
+scored; each gets the most probable label, ``label_probs`` (calibrated, summing to 1) and
+``label_logprobs_raw`` (each label's log-score before calibration, to recalibrate without rerunning).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefixflow.pipeline.engine_access import Engine
@@ -48,12 +50,17 @@ def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices) -> l
     return reference_bias(reference)
 
 
-def score_labels(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int) -> Iterator[dict[str, Any]]:
+def score_labels(
+    llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, bias: Sequence[float] | None | str = "shard"
+) -> Iterator[dict[str, Any]]:
+    """Score, calibrate and label ``rows``. ``bias``: the run's stored correction (batch calibration,
+    label_batch.py; None for no correction), or ``"shard"``: the reference prompts' bias, measured here."""
     if not rows:
         return
     cfg = prep.cfg
     choices = label_choices(cfg)
-    bias = calibration_bias(llm, prep, choices)
+    if isinstance(bias, str):
+        bias = calibration_bias(llm, prep, choices)
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         start = time.perf_counter()
@@ -78,4 +85,5 @@ def score_labels(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: in
             per_label = choices.label_scores(score, use["choice_tokens"], cfg.label.length_norm)
             probs = dict(zip(choices.labels, calibrated_probs(per_label, bias)))
             best = max(choices.labels, key=lambda lb: probs[lb])
-            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs}
+            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs,
+                   "label_logprobs_raw": dict(zip(choices.labels, per_label))}  # fmt: skip

@@ -8,6 +8,7 @@
     OUTPUT/_commits/<run>/<shard>.json               commit marker, created exclusively: the commit point
     OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts only
     OUTPUT/_predictions/<run>/prediction.json        what the advisor predicted for the run (advisor/compare.py)
+    OUTPUT/_calibration/<run>/label_prior.json       batch label calibration's estimate (label_batch.py)
     OUTPUT/_manifest.json                            totals, written by finalize
     OUTPUT/_batch_input/requests-<digest>.parquet    an OpenAI Batch run's requests (batch_run.py)
     OUTPUT/_metrics/<run>/throughput/<lane>-<attempt>.json   throughput over time per lane attempt
@@ -31,7 +32,7 @@ MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
 BATCH_INPUT_DIR = "_batch_input"  # an OpenAI Batch run's converted requests (batch_run.py)
-RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions", "_metrics")  # each holds one folder per run id
+RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions", "_metrics", "_calibration")  # each holds one folder per run id
 # Entries a root may hold before its run record exists: what a concurrent first start writes, and the
 # requests table an OpenAI Batch run converts into its own state folder before its run starts.
 PRE_RECORD = (RECORD_FILE, LEASES_DIR, BATCH_INPUT_DIR)
@@ -81,6 +82,10 @@ class Layout:
     @property
     def prediction(self) -> str:
         return self._run("_predictions", "prediction.json")
+
+    @property
+    def label_prior(self) -> str:
+        return self._run("_calibration", "label_prior.json")
 
     def marker(self, shard_id: str) -> str:
         return self._run("_commits", f"{shard_id}.json")

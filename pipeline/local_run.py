@@ -15,11 +15,13 @@ from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import ShardError
+from prefixflow.pipeline.label_batch import run_prior, uses_batch
+from prefixflow.pipeline.label_charts import report_lines
 from prefixflow.pipeline.planning import plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.read_hint import polars_hint
 from prefixflow.pipeline.rows import check_max_tokens, check_sampling_vocabulary
-from prefixflow.pipeline.run_record import check_output, hold_output, prepare_output
+from prefixflow.pipeline.run_record import check_output, current_run, hold_output, prepare_output
 from prefixflow.pipeline.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
@@ -52,6 +54,10 @@ def run_local(
             if todo:
                 record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
+                if uses_batch(spec.config):  # plan time: the sample's prompts then sit in the prefix cache
+                    layout, record = current_run(spec)
+                    run_prior(spec, layout, record.fingerprint_hash, llm, shards,
+                              warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True))  # fmt: skip
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
                                      engine_stats=getattr(llm, "stats", None), console=console,
@@ -105,6 +111,7 @@ def summary_table(summary: RunSummary) -> Table:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))
     if summary.label_counts:
         rows.append(("labels", label_shares(summary.label_counts)))
+        rows += report_lines(summary)
     for k, v in rows:
         t.add_row(k, Text(v))
     if summary.label_warning:

@@ -49,6 +49,11 @@ def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None =
         fields.append(
             pa.field("label_probs", pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels]))
         )
+        if cfg.label.mode == "score":  # each label's log-score before calibration: recalibrate without rerunning
+            fields.append(pa.field("label_logprobs_raw",
+                                   pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels])))  # fmt: skip
+        if cfg.label.gold_column:  # the input's true label, as text (the quality report compares with it)
+            fields.append(pa.field("label_gold", pa.string()))
     if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
         fields.append(pa.field("extracted", shape_of(cfg.schema).type))
     if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:

@@ -247,6 +247,8 @@ def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | No
         wanted[cfg.id_column] = "id_column"
     wanted.update({c: f"sampling_columns.{k}" for k, c in cfg.sampling_columns.items()})
     wanted.update({c: "keep_columns" for c in cfg.keep_columns})
+    if cfg.task == "label" and cfg.label.gold_column:
+        wanted[cfg.label.gold_column] = "label.gold_column"
     missing = {c: key for c, key in wanted.items() if c not in present}
     if missing:
         named = ", ".join(f"{c!r} ({key})" for c, key in sorted(missing.items()))

@@ -19,6 +19,8 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.inference import execute
+from prefixflow.pipeline.label_batch import run_prior, uses_batch
+from prefixflow.pipeline.label_quality import gold_text
 from prefixflow.pipeline.label_watch import LabelWatch
 from prefixflow.pipeline.labeling import CalibrationError
 from prefixflow.pipeline.layout import Layout
@@ -148,6 +150,7 @@ def _run_shard(
     flusher = _Flusher(layout, shard.shard_id, record.schema, cfg.output)
     prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
     pending: list[Prepared] = []
+    gold = cfg.label.gold_column if cfg.task == "label" else None
 
     def emit(rec: dict[str, Any]) -> None:
         flusher.add(rec)
@@ -161,6 +164,8 @@ def _run_shard(
         if key in done:
             continue
         kept = {c: row.get(c) for c in cfg.keep_columns}
+        if gold:
+            kept["label_gold"] = gold_text(row.get(gold))
         base = base_record(key, derived_id(shard.relpath, key), shard.relpath, kept)
         try:
             base["id"] = prep.row_id(row, shard.relpath, key)
@@ -168,8 +173,12 @@ def _run_shard(
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
     preempted = _preemptions(llm)
+    label_bias: tuple[float, ...] | None | str = "shard"
+    if pending and uses_batch(cfg):  # the run's stored estimate (made now if this is its first shard)
+        warn = label_watch.warn if label_watch is not None else None
+        label_bias = run_prior(spec, layout, record.fingerprint_hash, llm, warn=warn).bias
     try:
-        for rec in execute(llm, prep, pending, cfg.output.flush_rows):
+        for rec in execute(llm, prep, pending, cfg.output.flush_rows, label_bias):
             emit(rec)
     except CalibrationError as exc:  # rows flushed so far stay staged; a rerun resumes after them
         raise ShardError(shard.shard_id, str(exc)) from exc

@@ -93,6 +93,8 @@ class JobSpec:
         cfg = self.config
         cols = [cfg.id_column] if cfg.id_column else []
         cols += sorted(self.prompt_columns()) + list(cfg.sampling_columns.values()) + list(cfg.keep_columns)
+        if cfg.task == "label" and cfg.label.gold_column:
+            cols.append(cfg.label.gold_column)
         return list(dict.fromkeys(cols))
 
     def fingerprint(self) -> dict[str, Any]:

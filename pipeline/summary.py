@@ -13,6 +13,9 @@ from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import lease
 from prefixflow.pipeline.config import StorageConfig, parse_job_config
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.label_batch import read_prior
+from prefixflow.pipeline.label_charts import write_label_charts
+from prefixflow.pipeline.label_quality import merge_quality, quality_report
 from prefixflow.pipeline.label_watch import collapse_warning
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.planning import plan_shards
@@ -56,6 +59,9 @@ class RunSummary:
     device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
     preemptions: int = 0  # engine preemptions while the committed shards generated
     predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
+    label_counts_raw: dict[str, int] = field(default_factory=dict)  # score mode: rows per label before calibration
+    label_calibration: dict[str, Any] = field(default_factory=dict)  # batch calibration's estimate (label_batch.py)
+    label_quality: dict[str, Any] = field(default_factory=dict)  # with label.gold_column (label_quality.py)
     shards_unpublished: list[str] = field(default_factory=list)  # committed, not (wholly) in data/ yet
     shards_lost: list[str] = field(default_factory=list)  # committed, a part deleted: generated again next run
     orphan_parts: list[str] = field(default_factory=list)  # own parts no marker lists (a deleted marker)
@@ -84,10 +90,11 @@ class RunSummary:
 def summarize_layout(
     layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
     num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
-    data: DataState | None = None,
+    data: DataState | None = None, label_names: tuple[str, ...] = (),
 ) -> RunSummary:  # fmt: skip
     """Totals of ``layout``'s run from its ``markers`` (only those of planned shards count, when the plan
-    is known); ``num_labels`` (how many labels a label job lists) enables the label-collapse check.
+    is known); ``num_labels`` (how many labels a label job lists) enables the label-collapse check (over
+    the calibrated labels), ``label_names`` (the job's, in order) the label-quality report.
     ``data`` (what data/ holds) lets the summary tell committed from published: without it every
     committed shard is taken as published (finalize, which has just published them)."""
     if planned is not None:
@@ -136,12 +143,27 @@ def summarize_layout(
         orphan_parts=orphans,
         shards_unplanned=unplanned,
         rows_published=sum(m.rows for m in markers if m.shard_id not in set(unpublished)),
+        **_label_report(layout, markers, label_names),
     )
+
+
+def _label_report(layout: Layout, markers: list[commits.CommitMarker], labels: tuple[str, ...]) -> dict[str, Any]:
+    if not labels:
+        return {}
+    merged = merge_quality([m.label_quality for m in markers])
+    prior = read_prior(layout)
+    return {"label_counts_raw": merged.get("raw_counts", {}), "label_quality": quality_report(merged, labels),
+            "label_calibration": prior.summary() if prior is not None else {}}  # fmt: skip
 
 
 def listed_labels(job: Mapping[str, Any]) -> int:
     """How many labels a job config (as the run record stores it) lists; 0 unless it is a label job."""
-    return len(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else 0
+    return len(job_labels(job))
+
+
+def job_labels(job: Mapping[str, Any]) -> tuple[str, ...]:
+    """The labels a job config (as the run record stores it) lists; () unless it is a label job."""
+    return tuple(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else ()
 
 
 _OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")
@@ -209,10 +231,13 @@ def finalize(spec: JobSpec) -> RunSummary:
             layout.store.remove(layout.path(orphan))
         for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
-        summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(asdict(spec.config)))
+        job = asdict(spec.config)
+        summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
+                                   label_names=job_labels(job))  # fmt: skip
         summary = with_prediction(layout, summary)
         series = load_series(layout)
         charts = [layout.rel(p) for p in write_charts(layout, series)]
+        charts += [layout.rel(p) for p in write_label_charts(layout, summary)]
         manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash(),
                     "usage": usage(summary.as_dict(), series), "throughput": summary_of(series), "charts": charts}  # fmt: skip
         layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -243,7 +268,9 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
-    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced, state)
+    labels = job_labels(recorded) if isinstance(recorded, dict) else ()
+    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced, state,
+                               labels)  # fmt: skip
     return with_prediction(layout, summary), record
 
 

@@ -121,7 +121,7 @@ def _resolve(hf_config: dict[str, Any], requested: str | None = None) -> Quantiz
             from prefixflow.engine.quantization.online import OnlineConfig
 
             return OnlineConfig(requested)
-        if requested is not None:
+        if requested is not None and requested != "gguf":  # "gguf": keep the file's blocks packed
             raise QuantizationError(f"quantization={requested!r} does not apply to a GGUF file")
         return GGUFConfig.from_dict(qc or {})
     if qc and requested in ONLINE_METHODS:

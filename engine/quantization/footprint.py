@@ -41,13 +41,17 @@ def describe_weights(
     return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
 
 
-def describe_gguf_weights(path: Path, dtype: str, quantization: str | None, sparsity: str | None = None) -> dict[str, Any]:
-    """The same for a GGUF file, from its header's tensor table."""
+def describe_gguf_weights(
+    path: Path, dtype: str, quantization: str | None, sparsity: str | None = None, device: str = "cpu"
+) -> dict[str, Any]:
+    """The same for a GGUF file, from its header's tensor table, plus ``weight_path``: whether its
+    packed blocks stay packed on ``device`` or run dense, and why (engine/quantization/weight_path.py)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from prefixflow.engine.gguf.header import gguf_tensor_table
     from prefixflow.engine.gguf.tensors import hf_name
-    from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig
+    from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFMethod
+    from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
 
     types: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -62,19 +66,24 @@ def describe_gguf_weights(path: Path, dtype: str, quantization: str | None, spar
         stored[hf] = _numel(dims) // block * size
     qc = {"quant_method": "gguf", "tensor_types": types}
     quant: QuantizationConfig = resolve_quantization({"quantization_config": qc}, quantization, sparsity)
+    path_taken = weight_path_for(quant, quantization, device, dtype, path)
+    quant = apply_weight_path(quant, path_taken)
     size = torch.empty((), dtype=DTYPES[dtype]).element_size()
     total = 0
     for hf, shape in shapes.items():
         module = hf.removesuffix(".weight")
         linear = hf.endswith(".weight") and ("_proj." in hf or hf == "lm_head.weight")
         method = quant.linear_method(_merged_with(module)) if linear else None
-        if method is not None and isinstance(quant, GGUFConfig) and types[hf] in BLOCK_BYTES:
+        if isinstance(method, GGUFMethod) and types[hf] in BLOCK_BYTES:
             total += stored[hf]
         elif method is not None and len(shape) == 2:
             total += sum(_numel(s.shape) * s.dtype.itemsize for s in method.param_specs(shape[1], [shape[0]], DTYPES[dtype]))
         else:
             total += _numel(shape) * size
-    return {"quantization": quant.describe(), "weight_bytes": total}
+    out: dict[str, Any] = {"quantization": quant.describe(), "weight_bytes": total}
+    if path_taken is not None:
+        out["weight_path"] = path_taken.describe()
+    return out
 
 
 _MERGED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

@@ -13,7 +13,7 @@ from prefixflow.engine import LLM, describe_model
 from prefixflow.engine.model_identity import ModelNotFoundError
 
 DOCUMENTED_KEYS = {"model", "format", "dtype", "weights", "files", "file", "header", "preset", "digest",
-                   "quantization", "weight_bytes"}  # fmt: skip
+                   "quantization", "weight_bytes", "weight_path"}  # fmt: skip
 
 
 @pytest.fixture

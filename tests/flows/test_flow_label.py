@@ -37,3 +37,5 @@ def test_label_collapse_reaches_the_summary_artifact(prefect_server: str, tmp_pa
     assert summary["label_counts[yes]"] == 30
     assert "'yes' is 100% of the committed labeled rows (30 of 30)" in summary["label_warning"]
     assert art.description.startswith("WARNING: label collapse: 'yes' is 100%")
+    labels = arts["prefixflow-labels"].data  # issue 26: the label report, before/after calibration, inline SVG
+    assert "| yes | 30 | 30 |" in labels and "data:image/svg+xml;base64," in labels

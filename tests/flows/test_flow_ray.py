@@ -27,7 +27,9 @@ def local_ray() -> Iterator[None]:
     ray = pytest.importorskip("ray")
     pytest.importorskip("prefect_ray")
     env = env_with_repo_on_path()
+    # address="local": a new in-process instance, never a cluster that `ray start` left on this machine
     ray.init(
+        address="local",
         num_cpus=2,
         num_gpus=0,
         include_dashboard=False,

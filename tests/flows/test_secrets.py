@@ -127,3 +127,62 @@ def test_serve_refuses_credentials_as_deployment_parameters(capsys: pytest.Captu
     code = serve_main(["--input", "in/", "--output", "s3://b/out", "--storage-option", f"secret={SECRET}"])
     err = capsys.readouterr().err
     assert code == 2 and "look like credentials" in err and SECRET not in err
+
+
+def test_credentials_in_a_job_dict_are_refused_and_never_stored(
+    prefect_server: str, s3_endpoint: str, bucket: str
+) -> None:
+    """Issue 22 item 5: `job={"storage": {"options": {...}}}` ran, and both values were in flow_run.parameters."""
+    from prefixflow.flows import batch_inference
+
+    secret_job = {**JOB, "storage": {"endpoint_url": s3_endpoint, "options": {"key": KEY_ID, "secret": SECRET}}}
+    state = batch_inference(
+        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out3", model="tiny", job=secret_job, lanes=1,
+        concurrency_limit=None, return_state=True,
+    )  # fmt: skip
+    assert state.is_failed()
+    assert "job.storage.options.key" in state.message and "job.storage.options.secret" in state.message
+    dump = asyncio.run(_api_dump_of_failed(state.state_details.flow_run_id))
+    assert SECRET not in dump and KEY_ID not in dump and "redacted" in dump
+
+
+def test_a_deployment_run_with_credentials_is_refused_before_prefect_stores_it(prefect_server: str) -> None:
+    """Issue 22 item 6: `prefect deployment run ... --param storage_options='{"secret": ...}'` stored the
+    secret (Prefect stores deployment-run parameters itself) before the flow refused it. The deployment's
+    parameter schema cannot carry credentials, so the Prefect server (prefect_test_harness runs the real
+    API server as a subprocess on loopback) rejects the run before creating it."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect import get_client
+
+    from prefixflow.flows.flow import batch_inference
+
+    name = f"secrets-{uuid.uuid4().hex[:6]}"
+    deployment_id = batch_inference.to_deployment(name=name, parameters={"input": "in/", "output": "out/"}).apply()
+    env = dict(os.environ, PREFECT_API_URL=prefect_server)
+    cli = [sys.executable, "-m", "prefect", "deployment", "run", f"batch-inference/{name}"]
+    refused = subprocess.run([*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
+                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode != 0, refused.stdout
+    nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
+
+    async def attempt() -> tuple[list[str], str]:
+        errors = []
+        async with get_client() as client:
+            for params in ({"storage_options": nested}, {"job": {"storage": {"options": {"key": KEY_ID}}}},
+                           {"endpoint_url": f"http://{KEY_ID}:{SECRET}@h:9000"}):  # fmt: skip
+                try:
+                    await client.create_flow_run_from_deployment(deployment_id, parameters=params)
+                    errors.append("accepted")
+                except Exception as exc:  # noqa: BLE001 - the API answers 409 with the failing field
+                    errors.append(str(exc))
+            ok = await client.create_flow_run_from_deployment(deployment_id, parameters={"storage_options": {"anon": True}})
+            runs = await client.read_flow_runs()
+            return errors, "\n".join([r.model_dump_json() for r in runs] + [ok.model_dump_json()])
+
+    errors, stored = asyncio.run(attempt())
+    assert all("Validation failed" in e for e in errors), errors
+    assert SECRET not in stored and KEY_ID not in stored
+    assert '"anon":true' in stored.replace(" ", "")  # a run without credentials is created as before

@@ -94,7 +94,7 @@ def test_output_columns_match_the_reserved_names() -> None:
     from prefixflow.pipeline.config import OUTPUT_COLUMNS, parse_job_config
     from prefixflow.pipeline.output_schema import output_schema
 
-    cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"]}})
+    cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"], "gold_column": "y"}})
     extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})
     several = parse_job_config({"template": "x", "sampling": {"n": 2}})  # samples only with n
     names = output_schema(cfg, None).names

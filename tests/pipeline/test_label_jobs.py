@@ -119,7 +119,10 @@ def test_a_template_that_handles_a_null_field_labels_the_row(tmp_path: Path, tin
         ({"content_free": "N/A"}, None, ["label.content_free", "non-empty list"]),
         ({"labels": ["Yes", "yes"]}, None, ["label.labels", "'Yes' and 'yes'", "case_variants: false"]),
         ({"calibration": "domain"}, "Classify: {{ text }}", ["label.calibration: domain", "after its last"]),
-        ({}, "{{ text.split()[3] }}", ["label.content_free", "every content-free input", "calibration: none"]),
+        ({"calibration": "contextual"}, "{{ text.split()[3] }}",
+         ["label.content_free", "every content-free input", "calibration: none"]),
+        ({"calibration": "batch+contextual"}, "{{ text.split()[3] }}", ["label.content_free"]),
+        ({"calibration_rows": 0}, None, ["label.calibration_rows", "positive integer"]),
     ],
 )
 def test_bad_label_settings_fail_at_load(label_cfg: dict, template: str | None, needles: list[str]) -> None:

@@ -1,0 +1,41 @@
+"""The block copies one step needs before its forward pass, in the order they must run.
+
+Offloads (device -> host) go first: a device block evicted this step may be handed out again, in
+the same step, as the target of a partial-block copy or a reload. Partial-block copies (device ->
+device, copy-on-write of a shared last block) go next: their source may be a block a reload
+overwrites. Reloads (host -> device) go last. The plan is a flat int64 tensor so rank 0 can
+broadcast it to tensor-parallel workers exactly like a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CopyPlan:
+    offload: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
+    local: list[tuple[int, int]] = field(default_factory=list)  # (source device block, target device block)
+    reload: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+
+    def __bool__(self) -> bool:
+        return bool(self.offload or self.local or self.reload)
+
+    def pack(self) -> torch.Tensor:
+        flat = [len(self.offload), len(self.local), len(self.reload)]
+        for pairs in (self.offload, self.local, self.reload):
+            flat.extend(x for pair in pairs for x in pair)
+        return torch.tensor(flat, dtype=torch.int64)
+
+    @classmethod
+    def unpack(cls, payload: torch.Tensor) -> CopyPlan:
+        values = payload.tolist()
+        counts, rest = values[:3], values[3:]
+        lists: list[list[tuple[int, int]]] = []
+        pos = 0
+        for n in counts:
+            lists.append([(rest[pos + 2 * i], rest[pos + 2 * i + 1]) for i in range(n)])
+            pos += 2 * n
+        return cls(lists[0], lists[1], lists[2])

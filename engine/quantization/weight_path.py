@@ -1,0 +1,148 @@
+"""Whether a GGUF file's Q8_0/Q4_0/Q4_1 layers stay packed or are dequantized once at load.
+
+Why: on the CPU with float32 activations no packed kernel beats the dense float32 matmul (torch's
+int4/int8 pack ops have no fast float32 path, and dequantizing chunks per call costs 1.7-5x the
+dense matmul: RESULTS.md "Issue 24" and "Issue 12"), so the embedded Q4_1 SmolLM2 ran at 0.73x its
+own dense path. The rule, decided from the model's shapes and the host before any weight is read
+(so ``describe_model`` reports the same choice the engine makes):
+
+- CPU, float32, no ``quantization=`` given, and the dense weights take at most 1/8 of the memory
+  this process may use (the smaller of physical memory and the cgroup limit): **dense** float32,
+  the checkpoint's dequantization bit for bit (only the summation order of the matmul differs);
+- otherwise **packed**: on CUDA (the Triton kernels read 4-8x fewer bytes), with bfloat16/float16
+  activations (torch's pack ops beat the dense matmul there), when memory requires it, or when
+  ``quantization="gguf"`` asks for it.
+
+``quantization="none"`` still forces dense everywhere. Checkpoint formats other than GGUF (GPTQ,
+AWQ, compressed-tensors) keep their own kernels: their files hold no dense weights to fall back on
+without dequantizing an often much larger model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from prefixflow.engine.quantization.config import QuantizationConfig
+from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig
+from prefixflow.engine.quantization.method import DenseMethod, LinearMethod
+
+MEMORY_SHARE = 8  # dense weights may take 1/MEMORY_SHARE of usable memory (KV pool, activations, others)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class WeightPath:
+    """The path taken and why, as ``describe_model`` and ``llm.model_identity`` report it."""
+
+    path: Literal["packed", "dense"]
+    reason: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class DequantizedGGUFConfig(GGUFConfig):
+    """A GGUF file whose packed layers run dense: every linear layer dequantizes its blocks at load."""
+
+    def linear_method(self, prefixes: Any) -> LinearMethod:
+        return DenseMethod()
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        return {**described, "packed": [], "dequantized": sorted({*described["packed"], *described["dequantized"]})}
+
+
+def usable_memory_bytes() -> int | None:
+    """Physical memory, or the cgroup's limit when lower; None where neither can be read."""
+    found: list[int] = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # "max" or a huge number: no limit
+            found.append(int(text))
+    return min(found) if found else None
+
+
+def packed_kinds(quant: QuantizationConfig) -> list[str]:
+    if not isinstance(quant, GGUFConfig) or isinstance(quant, DequantizedGGUFConfig):
+        return []
+    linear = (t for name, t in quant.tensor_types.items() if "_proj." in name or name.startswith("lm_head."))
+    return sorted({t for t in linear if t in BLOCK_BYTES})
+
+
+def choose_weight_path(
+    quant: QuantizationConfig, requested: str | None, device: str, dtype: str, dense_bytes: int,
+    memory_bytes: int | None = None,
+) -> WeightPath | None:  # fmt: skip
+    """The path for a GGUF model's packed layers (None for anything else). ``dense_bytes``: what those
+    layers take dense in ``dtype``; ``memory_bytes``: usable memory (read from the host when None)."""
+    kinds = packed_kinds(quant)
+    if not kinds:
+        return None
+    blocks = "/".join(kinds)
+    if requested is not None:
+        return WeightPath("packed", f"quantization={requested!r} asks for the file's {blocks} blocks")
+    if device != "cpu":
+        return WeightPath("packed", f"{device}: the packed {blocks} kernels read 4-8x fewer weight bytes than dense")
+    if dtype != "float32":
+        return WeightPath("packed", f"cpu, {dtype}: torch's int4/int8 pack matmuls beat the dense {dtype} matmul")
+    memory = memory_bytes if memory_bytes is not None else usable_memory_bytes()
+    mib = dense_bytes / 2**20
+    if memory is None or dense_bytes * MEMORY_SHARE > memory:
+        have = "unknown" if memory is None else f"{memory / 2**20:,.0f} MiB"
+        return WeightPath(
+            "packed",
+            f"cpu, float32: dense weights would take {mib:,.0f} MiB, over 1/{MEMORY_SHARE} of usable memory "
+            f"({have}); {blocks} stays packed (slower per token, but it fits)",
+        )
+    return WeightPath(
+        "dense",
+        f"cpu, float32: {blocks} dequantized at load to dense float32 ({mib:,.0f} MiB), because no packed "
+        "float32 CPU kernel is as fast as the dense matmul (benchmarks/cpu_path.py); quantization='gguf' keeps it packed",
+    )
+
+
+def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> QuantizationConfig:
+    """The config the model is built with once ``path`` is chosen."""
+    if path is not None and path.path == "dense" and isinstance(quant, GGUFConfig):
+        return DequantizedGGUFConfig(dict(quant.tensor_types))
+    return quant
+
+
+def weight_path_for(
+    quant: QuantizationConfig, requested: str | None, device: str, dtype: str, gguf_file: Path | None
+) -> WeightPath | None:
+    """``choose_weight_path`` for a model read from ``gguf_file`` (None: an in-memory source, kept as is)."""
+    if not packed_kinds(quant) or gguf_file is None:
+        return None
+    return choose_weight_path(quant, requested, device, dtype, gguf_dense_bytes(gguf_file, dtype))
+
+
+def gguf_dense_bytes(path: Path, dtype: str) -> int:
+    """Bytes the file's Q8_0/Q4_0/Q4_1 linear weights take dense in ``dtype`` (from its tensor table)."""
+    from gguf import GGMLQuantizationType
+
+    from prefixflow.engine.gguf.header import gguf_tensor_table
+    from prefixflow.engine.gguf.tensors import hf_name
+
+    total = 0
+    for name, dims, type_id in gguf_tensor_table(path):
+        hf = hf_name(name)
+        if hf is None or GGMLQuantizationType(type_id).name not in BLOCK_BYTES:
+            continue
+        if "_proj." in hf or hf == "lm_head.weight":
+            numel = 1
+            for d in dims:
+                numel *= d
+            total += numel * DTYPE_BYTES[dtype]
+    return total

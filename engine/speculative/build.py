@@ -1,0 +1,22 @@
+"""The engine's speculator from its config (None when speculation is off)."""
+
+from __future__ import annotations
+
+from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.speculative.decoder import NgramProposer, Proposer, Speculator
+from prefixflow.engine.speculative.runs import SpeculationStats
+
+
+def build_speculator(
+    cfg: EngineConfig, target: ModelSource, max_model_len: int, stats: SpeculationStats
+) -> Speculator | None:
+    spec = cfg.speculative_config
+    if spec is None or spec.num_speculative_tokens == 0:
+        return None
+    proposer: Proposer
+    if spec.method == "ngram":
+        proposer = NgramProposer(spec)
+    else:
+        raise ValueError("speculative_config.method='draft_model' is not available yet; use method='ngram'")
+    return Speculator(spec, proposer, max_model_len, stats)

@@ -1,0 +1,85 @@
+"""``speculative_config``: vLLM's shape, validated when the engine config is built (torch-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+SpecMethod = Literal["ngram", "draft_model"]
+METHODS: tuple[str, ...] = ("ngram", "draft_model")
+AUTO: Literal["auto"] = "auto"
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How the engine speculates.
+
+    ``num_speculative_tokens`` is a fixed k, or ``"auto"`` (the default): the policy picks k per
+    request and step in ``[0, max_speculative_tokens]`` from the measured step cost and each request's
+    acceptance, and speculates only where that beats plain decoding. ``prompt_lookup_min/max`` bound
+    the n-gram lengths the lookup tries (longest first). ``model`` is the draft model (a preset, an HF
+    directory or a .gguf path) for ``method="draft_model"``; it must share the target's tokenizer.
+    """
+
+    method: SpecMethod = "ngram"
+    num_speculative_tokens: int | Literal["auto"] = AUTO
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    model: str | None = None
+    max_speculative_tokens: int = 8
+    draft_kv_blocks: int | None = None  # the draft's own pool; None: sized like the target's
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> ValueError:
+            return ValueError(
+                f"speculative_config.{name}={getattr(self, name)!r} is invalid; expected {allowed}"
+            )
+
+        if self.method not in METHODS:
+            raise bad("method", f"one of {', '.join(METHODS)}")
+        k = self.num_speculative_tokens
+        if k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise bad("num_speculative_tokens", "'auto' or an integer >= 0 (0 turns speculation off)")
+        for name in ("prompt_lookup_min", "prompt_lookup_max", "max_speculative_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(name, "a positive integer")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise bad("prompt_lookup_min", f"<= prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError(
+                "speculative_config.method='draft_model' needs speculative_config.model (a preset name, an HF "
+                "directory or a .gguf path of a smaller model with the target's tokenizer)"
+            )
+        if self.method == "ngram" and self.model is not None:
+            raise bad("model", "None for method='ngram' (only a draft model loads weights)")
+        if self.draft_kv_blocks is not None and self.draft_kv_blocks < 2:
+            raise bad("draft_kv_blocks", "None or at least 2")
+
+    @property
+    def auto(self) -> bool:
+        return self.num_speculative_tokens == AUTO
+
+    @property
+    def max_k(self) -> int:
+        """The most draft tokens one request gets in one step."""
+        k = self.num_speculative_tokens
+        return self.max_speculative_tokens if k == AUTO else int(k)
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | Mapping[str, Any]) -> SpeculativeConfig:
+        """A config from a mapping (Python, job YAML); unknown keys are named, with the valid ones."""
+        if isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"speculative_config must be a mapping such as {{'method': 'ngram'}}, got {type(value).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; valid keys: {sorted(known)}")
+        if "method" not in value:
+            raise ValueError(f"speculative_config needs a 'method' (one of {', '.join(METHODS)})")
+        return cls(**dict(value))

@@ -1,0 +1,151 @@
+"""The engine's speculation step: before scheduling, give decoding requests their drafts.
+
+Drafts are appended to the request's ``token_ids`` (``num_draft_tokens`` says how many), so the
+scheduler, the KV cache and the model runner see an ordinary chunk of k+1 tokens; ``runs.settle``
+undoes what the target rejects. Rank 0 proposes (this object lives in the driver); every tensor-
+parallel rank computes the chunk. After each step the engine reports the step's time, which feeds
+the cost model of the ``auto`` policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prefixflow.engine.request import Request
+from prefixflow.engine.speculative.config import SpeculativeConfig
+from prefixflow.engine.speculative.cost_model import LinearCost
+from prefixflow.engine.speculative.ngram import NgramIndex
+from prefixflow.engine.speculative.policy import PRIOR_ACCEPTANCE, Acceptance, Candidate, plan_drafts
+from prefixflow.engine.speculative.runs import SpeculationStats
+from prefixflow.engine.step_types import SchedulerOutput
+
+
+@dataclass
+class RequestSpecState:
+    """What one request's speculation remembers: its n-gram index and its acceptance."""
+
+    index: NgramIndex | None
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    method: Acceptance | None = None  # the method-wide counter, updated alongside
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.acceptance.observe(proposed, accepted)
+        if self.method is not None:
+            self.method.observe(proposed, accepted)
+
+
+class Proposer(Protocol):
+    """Where drafts come from. ``lookahead`` says whether proposals are known before the policy
+    decides (a lookup: its length bounds k) or cost work to make (a draft model: k is decided first)."""
+
+    lookahead: bool
+    seconds_per_token: float
+
+    def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]: ...
+
+    def forget(self, keys: set[int]) -> None: ...
+
+
+class NgramProposer:
+    lookahead = True
+    seconds_per_token = 0.0
+
+    def __init__(self, cfg: SpeculativeConfig) -> None:
+        self.cfg = cfg
+
+    def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:
+        out = []
+        for req, k in zip(requests, ks):
+            state = req.spec
+            assert isinstance(state, RequestSpecState) and state.index is not None
+            out.append(state.index.propose(req.token_ids, k))
+        return out
+
+    def forget(self, keys: set[int]) -> None:
+        return None
+
+
+class Speculator:
+    def __init__(
+        self, cfg: SpeculativeConfig, proposer: Proposer, max_model_len: int, stats: SpeculationStats
+    ) -> None:
+        self.cfg = cfg
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.stats = stats
+        stats.method = cfg.method
+        self.cost = LinearCost(2)  # step seconds ~ tokens, sampled rows
+        self.method_acceptance = Acceptance()
+        self.planned_steps = 0  # steps in which at least one request speculated
+
+    def state(self, req: Request) -> RequestSpecState:
+        if req.spec is None:
+            index = (
+                NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+                if self.proposer.lookahead
+                else None
+            )
+            req.spec = RequestSpecState(index, method=self.method_acceptance)
+        assert isinstance(req.spec, RequestSpecState)
+        return req.spec
+
+    def propose(self, running: list[Request], token_budget: int) -> None:
+        """Append drafts to the decoding requests the policy picks."""
+        decoding: list[Request] = []
+        limits: list[int] = []
+        base_tokens = base_rows = 0
+        for req in running:
+            left = req.num_tokens - req.num_computed_tokens
+            base_tokens += left
+            if req.generates and left == 1 and req.num_draft_tokens == 0 and req.num_output_tokens > 0:
+                base_rows += 1
+                limit = min(self.cfg.max_k, req.max_tokens - req.num_output_tokens - 1,
+                            self.max_model_len - req.num_tokens - 1)  # fmt: skip
+                if limit > 0:
+                    decoding.append(req)
+                    limits.append(limit)
+        if not decoding:
+            return
+        base_tokens = min(base_tokens, token_budget)
+        for req in decoding:
+            self.state(req)
+        if self.proposer.lookahead:  # the proposal's own length bounds k
+            proposals = self.proposer.propose(decoding, limits)
+            limits = [len(p) for p in proposals]
+        if self.cfg.auto:
+            prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
+            candidates = [
+                Candidate(lim, self.state(r).acceptance.rate(prior)) for r, lim in zip(decoding, limits)
+            ]
+            ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
+        else:
+            ks = limits
+        if not any(ks):
+            return
+        if self.proposer.lookahead:
+            drafts = [p[:k] for p, k in zip(proposals, ks)]
+        else:
+            chosen = [(r, k) for r, k in zip(decoding, ks) if k]
+            made = self.proposer.propose([r for r, _ in chosen], [k for _, k in chosen])
+            by_key = {r.key: d for (r, _), d in zip(chosen, made)}
+            drafts = [by_key.get(r.key, []) for r in decoding]
+        self.planned_steps += 1
+        for req, draft in zip(decoding, drafts):
+            if draft:
+                req.token_ids.extend(draft)
+                req.num_draft_tokens = len(draft)
+
+    @staticmethod
+    def features(scheduled: SchedulerOutput) -> list[float]:
+        """What a step computes, for the cost model (read before the step settles its runs)."""
+        tokens = rows = 0
+        for chunk in scheduled:
+            tokens += chunk.num_tokens
+            req = chunk.request
+            if req.generates and req.num_computed_tokens + chunk.num_tokens >= req.num_tokens:
+                rows += 1 + req.num_draft_tokens
+        return [float(tokens), float(rows)]
+
+    def observe(self, features: list[float], seconds: float) -> None:
+        self.cost.observe(features, seconds)

@@ -1,0 +1,73 @@
+"""``num_speculative_tokens: auto``: how many drafts each request gets this step (0 allowed).
+
+The expected tokens a request emits with k drafts of per-draft acceptance alpha are
+1 + alpha + ... + alpha^k; the j-th draft adds alpha^j. The step's cost comes from ``LinearCost``.
+Drafts are added best-first (highest alpha^j) while the step's expected tokens per second rise; the
+plan is kept only when it beats plain decoding by ``MARGIN``, so an uncertain estimate decodes plainly.
+At batch 1 a step costs about its fixed part and drafts are nearly free; at a large batch every
+token costs about the same and a draft pays only when it is nearly always accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefixflow.engine.speculative.cost_model import LinearCost
+
+MARGIN = 0.05  # a plan must promise this much over plain decoding
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 4.0  # pseudo-drafts of the method-wide rate behind each request's own rate
+
+
+@dataclass
+class Acceptance:
+    """Drafts proposed and accepted (per request, and per method)."""
+
+    proposed: int = 0
+    accepted: int = 0
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+
+    def rate(self, prior: float) -> float:
+        return (self.accepted + PRIOR_WEIGHT * prior) / (self.proposed + PRIOR_WEIGHT)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A decoding request that could speculate: at most ``limit`` drafts at acceptance ``alpha``."""
+
+    limit: int
+    alpha: float
+
+
+def plan_drafts(
+    candidates: list[Candidate], base_tokens: int, base_rows: int, cost: LinearCost, draft_cost: float = 0.0
+) -> list[int]:
+    """Drafts per candidate. ``base_tokens``/``base_rows``: what the step computes without drafts;
+    ``draft_cost``: seconds a proposer spends per draft token (0 for a lookup)."""
+    ks = [0] * len(candidates)
+    if not candidates or not cost.ready:
+        return ks
+    gains = sorted(
+        ((c.alpha**j, i) for i, c in enumerate(candidates) for j in range(1, c.limit + 1) if c.alpha > 0),
+        reverse=True,
+    )
+    base_time = cost.predict([base_tokens, base_rows])
+    if base_time <= 0:
+        return ks
+    emitted = float(max(base_rows, 1))
+    best_rate = emitted / base_time
+    plain_rate = best_rate
+    best_count = 0
+    for count, (gain, _) in enumerate(gains, start=1):
+        emitted += gain
+        t = cost.predict([base_tokens + count, base_rows + count]) + draft_cost * count
+        if emitted / t > best_rate:
+            best_rate, best_count = emitted / t, count
+    if best_rate < plain_rate * (1.0 + MARGIN):
+        return ks
+    for _, i in gains[:best_count]:
+        ks[i] += 1
+    return ks
