@@ -71,6 +71,12 @@ def print_advice(console: Console, advice: Advice) -> None:
     for note in w.notes:
         console.print(f"  note: {note}", soft_wrap=True)
 
+    if advice.labels:
+        lab = advice.labels
+        console.print(f"\n[bold]Labels[/] (mode {lab['mode']}, calibration {lab['calibration']})")
+        for note in lab["notes"]:
+            console.print(f"  {note}", soft_wrap=True, markup=False)
+
     console.print("\n[bold]Sharing[/]")
     console.print(f"  distinct trie tokens {sh.distinct_tokens:,} of {sh.prompt_tokens:,}; block minimum "
                   f"{sh.block_min_tokens:,} at block_size {sh.block_size} -> best prefix hit rate "
