@@ -238,7 +238,10 @@ def run_shards(
     ``lane``'s series beside the run record (``devices`` it holds: default the tensor-parallel size)."""
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
     watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
-    held = devices if devices is not None else int(spec.config.engine.get("tensor_parallel_size") or 1)
+    engine = spec.config.engine
+    held = devices if devices is not None else int(engine.get("tensor_parallel_size") or 1) * int(
+        engine.get("pipeline_parallel_size") or 1
+    )
     recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
     try:
         yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)
