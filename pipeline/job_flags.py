@@ -101,6 +101,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "
               "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
     JobOption("speculative_model", "the draft model of --speculative-method draft_model (same tokenizer)"),
+    JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
+              "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
+              type=int),  # fmt: skip
 )
 STORAGE_OPTIONS: tuple[JobOption, ...] = (
     JobOption("endpoint_url", "S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),
