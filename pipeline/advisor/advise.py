@@ -103,7 +103,8 @@ def _device(spec: JobSpec, gpu: str) -> Device:
         raise JobConfigError(f"--gpu: {exc}") from exc
     dtype = str(spec.config.engine.get("dtype") or "auto")
     device = dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
-    return device.group(int(spec.config.engine.get("tensor_parallel_size") or 1))  # the job's own TP group
+    engine = spec.config.engine  # the job's own group: its TP x PP devices hold the weights together
+    return device.group(int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1))
 
 
 def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:

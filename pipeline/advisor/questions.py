@@ -19,6 +19,7 @@ from prefixflow.pipeline.advisor.memory import (
 )
 from prefixflow.pipeline.advisor.roofline import ModelShape
 from prefixflow.pipeline.advisor.sharing import Sharing
+from prefixflow.pipeline.advisor.speculation import REPLAY_K
 from prefixflow.pipeline.advisor.template_order import OrderFlag
 from prefixflow.pipeline.advisor.workload import Dist, Workload
 from prefixflow.pipeline.config import JobConfig
@@ -27,6 +28,7 @@ SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and orderin
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
 PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
 MAX_SEQS_CAP = 1024
+SPECULATION_PAYS = 1.3  # tokens per decode step under n-gram lookup (pilot replay) worth speculating for
 QUANT_METHODS = {  # the engine's `quantization:` setting quantizes a full-precision checkpoint as it loads
     "fp8": "fp8 W8A8 (engine quantization: fp8, or an fp8 compressed-tensors checkpoint)",
     "int8": "int8 weights (engine quantization: int8)",
@@ -97,6 +99,11 @@ def q1_fit(f: Facts) -> Answer:
     precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
     f.settings.update(quantization=quant, tensor_parallel_size=tp * f.device.devices)
+    pcie = f.device.interconnect == "pcie"
+    if pcie and tp > 1:  # the extra GPUs as pipeline stages of the job's own group
+        f.settings.update(tensor_parallel_size=f.device.devices, pipeline_parallel_size=tp)
+    if pcie and (tp > 1 or f.device.devices > 1):
+        evidence.append(split_traffic(f.shape, tp * f.device.devices, 2 if f.device.dtype != "float32" else 4))
     if tp > 1:
         f.group = fit(f.shape, f.hf_config, f.device.group(tp), f.limits, precision, f.seqs)
     if f.nothing_fits:
@@ -111,16 +118,37 @@ def q1_fit(f: Facts) -> Answer:
     if n.headroom:
         rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
                f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
+        if pcie and f.device.devices > 1:
+            rec += (f"; over PCIe, pipeline_parallel_size={f.device.devices} moves far fewer bytes between the "
+                    "GPUs than tensor parallelism (see the evidence)")  # fmt: skip
         return Answer(1, q, "yes", evidence, rec)
     why = "the weights alone exceed the limit" if n.weight_share > HEADROOM or not n.fits else \
         f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
+    how = ("pipeline parallelism: PCIe carries a pipeline's few activations far better than tensor "
+           "parallelism's two all-reduces per layer" if pcie else "tensor parallelism")  # fmt: skip
     if quant:
         rec = (f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
-               f"or shard {n.precision} weights over more GPUs (tensor parallelism)")  # fmt: skip
+               f"or shard {n.precision} weights over more GPUs ({how})")  # fmt: skip
+    elif pcie:
+        rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: pipeline_parallel_size={tp}"
+               + (f" x tensor_parallel_size={f.device.devices}" if f.device.devices > 1 else "")
+               + f" ({how})")  # fmt: skip
     else:
         rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: "
                f"tensor_parallel_size={tp * f.device.devices}")  # fmt: skip
     return Answer(1, q, "no", evidence, rec)
+
+
+def split_traffic(shape: ModelShape, gpus: int, dtype_bytes: int) -> str:
+    """Bytes each GPU sends per token when the model spans ``gpus`` GPUs: tensor parallelism all-reduces
+    the hidden state twice per layer (a ring sends 2 (n - 1) / n of it each time); a pipeline sends the
+    hidden state and the residual once per stage boundary."""
+    hidden = shape.hidden_size * dtype_bytes
+    tp = 2 * shape.num_layers * hidden * 2 * (gpus - 1) / gpus
+    pp = 2 * hidden * (gpus - 1) / gpus  # (gpus - 1) boundaries, spread over gpus senders
+    return (f"between {gpus} GPUs over PCIe, per token: tensor parallelism sends {tp / 1024:,.0f} KiB per GPU "
+            f"(2 all-reduces x {shape.num_layers} layers), a pipeline {pp / 1024:,.1f} KiB "
+            f"({tp / pp:,.0f}x less); PCIe (~25 GB/s) makes TP's all-reduces the bottleneck, NVLink does not")  # fmt: skip
 
 
 def q2_sharing(f: Facts) -> Answer:
@@ -217,11 +245,29 @@ def q5_speculation(f: Facts) -> Answer:
     batch = min(x.seqs_at_mean, f.limits.max_num_seqs)
     evidence.append(f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
                     f"tokens ({x.precision} on {f.device.name})")  # fmt: skip
+    pilot = f.workload.pilot
+    proposed, accepted, steps = pilot.ngram_replay if pilot is not None else (0, 0, 0)
+    tokens = accepted + steps
+    per_step = tokens / steps if steps else 0.0
+    if steps:
+        evidence.append(f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
+                        f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step")  # fmt: skip
     if batch >= cross / 4:
-        rec = "no speculative decoding: at this batch the spare compute that draft tokens need is not there"
+        rec = ("no speculative decoding: at this batch the spare compute that draft tokens need is not there "
+               "(speculative: {method: ngram} with num_speculative_tokens: auto would keep itself off)")  # fmt: skip
+        return Answer(5, q, "no", evidence, rec)
+    if steps and per_step >= SPECULATION_PAYS:
+        f.settings["speculative_decoding"] = True
+        return Answer(5, q, "likely", evidence,
+                      f"speculative: {{method: ngram}}: at only {batch} sequences per step decode is bound by reading "
+                      f"weights, and {per_step:.2f} tokens per step would come almost for free")  # fmt: skip
+    if steps:
+        rec = (f"no: at {per_step:.2f} tokens per step the lookup is rarely right on this job's outputs "
+               "(a draft model might be; num_speculative_tokens: auto would keep n-gram speculation off)")  # fmt: skip
     else:
-        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, "
-               "so draft tokens would be nearly free: speculative decoding could raise tokens/s (not built in prefixflow)")  # fmt: skip
+        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, so "
+               "draft tokens would be nearly free: run --pilot N to measure how often n-gram lookup would be right "
+               "(speculative: {method: ngram})")  # fmt: skip
     return Answer(5, q, "no", evidence, rec)
 
 

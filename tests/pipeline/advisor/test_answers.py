@@ -157,8 +157,9 @@ def test_recommended_settings_are_ones_the_engine_accepts(tmp_path, review_folde
     settings = engine_settings(advice)
     EngineConfig(**settings)  # raises on any value the engine refuses
     assert settings["max_model_len"] >= 64 and settings["max_num_seqs"] >= 1
-    if model == "70b" and gpu == "l4":
-        assert settings["tensor_parallel_size"] == 8 and settings["max_num_seqs"] > 1
+    if model == "70b" and gpu == "l4":  # eight L4s (as pipeline stages over PCIe), sized as a group of eight
+        group = settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1)
+        assert group == 8 and settings["max_num_seqs"] > 1
 
 
 def test_when_nothing_fits_the_advisor_says_so_and_recommends_nothing(tmp_path, review_folder) -> None:
@@ -178,3 +179,18 @@ def test_when_nothing_fits_the_advisor_says_so_and_recommends_nothing(tmp_path, 
     out = io.StringIO()
     print_advice(Console(file=out, width=200), advice)
     assert "none: nothing fits" in out.getvalue() and "max_model_len: 0" not in out.getvalue()
+
+
+def test_on_pcie_question_1_recommends_pipeline_over_tensor_parallelism(review_folder) -> None:
+    """L4s talk over PCIe: the GPUs a model needs become pipeline stages, and the evidence says why."""
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}, "engine": {"tensor_parallel_size": 2}}
+    advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
+    q1 = _answer(advice, 1)
+    assert "pipeline_parallel_size=2 moves far fewer bytes" in q1.recommendation
+    traffic = next(e for e in q1.evidence if "over PCIe, per token" in e)
+    # Llama-3.1-8B bf16: TP all-reduces 2 x 32 layers x 8 KiB (x 2 (n-1)/n), a pipeline 2 x 8 KiB once
+    assert "tensor parallelism sends 512 KiB per GPU" in traffic and "a pipeline 8.0 KiB (64x less)" in traffic
+    alone = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="l4")
+    assert "or shard bf16 weights over more GPUs (pipeline parallelism: PCIe" in _answer(alone, 1).recommendation
+    nvlink = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="h100")
+    assert "pipeline" not in _answer(nvlink, 1).recommendation
