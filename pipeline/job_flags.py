@@ -86,6 +86,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
+    JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
+              "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
+              type=int),  # fmt: skip
 )
 STORAGE_OPTIONS: tuple[JobOption, ...] = (
     JobOption("endpoint_url", "S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),

@@ -33,6 +33,7 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
     "tensor_parallel_size": ("engine", "tensor_parallel_size"),
+    "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
@@ -52,6 +53,8 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "enforce_eager": "CUDA graphs replay the same kernels",
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
+    "pipeline_parallel_size": "how the same layers are split over devices",
+    "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
 }
 
 
