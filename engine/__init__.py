@@ -20,6 +20,7 @@ _EXPORTS = {
     "SamplingParams": "prefixflow.engine.sampling_params",
     "StructuredOutputs": "prefixflow.engine.structured",
     "TokenLogprob": "prefixflow.engine.outputs",
+    "NgramIndex": "prefixflow.engine.speculative.ngram",
     "describe_model": "prefixflow.engine.model_identity",
     "inspect_model": "prefixflow.engine.model_card",
     "structured_outputs_error": "prefixflow.engine.structured",
@@ -37,6 +38,7 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputs",
     "TokenLogprob",
+    "NgramIndex",
     "structured_outputs_error",
 ]
 
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from prefixflow.engine.model_source import ModelSource
     from prefixflow.engine.outputs import RequestOutput, TokenLogprob
     from prefixflow.engine.sampling_params import SamplingParams
+    from prefixflow.engine.speculative.ngram import NgramIndex
     from prefixflow.engine.stats import EngineStats
     from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 

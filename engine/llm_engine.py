@@ -69,7 +69,9 @@ class LLMEngine:
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
                                  cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
-        self.speculator = build_speculator(cfg, self.source, self.max_model_len, self.scheduler.speculation)
+        self.speculator = build_speculator(
+            cfg, self.source, self.max_model_len, self.scheduler.speculation, self.runner.num_blocks
+        )
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
@@ -185,7 +187,7 @@ class LLMEngine:
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
         if self.speculator is not None and features is not None:
-            self.speculator.observe(features, end - start)
+            self.speculator.observe(features, end - start, self.scheduler.running)
             self.stats.speculation = self.scheduler.speculation.as_dict()
         return finished
 

@@ -58,6 +58,16 @@ class JobOption:
         return (dict(raw) if raw else None) if self.repeatable else raw
 
 
+def speculative_tokens(text: str) -> int | str:
+    """``auto`` or a number of draft tokens per step (0 turns speculation off)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
 def comma_list(text: str) -> list[str]:
     """``a,b,c`` -> ``["a", "b", "c"]`` (spaces around the commas dropped)."""
     items = [part.strip() for part in text.split(",")]
@@ -86,6 +96,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
+    JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
+              "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
+    JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "
+              "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
+    JobOption("speculative_model", "the draft model of --speculative-method draft_model (same tokenizer)"),
     JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
               "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
               type=int),  # fmt: skip

@@ -18,6 +18,7 @@ from prefixflow.pipeline.advisor.memory import (
 )
 from prefixflow.pipeline.advisor.roofline import ModelShape
 from prefixflow.pipeline.advisor.sharing import Sharing
+from prefixflow.pipeline.advisor.speculation import REPLAY_K
 from prefixflow.pipeline.advisor.template_order import OrderFlag
 from prefixflow.pipeline.advisor.workload import Dist, Workload
 from prefixflow.pipeline.config import JobConfig
@@ -26,6 +27,7 @@ SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and orderin
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
 PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
 MAX_SEQS_CAP = 1024
+SPECULATION_PAYS = 1.3  # tokens per decode step under n-gram lookup (pilot replay) worth speculating for
 QUANT_METHODS = {  # the engine's `quantization:` setting quantizes a full-precision checkpoint as it loads
     "fp8": "fp8 W8A8 (engine quantization: fp8, or an fp8 compressed-tensors checkpoint)",
     "int8": "int8 weights (engine quantization: int8)",
@@ -220,11 +222,29 @@ def q5_speculation(f: Facts) -> Answer:
     batch = min(x.seqs_at_mean, f.limits.max_num_seqs)
     evidence.append(f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
                     f"tokens ({x.precision} on {f.device.name})")  # fmt: skip
+    pilot = f.workload.pilot
+    proposed, accepted, steps = pilot.ngram_replay if pilot is not None else (0, 0, 0)
+    tokens = accepted + steps
+    per_step = tokens / steps if steps else 0.0
+    if steps:
+        evidence.append(f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
+                        f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step")  # fmt: skip
     if batch >= cross / 4:
-        rec = "no speculative decoding: at this batch the spare compute that draft tokens need is not there"
+        rec = ("no speculative decoding: at this batch the spare compute that draft tokens need is not there "
+               "(speculative: {method: ngram} with num_speculative_tokens: auto would keep itself off)")  # fmt: skip
+        return Answer(5, q, "no", evidence, rec)
+    if steps and per_step >= SPECULATION_PAYS:
+        f.settings["speculative_decoding"] = True
+        return Answer(5, q, "likely", evidence,
+                      f"speculative: {{method: ngram}}: at only {batch} sequences per step decode is bound by reading "
+                      f"weights, and {per_step:.2f} tokens per step would come almost for free")  # fmt: skip
+    if steps:
+        rec = (f"no: at {per_step:.2f} tokens per step the lookup is rarely right on this job's outputs "
+               "(a draft model might be; num_speculative_tokens: auto would keep n-gram speculation off)")  # fmt: skip
     else:
-        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, "
-               "so draft tokens would be nearly free: speculative decoding could raise tokens/s (not built in prefixflow)")  # fmt: skip
+        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, so "
+               "draft tokens would be nearly free: run --pilot N to measure how often n-gram lookup would be right "
+               "(speculative: {method: ngram})")  # fmt: skip
     return Answer(5, q, "no", evidence, rec)
 
 

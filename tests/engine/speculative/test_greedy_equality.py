@@ -10,7 +10,7 @@ from tests.engine.speculative.helpers import prompts, run
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 NGRAM4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-ENGINE = dict(dtype="float32", device="cpu", block_size=4)
+ENGINE = dict(dtype="float32", device="cpu", block_size=4, num_kv_blocks=2048)  # a small pool: fast to build
 
 
 @pytest.mark.parametrize("batch", [1, 7, 64])
