@@ -54,10 +54,10 @@ class HostKVStore:
     def _run(self, plan: CopyPlan) -> None:
         for part in _chunks(plan.offload):
             self._offload(part)
-        if plan.local:
-            self._local(plan.local)
         for part in _chunks(plan.reload):
             self._reload(part)
+        if plan.local:
+            self._local(plan.local)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)

@@ -174,7 +174,7 @@ def random_walk(seed: int) -> tuple[int, int]:
         if waiting and (op < 0.5 or not running):
             req = waiting.pop(0)
             prefix = kv.cached_prefix(req)
-            cached = len(prefix) * BS
+            cached = prefix.tokens(BS)
             n = rng.randrange(1, req.num_tokens - cached + 1)
             if kv.admit(req, prefix, n):
                 apply()
