@@ -125,6 +125,7 @@ def batch_inference(
     quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
+    kv_offload_gb: float | None = None,
     endpoint_url: Annotated[str | None, WithJsonSchema(SAFE_URL_SCHEMA)] = None,
     storage_options: Annotated[dict[str, Any] | None, WithJsonSchema(SAFE_OPTIONS_SCHEMA)] = None,
     credentials_block: str | None = None,
