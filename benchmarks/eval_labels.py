@@ -7,11 +7,17 @@ categories), ``news`` (80 news snippets, 4 balanced topics, labels of 1 to 3 tok
 (``parse_job_config`` + ``RowPreparer``) and every method is the pipeline's own math
 (``label_scoring``): the log-probabilities of all labels' surface forms on the rows and on every
 reference prompt are computed once per (set, style), then each method is evaluated on them.
-``batch`` (the mean over the evaluated rows themselves, Zhou et al. 2023) and label-order
-permutation averaging are measured for comparison; the pipeline does not offer them.
-``--pipeline`` also runs the default job end to end (``run_local``) for each style.
+``batch`` (each label's mean probability over a sample of the job's rows divided out, Zhou et al.,
+ICLR 2024, ``label_scoring.batch_bias``; with these sets' sizes its 256-row sample is every row),
+``batch+contextual`` (the same on top of contextual: the pipeline's default since issue 26), and batch estimated from every third row
+only; label-order permutation averaging is measured for comparison (the pipeline does not offer it).
+``--pipeline`` also runs the default job end to end (``run_local``) for each style; ``--cost`` runs
+it with ``calibration: none``, ``contextual`` and ``batch`` on a fresh engine each (an empty prefix
+cache) and records the prompt tokens the engine computed, so the extra cost of each calibration is exact.
 
     python -m benchmarks.eval_labels --json benchmarks/results/cpu_eval_labels.json --pipeline
+    python -m benchmarks.eval_labels --styles chat,plain --no-permute --pipeline --cost \
+        --json benchmarks/results/cpu_eval_labels_batch.json          # issue 26
 """
 
 from __future__ import annotations
@@ -134,7 +140,7 @@ def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=
 def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm: str, case: bool,
                  rows: Sequence[int] | None = None) -> list[list[float]]:  # fmt: skip
     """Label distributions of ``rows`` (all when None) under one method, from the raw scores."""
-    from prefixflow.pipeline.label_scoring import LabelChoices, calibrated_probs, reference_bias
+    from prefixflow.pipeline.label_scoring import LabelChoices, batch_bias, calibrated_probs, reference_bias
 
     ch = LabelChoices.build(label_set.labels, style.choice_prefix, case)
     where = {c: i for i, c in enumerate(raw["choices"])}
@@ -145,10 +151,18 @@ def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm
 
     index = range(len(raw["rows"])) if rows is None else rows
     scores = [per_label(raw["rows"][i], raw["row_tokens"][i]) for i in index]
+    def references(keys: Sequence[str]) -> list[float] | None:
+        return reference_bias([per_label(*raw["refs"][k]) for k in keys if k in raw["refs"]])
+
+    contextual = [f"cf:{v}" for v in DEFAULT_CONTENT_FREE]
     if method == "none":
         bias = None
-    elif method == "batch":
-        bias = reference_bias(scores)
+    elif method == "batch":  # the pipeline's estimate: sampled rows = every row here (256 > the set)
+        bias = batch_bias(scores, None)
+    elif method == "batch-third":  # the estimate from every third row only
+        bias = batch_bias(scores[::3], None)
+    elif method == "batch+contextual":
+        bias = batch_bias(scores, references(contextual))
     else:
         keys = {"contextual": [f"cf:{v}" for v in DEFAULT_CONTENT_FREE],
                 "contextual-3": [f"cf:{v}" for v in CONTENT_FREE]}.get(method, [method])  # fmt: skip
@@ -161,7 +175,7 @@ METHODS = (
     ("raw (before issue 14)", "none", "sum", False),
     ("none + case", "none", "sum", True),
     ("contextual", "contextual", "sum", False),
-    ("contextual + case (default)", "contextual", "sum", True),
+    ("contextual + case (default until issue 26)", "contextual", "sum", True),
     ("contextual + case, mean", "contextual", "mean", True),
     ("contextual N/A,'',[MASK] + case", "contextual-3", "sum", True),
     ("contextual 'N/A' only + case", "cf:N/A", "sum", True),
@@ -169,11 +183,16 @@ METHODS = (
     ("contextual '[MASK]' only + case", "cf:[MASK]", "sum", True),
     ("domain + case", "domain", "sum", True),
     ("domain + case, mean", "domain", "mean", True),
-    ("batch + case (not offered)", "batch", "sum", True),
+    ("batch + case", "batch", "sum", True),
+    ("batch+contextual + case (default, issue 26)", "batch+contextual", "sum", True),
+    ("batch + case, every 3rd row as the sample", "batch-third", "sum", True),
 )
+DEFAULT_METHOD = "batch+contextual + case (default, issue 26)"
+METHOD_OF = {"batch": "batch + case", "batch+contextual": DEFAULT_METHOD,
+             "contextual": "contextual + case (default until issue 26)"}  # pipeline calibration -> row name
 
 
-def evaluate_style(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
+def evaluate_style(llm, label_set: LabelSet, style: Style, rows: list[dict], permute: bool = True) -> dict:
     gold = [label_set.labels.index(r["label"]) for r in rows]
     k = len(label_set.labels)
     start = time.perf_counter()
@@ -185,7 +204,7 @@ def evaluate_style(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> 
         probs = method_probs(label_set, style, raw, method, norm, case)
         out["methods"][name] = label_metrics(gold, probs, k)
     out["imbalanced"] = imbalanced(label_set, style, raw, gold)
-    if style.permute:
+    if style.permute and permute:
         out["methods"].update(permutations(llm, label_set, style, rows, gold))
     return out
 
@@ -201,7 +220,7 @@ def imbalanced(label_set: LabelSet, style: Style, raw: dict, gold: list[int], mi
             seen[g] += 1
     sub = [gold[i] for i in keep]
     result = {"rows": len(keep), "first_label_share": sub.count(0) / len(sub)}
-    for method in ("contextual", "batch"):
+    for method in ("contextual", "batch", "batch+contextual"):
         probs = method_probs(label_set, style, raw, method, "sum", True, rows=keep)
         result[method] = label_metrics(sub, probs, len(label_set.labels))
     return result
@@ -220,28 +239,49 @@ def permutations(llm, label_set: LabelSet, style: Style, rows: list[dict], gold:
     return out
 
 
-def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: list[dict], repeats: int) -> dict:
-    """What calibration costs: the default job with ``calibration: none`` and ``contextual``, each on a
-    fresh engine (an empty prefix cache), interleaved none/contextual ``repeats`` times: prompt tokens
-    the engine computed (exact) and wall time (min, median)."""
+def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: list[dict], repeats: int,
+             modes: Sequence[str] = ("none", "contextual")) -> dict:  # fmt: skip
+    """What calibration costs: the default job with each calibration of ``modes``, each on a fresh
+    engine (an empty prefix cache), interleaved ``repeats`` times: prompt tokens the engine computed
+    (exact), wall time and process CPU-seconds (min, median); ``runs[mode]``: the last run's metrics."""
     import os
     import statistics
 
     from prefixflow.engine import LLM
 
-    runs: dict[str, list[dict]] = {"none": [], "contextual": []}
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    last: dict[str, dict] = {}
     for _ in range(repeats):
         for mode in runs:
             llm = LLM(model=model, dtype=dtype)
+            cpu = time.process_time()
             res = pipeline_run(llm, model, label_set, style, rows, calibration=mode)
-            runs[mode].append({"s": res["elapsed_s"], "computed": llm.stats().computed_prompt_tokens})
-    out = {}
+            runs[mode].append({"s": res["elapsed_s"], "cpu_s": time.process_time() - cpu,
+                               "computed": llm.stats().computed_prompt_tokens})  # fmt: skip
+            last[mode] = res
+    out: dict[str, Any] = {}
     for mode, rs in runs.items():
-        times = [r["s"] for r in rs]
+        times, cpus = [r["s"] for r in rs], [r["cpu_s"] for r in rs]
         out[mode] = {"computed_prompt_tokens": rs[0]["computed"], "min_s": min(times),
-                     "median_s": statistics.median(times)}  # fmt: skip
+                     "median_s": statistics.median(times), "min_cpu_s": min(cpus),
+                     "median_cpu_s": statistics.median(cpus)}  # fmt: skip
     out["loadavg"] = os.getloadavg()
+    out["runs"] = last
     return out
+
+
+def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
+    """What batch calibration's sample adds: its rows (the default 256 cover these sets whole), their
+    prompt tokens (each counted once) and the scoring requests (one per row and label choice)."""
+    from prefixflow.pipeline.config import parse_job_config
+    from prefixflow.pipeline.label_scoring import label_choices
+    from prefixflow.pipeline.rows import RowPreparer
+
+    cfg = parse_job_config(job_dict(label_set, style))
+    prep = RowPreparer(cfg, llm, {})
+    sampled = rows[: cfg.label.calibration_rows]
+    tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
+    return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}
 
 
 def pipeline_run(
@@ -266,7 +306,7 @@ def pipeline_run(
     probs = [[p[lb] for lb in labels] for p in df["label_probs"].to_list()]
     gold = [labels.index(r["label"]) for r in rows]
     return {**label_metrics(gold, probs, len(labels)), "elapsed_s": elapsed,
-            "prefix_hit_rate": summary.prefix_hit_rate}  # fmt: skip
+            "prefix_hit_rate": summary.prefix_hit_rate, "calibration": summary.label_calibration}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -279,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--pipeline", action="store_true", help="also run the default job end to end per style")
     ap.add_argument("--overhead", type=int, default=0, metavar="REPEATS",
                     help="only measure what calibration costs on tickets/chat (fresh engines, interleaved)")
+    ap.add_argument("--styles", default=None, help="only these prompt styles (e.g. chat,plain)")
+    ap.add_argument("--no-permute", action="store_true", help="skip label-order permutation averaging")
+    ap.add_argument("--cost", action="store_true",
+                    help="per style: the job with calibration none / contextual / batch on fresh engines")
     ap.add_argument("--raw", default=None, help="also write every raw log-probability here (JSON)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -289,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.overhead:
         tickets = SETS[0]
         rows = read_jsonl(tickets.file)[: args.limit]
-        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead)
+        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead,
+                                      ("none", "contextual", "batch+contextual"))
+        result["overhead"].pop("runs")
         print(json.dumps(result["overhead"], indent=1))
         write_json(args.json, result)
         return result
@@ -298,9 +344,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         rows = read_jsonl(label_set.file)[: args.limit]
         result["sets"][label_set.name] = per_style = {}
         for style in label_set.styles:
-            res = evaluate_style(llm, label_set, style, rows)
-            if args.pipeline:
+            if args.styles and style.name not in args.styles.split(","):
+                continue
+            res = evaluate_style(llm, label_set, style, rows, permute=not args.no_permute)
+            if args.cost:
+                res["cost"] = overhead(args.model, args.dtype, label_set, style, rows, 1, ("none", "contextual", "batch"))
+                res["pipeline_default"] = res["cost"].pop("runs")["batch"]
+            elif args.pipeline:
                 res["pipeline_default"] = pipeline_run(llm, args.model, label_set, style, rows)
+            res["sample_prompt_tokens"] = sample_tokens(llm, label_set, style, rows)
             per_style[style.name] = res
             table = [{"method": m, **{k: v for k, v in r.items() if k != "n"}} for m, r in res["methods"].items()]
             if "pipeline_default" in res:
@@ -310,7 +362,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         f"{1 / len(label_set.labels):.2f}")  # fmt: skip
             imb = res["imbalanced"]
             print(f"  imbalanced subset ({imb['rows']} rows, first label {imb['first_label_share']:.0%}): "
-                  f"contextual acc {imb['contextual']['accuracy']:.3f}, batch acc {imb['batch']['accuracy']:.3f}")
+                  f"contextual acc {imb['contextual']['accuracy']:.3f}, batch acc {imb['batch']['accuracy']:.3f}, "
+                  f"batch+contextual acc {imb['batch+contextual']['accuracy']:.3f}")
+            if "cost" in res:
+                print("  computed prompt tokens (fresh engine): "
+                      + ", ".join(f"{m} {res['cost'][m]['computed_prompt_tokens']:,}" for m in ("none", "contextual", "batch")))
     raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()}
     write_json(args.raw, raw)
     write_json(args.json, result)

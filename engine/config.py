@@ -50,6 +50,8 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # stages of contiguous layers: P x T ranks (docs/engine.md "Pipeline parallelism")
+    pipeline_micro_batches: int | None = None  # micro-batches in flight per step (None: one per stage)
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
@@ -104,6 +106,15 @@ class EngineConfig:
             raise bad("sparsity", "None or '2:4'")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
+        for name in ("pipeline_parallel_size",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(name, "a positive integer (the number of pipeline stages)")
+        if self.pipeline_micro_batches is not None and (
+            isinstance(self.pipeline_micro_batches, bool) or not isinstance(self.pipeline_micro_batches, int)
+            or self.pipeline_micro_batches < 1
+        ):  # fmt: skip
+            raise bad("pipeline_micro_batches", "None or a positive integer")
         if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
             raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
         if not self.distributed_timeout_s > 0:

@@ -15,7 +15,8 @@ import torch
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.decode_graphs import DecodeGraphs
-from prefixflow.engine.distributed.context import for_group, layout_for, single_rank
+from prefixflow.engine.distributed.context import layout_for, single_rank
+from prefixflow.engine.distributed.pipeline import split_for
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
@@ -24,9 +25,11 @@ from prefixflow.engine.model_shard import (
     COLLECTIVE_STATS,
     INIT_CACHE,
     KV_COPY,
+    PIPELINE_STATS,
     STEP,
     ModelShard,
     WorkerShardFactory,
+    shard_context,
 )
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
@@ -53,14 +56,16 @@ class ModelRunner:
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
         resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)  # a bad quantization fails before any work
-        world = cfg.tensor_parallel_size
+        world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
             self.shard = ModelShard(source, model_cfg, cfg, max_model_len, single_rank(model_cfg), devices[0])
             self.num_blocks = self.shard.init_cache()
             return
-        for rank in range(world):  # a model that cannot split fails here, before any process starts
-            layout_for(model_cfg, rank, world)
+        for rank in range(cfg.tensor_parallel_size):  # a model that cannot split fails here, before any process starts
+            layout_for(model_cfg, rank, cfg.tensor_parallel_size)
+        if cfg.pipeline_parallel_size > 1:
+            split_for(model_cfg, cfg.pipeline_parallel_size)
         if source.location is None:
             raise ValueError(
                 "tensor_parallel_size > 1 needs a model the worker processes can load themselves: a preset "
@@ -69,8 +74,8 @@ class ModelRunner:
         factory = WorkerShardFactory(source.location, cfg, max_model_len)
         self.pool = WorkerPool(world, devices, cfg.distributed_timeout_s, factory)
         try:
-            tp = for_group(model_cfg, self.pool.group)  # rank 0 loads while the workers do
-            self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0])
+            tp, pp = shard_context(model_cfg, cfg, self.pool.group)  # rank 0 loads while the workers do
+            self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0], pp)
             self.pool.wait_ready()
             init = self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S)
             self.num_blocks = int(init)  # type: ignore[call-overload]
@@ -183,6 +188,12 @@ class ModelRunner:
         if self.pool is None:
             return None
         return self.pool.run(self.shard, COLLECTIVE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
+
+    def pipeline_stats(self) -> torch.Tensor | None:
+        """Per rank ``[compute_s, wait_s, bytes_sent, steps]`` since the start (None without PP)."""
+        if self.pool is None or self.cfg.pipeline_parallel_size == 1:
+            return None
+        return self.pool.run(self.shard, PIPELINE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do without them). Idempotent."""

@@ -19,7 +19,9 @@ from prefixflow.engine.attention import make_attention_backend
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.decode_graphs import DecodeGraphs
 from prefixflow.engine.distributed.context import TensorParallel, for_group
-from prefixflow.engine.distributed.group import ParallelGroup
+from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
+from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
+from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.host_store import HostKVStore
@@ -36,6 +38,7 @@ from prefixflow.engine.step_inputs import StepInputs
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, capture graphs
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
+PIPELINE_STATS = 4  # rank 0 gets [world, 4]: every rank's compute s, wait s, bytes sent, steps (PP only)
 COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
 KV_COPY = 4  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
 
@@ -49,8 +52,11 @@ class ModelShard:
         max_model_len: int,
         tp: TensorParallel,
         device: torch.device,
+        pp: PipelineStage | None = None,
     ) -> None:
-        self.cfg, self.model_cfg, self.tp = cfg, model_cfg, tp
+        """``pp``: this rank's pipeline stage (its layers, its KV share), None without PP."""
+        self.cfg, self.model_cfg, self.tp, self.pp = cfg, model_cfg, tp, pp
+        self.pipeline_stats = PipelineStats()
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = pick_dtype(cfg.dtype, device)
@@ -62,7 +68,7 @@ class ModelShard:
         self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
         self.quantization = apply_weight_path(quant, self.weight_path)
         with torch.device(device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization)
+            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp)
         load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
         self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
@@ -81,8 +87,13 @@ class ModelShard:
     def block_bytes(self) -> int:
         """Bytes of one KV block on this rank (its own KV heads only)."""
         mc = self.model_cfg
-        per_token = 2 * mc.num_layers * self.num_kv_heads * mc.head_dim
+        per_token = 2 * self.num_layers * self.num_kv_heads * mc.head_dim
         return per_token * self.cfg.block_size * _dtype_size(self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        """Layers (and KV caches) on this rank: its pipeline stage's, or all."""
+        return self.pp.num_layers if self.pp is not None else self.model_cfg.num_layers
 
     def handle(self, command: int, payload: torch.Tensor) -> object:
         """A command from rank 0 (workers), or rank 0's own part of it."""
@@ -90,9 +101,13 @@ class ModelShard:
             return self.init_cache()
         if command == STEP:
             batch = unpack(payload)
+            if self.pp is not None:
+                return run_pipeline_step(self, batch_inputs(batch), batch.logit_rows)
             return self.run_step(batch_inputs(batch), batch.logit_rows, batch.decode_only)
         if command == COLLECTIVE_STATS:
             return self.collective_stats()
+        if command == PIPELINE_STATS:
+            return self.gathered_pipeline_stats()
         if command == KV_COPY:
             self.host_kv.apply(CopyPlan.unpack(payload))
             return None
@@ -102,13 +117,13 @@ class ModelShard:
     def init_cache(self) -> int:
         """Allocate the KV pool: every rank takes the smallest block count any rank can hold, so the
         one scheduler's block ids are valid everywhere."""
-        self.num_blocks = self.tp.group.all_reduce_min(self._local_num_blocks())
+        self.num_blocks = self.all_ranks.all_reduce_min(self._local_num_blocks())
         mc, cfg = self.model_cfg, self.cfg
-        shape = (mc.num_layers, 2, self.num_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim)
+        shape = (self.num_layers, 2, self.num_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(mc.num_layers)]
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)]
         self.host_kv = HostKVStore(self.kv_cache, self._host_blocks())
-        if self.device.type == "cuda" and not cfg.enforce_eager:
+        if self.device.type == "cuda" and not cfg.enforce_eager and self.pp is None:  # PP runs eager
             max_len = min(self.max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
         return self.num_blocks
@@ -121,6 +136,14 @@ class ModelShard:
         mine = torch.tensor([[st.all_reduce_s], [st.all_reduce_calls], [st.gather_s], [st.broadcast_s]],
                             dtype=torch.float64, device=self.device)  # fmt: skip
         rows = self.tp.group.gather_last_dim(mine)
+        return None if rows is None else rows.T.cpu()
+
+    def gathered_pipeline_stats(self) -> torch.Tensor | None:
+        """Every rank's ``[compute_s, wait_s, bytes_sent, steps]`` under PP, gathered on rank 0."""
+        st = self.pipeline_stats
+        mine = torch.tensor([[st.compute_s], [st.wait_s], [float(st.bytes_sent)], [float(st.steps)]],
+                            dtype=torch.float64, device=self.device)  # fmt: skip
+        rows = self.all_ranks.gather_last_dim(mine)
         return None if rows is None else rows.T.cpu()
 
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
@@ -153,7 +176,13 @@ class ModelShard:
         dev = self.device
         meta = self.attention.build_metadata(step, dev)
         ctx = StepContext(torch.from_numpy(step.positions).to(dev), meta, self.cos_sin_cache)
-        hidden: torch.Tensor = self.model(torch.from_numpy(step.token_ids).to(dev), ctx, kv_caches)
+        ids = torch.from_numpy(step.token_ids).to(dev)
+        if self.pp is not None and not self.pp.is_first:  # a later stage: stand-in activations
+            x = torch.zeros((len(ids), self.model_cfg.hidden_size), dtype=self.dtype, device=dev)
+            return self.model.forward_stage(x, torch.zeros_like(x), ctx, kv_caches)[0]
+        if self.pp is not None:
+            return self.model.forward_stage(ids, None, ctx, kv_caches)[0]
+        hidden: torch.Tensor = self.model(ids, ctx, kv_caches)
         return hidden
 
     def _host_blocks(self) -> int:
@@ -161,7 +190,13 @@ class ModelShard:
         its own KV heads), and all ranks take the smallest count so host block ids agree."""
         if self.cfg.kv_offload_bytes == 0:
             return 0
-        return self.tp.group.all_reduce_min(self.cfg.kv_offload_bytes // (self.block_bytes * self.tp.world))
+        ranks = self.tp.world * (self.pp.num_stages if self.pp is not None else 1)
+        return self.all_ranks.all_reduce_min(self.cfg.kv_offload_bytes // (self.block_bytes * ranks))
+
+    @property
+    def all_ranks(self) -> ParallelGroup:
+        """The group of every rank of this engine: the world under pipeline parallelism, else the TP group."""
+        return self.pp.world if self.pp is not None and self.pp.world is not None else self.tp.group
 
     def _local_num_blocks(self) -> int:
         if self.cfg.num_kv_blocks is not None:
@@ -188,11 +223,11 @@ class ModelShard:
         tokens = cfg.max_num_batched_tokens
         scratch_blocks = -(-tokens // cfg.block_size)
         scratch = torch.zeros(
-            (mc.num_layers, 2, scratch_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim),
+            (self.num_layers, 2, scratch_blocks, cfg.block_size, self.num_kv_heads, mc.head_dim),
             dtype=self.dtype,
             device=self.device,
         )
-        caches = [(scratch[i, 0], scratch[i, 1]) for i in range(mc.num_layers)]
+        caches = [(scratch[i, 0], scratch[i, 1]) for i in range(self.num_layers)]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(self.device)
         step = StepInputs(  # one request of the largest step size over the scratch cache
@@ -203,9 +238,9 @@ class ModelShard:
             seq_lens=np.array([tokens], dtype=np.int32),
             block_tables=[list(range(scratch_blocks))],
         )
-        hidden = self.forward(step, caches)
+        hidden = self.forward(step, caches)  # under PP: this stage's layers alone, no activations sent
         rows = min(cfg.max_num_seqs, tokens)
-        logits = self.model.compute_logits(hidden[:rows])
+        logits = self.model.compute_logits(hidden[:rows]) if self.pp is None or self.pp.is_last else None
         if logits is not None:
             logits.softmax(-1)
         torch.cuda.synchronize()
@@ -243,7 +278,18 @@ class WorkerShardFactory:
 
         source = load_location(self.location)
         model_cfg = ModelConfig.from_hf(source.hf_config)
-        return ModelShard(source, model_cfg, self.cfg, self.max_model_len, for_group(model_cfg, group), group.device)
+        tp, pp = shard_context(model_cfg, self.cfg, group)
+        return ModelShard(source, model_cfg, self.cfg, self.max_model_len, tp, group.device, pp)
+
+
+def shard_context(cfg: ModelConfig, engine: EngineConfig, group: ParallelGroup) -> tuple[TensorParallel, PipelineStage | None]:
+    """This rank's TP context and pipeline stage (None without PP); every rank calls it."""
+    if engine.pipeline_parallel_size == 1:
+        return for_group(cfg, group), None
+    assert isinstance(group, DistributedGroup)
+    stage_group, stage = stage_of(group, cfg, engine.pipeline_parallel_size, engine.tensor_parallel_size,
+                                  engine.distributed_timeout_s)  # fmt: skip
+    return for_group(cfg, stage_group), stage
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

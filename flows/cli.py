@@ -34,6 +34,17 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _resources(text: str) -> dict[str, float]:
+    import json
+
+    try:
+        value = json.loads(text)
+        return {str(k): float(v) for k, v in value.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f'expected a JSON object of resource amounts such as {{"lane": 1}}, '
+                                         f"got {text!r}") from exc  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Job flags as in `prefixflow run`, then lane, schedule and deployment flags."""
     from prefixflow.flows.slots import DEFAULT_LIMIT  # imports prefect: only when `serve` runs
@@ -55,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     lanes.add_argument("--lanes", type=int, help="number of engine lanes (default: one per GPU, 1 on CPU)")
     lanes.add_argument("--gpus-per-lane", type=int, help="GPUs per lane (default: 1 if GPUs exist, else 0)")
     lanes.add_argument("--ray-address", help="run lanes on a Ray cluster: auto, ray://head:10001, head:6379")
+    lanes.add_argument("--lane-resources", type=_resources, metavar="JSON",
+                       help='custom Ray resources each lane asks for, e.g. \'{"lane": 1}\' (one lane per node '
+                            "started with --resources='{\"lane\": 1}')")  # fmt: skip
     lanes.add_argument("--lane-retries", type=int, default=2, help="retries per lane (default: 2)")
     lanes.add_argument("--retry-delay", type=float, default=10.0, help="first retry delay, doubled each time")
     lanes.add_argument("--lane-timeout", type=float, help="seconds before a lane attempt is failed")
@@ -99,6 +113,7 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
         "lanes": args.lanes,
         "gpus_per_lane": args.gpus_per_lane,
         "ray_address": args.ray_address,
+        "lane_resources": args.lane_resources,
         "lane_retries": args.lane_retries,
         "retry_delay_s": args.retry_delay,
         "lane_timeout_s": args.lane_timeout,

@@ -126,6 +126,7 @@ def batch_inference(
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     kv_offload_gb: float | None = None,
+    pipeline_parallel_size: int | None = None,
     endpoint_url: Annotated[str | None, WithJsonSchema(SAFE_URL_SCHEMA)] = None,
     storage_options: Annotated[dict[str, Any] | None, WithJsonSchema(SAFE_OPTIONS_SCHEMA)] = None,
     credentials_block: str | None = None,
@@ -158,7 +159,8 @@ def batch_inference(
     `num_gpus` scheduling. Shards that still fail leave the flow Failed, after the summary,
     naming each uncommitted shard. With `tensor_parallel_size=N` (or `engine.tensor_parallel_size`
     in the job) each lane's engine spans N GPUs: a lane takes N GPUs (`gpus_per_lane` defaults to N;
-    Ray lanes ask for `num_gpus=N`) and the default lane count is the visible GPUs divided by N.
+    Ray lanes ask for `num_gpus=N`) and the default lane count is the visible GPUs divided by N;
+    `pipeline_parallel_size=P` multiplies it: a lane takes P x N GPUs.
     Storage credentials never go in as parameters (Prefect stores those in plain text): they come
     from the environment / AWS credential chain, or from `credentials_block`, a Prefect Secret block
     holding a JSON object of storage options.
@@ -212,10 +214,11 @@ def batch_inference(
 def engine_tensor_parallel_size(
     input: str, model: str, job: str | dict[str, Any] | None, overrides: dict[str, Any]
 ) -> int:
-    """The tensor-parallel size the lanes' engines will run with (from the flag or the job's engine
-    settings), read before the lanes are laid out because it decides how many GPUs each one takes."""
+    """The devices each lane's engine spans, tensor x pipeline parallel size (from the flags or the job's
+    engine settings), read before the lanes are laid out because it decides how many GPUs each one takes."""
     spec = load_job(input, "", model, job, **overrides)
-    return int(spec.config.engine.get("tensor_parallel_size") or 1)
+    engine = spec.config.engine
+    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
 
 
 batch_inference = _RedactingFlow(fn=batch_inference, name="batch-inference", persist_result=False)

@@ -26,8 +26,8 @@ from prefixflow.pipeline import (
     ProgressDisplay,
     Shard,
     ShardResult,
+    committed_shard_ids,
     hold_output,
-    is_committed,
     open_engine,
     run_shards,
 )
@@ -89,7 +89,8 @@ def run_lane(
     logger = get_run_logger()
     report = LaneReport(lane=lane)
     report.node_id, report.node_ip = _where(local)
-    pending = [s for s in shards if not is_committed(spec, s)]
+    committed = committed_shard_ids(spec)  # one listing, not a marker read per shard
+    pending = [s for s in shards if s.shard_id not in committed]
     pending_ids = {s.shard_id for s in pending}
     report.already_committed = [s.shard_id for s in shards if s.shard_id not in pending_ids]
     logger.info(

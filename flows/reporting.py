@@ -14,7 +14,15 @@ from prefect.artifacts import (
 )
 
 from prefixflow.flows.lanes import LaneReport
-from prefixflow.pipeline import JobSpec, RunSummary, Shard, is_committed, markdown_labels, throughput_markdown
+from prefixflow.pipeline import (
+    JobSpec,
+    RunSummary,
+    Shard,
+    committed_shard_ids,
+    is_committed,
+    markdown_labels,
+    throughput_markdown,
+)
 
 SUMMARY_KEY = "prefixflow-run-summary"
 COMPARISON_KEY = "prefixflow-predicted-vs-measured"
@@ -141,7 +149,8 @@ class ShardProgress:
 
     def finish(self) -> int:
         """Count every committed shard (a failed shard may block a lane's cursor) and publish."""
-        done = sum(1 for lane in self._lanes for shard in lane if is_committed(self._spec, shard))
+        committed = committed_shard_ids(self._spec)  # one listing for all shards
+        done = sum(1 for lane in self._lanes for shard in lane if shard.shard_id in committed)
         if done != self.done:
             self.done = done
             self._publish()
@@ -149,7 +158,8 @@ class ShardProgress:
 
     def uncommitted(self) -> list[str]:
         """Shard ids that are still not committed."""
-        return [s.shard_id for lane in self._lanes for s in lane if not is_committed(self._spec, s)]
+        committed = committed_shard_ids(self._spec)
+        return [s.shard_id for lane in self._lanes for s in lane if s.shard_id not in committed]
 
     def _publish(self) -> None:
         update_progress_artifact(

@@ -11,11 +11,13 @@ records the resubmission for the run summary. Ray's own task retries are off for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import concurrent.futures
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect.futures import PrefectFuture, wait
+from prefect.futures import PrefectFuture
 
 from prefixflow.flows.lanes import LaneReport
 
@@ -42,7 +44,7 @@ def supervise_lanes(
     outcome = LaneOutcomes()
     pending: dict[PrefectFuture[LaneReport], tuple[int, int]] = {submit(i, 1): (i, 1) for i in range(lanes)}
     while pending:
-        done = wait(list(pending), timeout=poll_s).done
+        done = wait_for_any(pending, poll_s)
         progress.poll()
         for future in done:
             lane, attempt = pending.pop(future)
@@ -60,6 +62,37 @@ def supervise_lanes(
             else:
                 outcome.errors.append(f"lane {lane}: {message}")
     return outcome
+
+
+def wait_for_any(futures: Iterable[PrefectFuture[Any]], timeout_s: float, tick_s: float = 0.05) -> list[Any]:
+    """The futures that have finished, waiting up to `timeout_s` for the first one.
+
+    Polls without blocking instead of calling `prefect.futures.wait(timeout=...)`: that one arms a
+    timer that interrupts the main thread, and an interrupt that lands while its waiter holds the
+    event's lock leaves the lock held, so a later lane's done-callback blocks forever in the
+    executor's thread and the flow cannot exit (seen under load: a 300 s test timeout, then a
+    process that never ends)."""
+    futures = list(futures)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = [f for f in futures if _finished(f)]
+        if done or time.monotonic() >= deadline:
+            return done
+        time.sleep(min(tick_s, max(0.0, deadline - time.monotonic())))
+
+
+def _finished(future: PrefectFuture[Any]) -> bool:
+    """Whether a lane's attempt has ended, asked without blocking of any task runner's future."""
+    wrapped = getattr(future, "wrapped_future", None)
+    if isinstance(wrapped, concurrent.futures.Future):
+        return wrapped.done()
+    if type(wrapped).__name__ == "ObjectRef":  # prefect-ray: a Ray object reference
+        import ray
+
+        ready, _ = ray.wait([wrapped], timeout=0)
+        return bool(ready)
+    future.wait(timeout=0)
+    return future.state.is_final()
 
 
 def _settle(future: PrefectFuture[LaneReport]) -> tuple[Any, Any]:

@@ -24,7 +24,7 @@ from prefixflow.pipeline.job_flags import (
     add_storage_flags,
     overrides_from_args,
 )
-from prefixflow.pipeline.storage_errors import describe_storage_error
+from prefixflow.pipeline.storage_errors import RESUME_HINT, describe_storage_error, transient_problem
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.spec import JobSpec
@@ -296,6 +296,11 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
         try:
             return _dispatch(args, out, err)
         except PipelineError as exc:
+            transient = transient_problem(exc)
+            if transient is not None:  # a run can resume from this: exit 1, like a failed shard
+                err.print(f"[red]error:[/] {escape(f'{exc}; {RESUME_HINT}')}", soft_wrap=True,
+                          highlight=False)  # fmt: skip
+                return 1
             hint = describe_storage_error(exc)
             message = f"{exc}. Fix: {hint}" if hint else str(exc)
             err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
@@ -304,6 +309,12 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
             err.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
             return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
         except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
+            transient = transient_problem(exc)
+            if transient is not None:
+                urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
+                err.print(f"[red]error:[/] {escape(f'{args.command} {urls}: {transient}; {RESUME_HINT}')}", soft_wrap=True,
+                          highlight=False)  # fmt: skip
+                return 1
             hint = describe_storage_error(exc)
             urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
             problem = f"{args.command} {urls}: {hint}" if hint is not None else storage_problem(exc)

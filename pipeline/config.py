@@ -64,8 +64,9 @@ class LabelConfig:
     choice_prefix: str = " "
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
     # measured on a sample of the job's rows (batch, Zhou et al. 2024), on reference prompts
-    # (contextual | domain), or both (batch+contextual); none: plain softmax
-    calibration: str = "batch"
+    # (contextual | domain), or both (batch+contextual: the default, best on every set measured,
+    # benchmarks/RESULTS.md issue 26); none: plain softmax
+    calibration: str = "batch+contextual"
     calibration_rows: int = 256  # batch: rows sampled across shards at plan time to estimate the prior
     gold_column: str | None = None  # an input column with the true label: the summary reports accuracy etc.
     # contextual: stand-ins for the row's values. Not "" (Zhao et al. use it too): a blank field is an

@@ -89,6 +89,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
               "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
               type=float),  # fmt: skip
+    JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
+              "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
+              type=int),  # fmt: skip
 )
 STORAGE_OPTIONS: tuple[JobOption, ...] = (
     JobOption("endpoint_url", "S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),

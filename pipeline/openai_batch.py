@@ -42,6 +42,10 @@ SAMPLING = {
     "top_k": ("top_k", int),
     "min_p": ("min_p", float),
 }
+# Body fields accepted only with the value that changes nothing (the default); any other value is a 400.
+NO_OP = {"logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
+         "parallel_tool_calls": (False, True), "response_format": ({"type": "text"},), "logit_bias": ({},),
+         "echo": (False,), "best_of": (1,), "modalities": (["text"],)}  # fmt: skip
 # The per-row sampling columns of the requests table.
 SUPPORTED_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "top_k", "min_p", "presence_penalty",
                      "frequency_penalty", "repetition_penalty", "n")  # fmt: skip
@@ -105,6 +109,9 @@ def parse_batch(data: bytes, source: str) -> list[BatchRequest]:
             obj = json.loads(raw)
         except ValueError as exc:
             raise InputError(f"{where} is not JSON ({exc}); each line must be one request object") from exc
+        if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str) and obj["custom_id"] and not obj["custom_id"].strip():
+            raise InputError(f"{where}: custom_id {obj['custom_id']!r} is only whitespace; a custom_id must name its "
+                             "request (its result is matched by it)")  # fmt: skip
         if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str) or not obj["custom_id"]:
             if not requests:  # the first line already: most likely not meant as a Batch file at all
                 raise InputError(f"{source} is neither a Parquet file nor an OpenAI Batch file: line {number} has no "
@@ -165,6 +172,8 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     for key, value in body.items():
         if key in IGNORED or key == "stream" or value is None:
             continue
+        if key in NO_OP and key not in SAMPLING and any(value == v and type(value) is type(v) for v in NO_OP[key]):
+            continue  # the default value: nothing to honour
         if key not in SAMPLING:
             raise ValueError(f"body.{key} is not supported by this engine")
         column, kind = SAMPLING[key]

@@ -32,7 +32,7 @@ from prefixflow.pipeline.errors import (
     RunSuperseded,
 )
 from prefixflow.pipeline.hooks import hook
-from prefixflow.pipeline.layout import PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
+from prefixflow.pipeline.layout import LEASES_DIR, PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
 from prefixflow.pipeline.output_schema import (
     kept_column_types,
     output_schema,
@@ -271,6 +271,8 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
                 with held.exclusive():
                     record = _replace(layout, fresh, record.run_id)
         sweep(layout, record)
+        if not held.others():  # alone on the output: temp files left are of killed or failed writes
+            layout.store.remove_temp_files(skip=(LEASES_DIR,))
         run = layout.for_run(record.run_id)
         mark_in_progress(layout, record)
         repair_published(run)

@@ -14,7 +14,7 @@ import pyarrow as pa
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import lease
 from prefixflow.pipeline.config import OutputConfig
-from prefixflow.pipeline.duplicates import load_duplicates
+from prefixflow.pipeline.duplicates import load_derived_ids, load_duplicates
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
@@ -78,6 +78,19 @@ def is_committed(spec: JobSpec, shard: Shard) -> bool:
     except PipelineError:
         return False
     return commits.committed_marker(layout, shard.shard_id) is not None
+
+
+def committed_shard_ids(spec: JobSpec) -> frozenset[str]:
+    """The shards the current run of ``spec.output`` committed, from ONE listing of its marker folder
+    (empty when there is no run of this job). Markers live in the run's own folder and are created
+    whole and exclusively, so a name there is a commit. Use it instead of ``is_committed`` per shard
+    when asking about many shards: that reads the run record and a marker for each."""
+    try:
+        layout, _ = current_run(spec)
+    except PipelineError:
+        return frozenset()
+    names = (p.rsplit("/", 1)[-1] for p in layout.store.list_files(layout.commits))
+    return frozenset(n.removesuffix(".json") for n in names if n.endswith(".json"))
 
 
 class _Flusher:
@@ -149,6 +162,7 @@ def _run_shard(
     cfg = spec.config
     flusher = _Flusher(layout, shard.shard_id, record.schema, cfg.output)
     prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
+    renamed = load_derived_ids(layout, shard.relpath)  # null ids whose default derived id is a real id
     pending: list[Prepared] = []
     gold = cfg.label.gold_column if cfg.task == "label" else None
 
@@ -166,7 +180,7 @@ def _run_shard(
         kept = {c: row.get(c) for c in cfg.keep_columns}
         if gold:
             kept["label_gold"] = gold_text(row.get(gold))
-        base = base_record(key, derived_id(shard.relpath, key), shard.relpath, kept)
+        base = base_record(key, renamed.get(key) or derived_id(shard.relpath, key), shard.relpath, kept)
         try:
             base["id"] = prep.row_id(row, shard.relpath, key)
             pending.append(prep.prepare(row, base, shard.relpath, key))
@@ -224,7 +238,10 @@ def run_shards(
     ``lane``'s series beside the run record (``devices`` it holds: default the tensor-parallel size)."""
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
     watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
-    held = devices if devices is not None else int(spec.config.engine.get("tensor_parallel_size") or 1)
+    engine = spec.config.engine
+    held = devices if devices is not None else int(engine.get("tensor_parallel_size") or 1) * int(
+        engine.get("pipeline_parallel_size") or 1
+    )
     recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
     try:
         yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)

@@ -30,6 +30,7 @@ def list_inputs(url: str, cfg: StorageConfig) -> tuple[Store, list[InputFile]]:
     except Exception as exc:
         raise InputError(f"cannot open input {url!r}: {type(exc).__name__}: {exc}") from exc
     fs, root = store.fs, store.root
+    fs.invalidate_cache()  # fsspec instances are shared per process: an old listing would hide changed files
     try:
         if any(c in root for c in _GLOB_CHARS):
             base = root[: min(root.find(c) for c in _GLOB_CHARS if c in root)].rsplit("/", 1)[0]
@@ -91,6 +92,7 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
     refused: the size and a digest of the Parquet footer (it holds every row group's offsets, sizes and
     statistics, so an edit that keeps the size still changes it), plus S3's ETag and version id. The
     footer digest is ``None`` for a file whose footer cannot be read (it fails its own shard anyway)."""
+    store.fs.invalidate_cache(path)
     info = store.fs.info(path)
     size = int(info.get("size") or 0)
     identity: dict[str, str | int | None] = {"size": size}

@@ -34,6 +34,7 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
     "tensor_parallel_size": ("engine", "tensor_parallel_size"),
+    "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
     "kv_offload_gb": ("engine", "kv_offload_bytes"),
 }
 # shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
@@ -59,6 +60,8 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
     "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
+    "pipeline_parallel_size": "how the same layers are split over devices",
+    "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
 }
 
 

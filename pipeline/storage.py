@@ -19,14 +19,28 @@ from fsspec.core import url_to_fs
 
 from prefixflow.pipeline.config import StorageConfig
 
+TEMP_PREFIX = ".tmp-"  # local writes go through <folder>/.tmp-<random>, then a rename or a link
+
+
+# S3 calls time out and retry a bounded number of times, so a stalled endpoint fails the command within
+# about a minute and a half (s3fs' defaults, 15 s per read x botocore's 5 attempts x s3fs' own 5 retries,
+# kept a run silent for over 5 minutes). The botocore ones can be overridden with
+# --storage-option config_kwargs='{read_timeout: 60, retries: {max_attempts: 5}}'.
+S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 20,
+                               "retries": {"max_attempts": 2, "mode": "standard"}}  # fmt: skip
+S3_CALL_RETRIES = 2  # s3fs' own retries of a timed-out call (its default 5), on top of botocore's attempts
+
 
 def storage_options(url: str, cfg: StorageConfig) -> dict[str, Any]:
-    """fsspec options for ``url``: the configured ones, plus ``endpoint_url`` for S3-like stores."""
+    """fsspec options for ``url``: the configured ones, plus ``endpoint_url`` and bounded timeouts and
+    retries (``S3_TIMEOUTS``, unless set) for S3-like stores."""
     opts = dict(cfg.options)
-    if cfg.endpoint_url and url.startswith(("s3://", "s3a://")):
-        client_kwargs = dict(opts.get("client_kwargs") or {})
-        client_kwargs.setdefault("endpoint_url", cfg.endpoint_url)
-        opts["client_kwargs"] = client_kwargs
+    if url.startswith(("s3://", "s3a://")):
+        if cfg.endpoint_url:
+            client_kwargs = dict(opts.get("client_kwargs") or {})
+            client_kwargs.setdefault("endpoint_url", cfg.endpoint_url)
+            opts["client_kwargs"] = client_kwargs
+        opts["config_kwargs"] = {**S3_TIMEOUTS, **dict(opts.get("config_kwargs") or {})}
     return opts
 
 
@@ -40,6 +54,8 @@ class Store:
     @classmethod
     def open(cls, url: str, cfg: StorageConfig) -> Store:
         fs, root = url_to_fs(url, **storage_options(url, cfg))
+        if {"s3", "s3a"} & set(_protocols(fs)) and getattr(fs, "retries", 0) > S3_CALL_RETRIES:
+            fs.retries = S3_CALL_RETRIES
         return cls(fs, root.rstrip("/") if root != "/" else root)
 
     @property
@@ -71,7 +87,7 @@ class Store:
             found = self.fs.find(path)
         except FileNotFoundError:
             return []
-        return sorted(p for p in found if not p.rsplit("/", 1)[-1].startswith(".tmp-"))
+        return sorted(p for p in found if not p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX))
 
     def write_atomic(self, path: str, data: bytes) -> None:
         if not self.is_local:
@@ -122,7 +138,7 @@ class Store:
             except FileExistsError:
                 pass
             except OSError:  # filesystems without hard links
-                tmp = f"{os.path.dirname(dst)}/.tmp-{uuid.uuid4().hex}"
+                tmp = f"{os.path.dirname(dst)}/{TEMP_PREFIX}{uuid.uuid4().hex}"
                 shutil.copyfile(src, tmp)
                 os.replace(tmp, dst)
         else:
@@ -164,12 +180,38 @@ class Store:
     def _local_tmp(self, path: str, data: bytes) -> str:
         folder = os.path.dirname(path)
         _ensure_dir(folder)
-        tmp = f"{folder}/.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = f"{folder}/{TEMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:  # disk full, read-only, interrupted: leave no partial temp file behind
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         return tmp
+
+    def remove_temp_files(self, skip: tuple[str, ...] = ()) -> int:
+        """Delete the ``.tmp-*`` files a killed or failed write left anywhere below the root (local
+        stores only; S3 writes are whole PUTs), except under the top folders named in ``skip``. Call it
+        only while no other process writes the root: their temp files would go too. Returns how many."""
+        if not self.is_local or not os.path.isdir(self.root):
+            return 0
+        removed = 0
+        for folder, dirs, files in os.walk(self.root):
+            if folder == self.root:
+                dirs[:] = [d for d in dirs if d not in skip]
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
 
 
 def _ensure_dir(folder: str) -> None:

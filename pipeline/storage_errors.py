@@ -7,6 +7,7 @@ way for `plan`, `run`, `status` and `demo`.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 
 CREDENTIAL_HINT = ("credentials come from --storage-option key=/secret=, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
@@ -61,4 +62,26 @@ def _error_code(err: BaseException) -> str | None:
     if isinstance(response, dict):
         code = (response.get("Error") or {}).get("Code")
         return str(code) if code is not None else None
+    return None
+
+
+RESUME_HINT = ("once that is fixed, run the same command again to resume: committed shards are kept and not "
+               "generated again")  # fmt: skip
+# Errors of a store that is briefly away or stalled (not a wrong setting): the run can be resumed.
+_TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+                    "ClientConnectorError", "ServerDisconnectedError", "ServerTimeoutError", "FSTimeoutError",
+                    "ResponseStreamingError"}  # fmt: skip
+
+
+def transient_problem(exc: BaseException) -> str | None:
+    """What went wrong, for a failure the same command can resume from once it passes: the disk full or
+    read-only (ENOSPC, EDQUOT, EROFS), the store unreachable or not answering (connection refused,
+    timeouts). None for anything else (a wrong setting, a bug)."""
+    for err in _chain(exc):
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            what = "no space left on the device" if err.errno != errno.EROFS else "the file system is read-only"
+            where = f" (writing {err.filename})" if err.filename else ""
+            return f"{what}{where}"
+        if type(err).__name__ in _TRANSIENT_NAMES or isinstance(err, (ConnectionError, TimeoutError)):
+            return f"the store is not reachable or does not answer ({type(err).__name__}: {err})"
     return None

@@ -16,6 +16,7 @@ from torch import nn
 
 from prefixflow.engine.attention import AttentionBackend
 from prefixflow.engine.distributed.context import TensorParallel, single_rank
+from prefixflow.engine.distributed.pipeline import PipelineStage
 from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.models.norm import RMSNorm
@@ -142,7 +143,11 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder, or with ``tp`` one rank's slice of it: its heads, its intermediate columns, its
     vocabulary rows. Every rank returns the same hidden states; ``compute_logits`` returns the full
-    logits on rank 0 only (None on the others)."""
+    logits on rank 0 only (None on the others).
+
+    With ``pp`` (pipeline parallelism) only the stage's layers ``[first_layer, end_layer)`` exist; the
+    embedding only on the first stage (and the last when the LM head is tied to it), the final norm
+    and LM head only on the last; ``forward_stage`` runs the stage's part."""
 
     def __init__(
         self,
@@ -152,18 +157,27 @@ class LlamaForCausalLM(nn.Module):
         attention: AttentionBackend,
         tp: TensorParallel | None = None,
         quant: QuantizationConfig = NO_QUANTIZATION,
+        pp: PipelineStage | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         self.tp = tp = tp or single_rank(cfg)
-        self.embed_tokens = VocabParallelEmbedding(tp.layout.vocab, cfg.hidden_size, tp.group, dtype)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}") for i in range(cfg.num_layers)
+        self.pp = pp
+        first, end = (pp.first_layer, pp.end_layer) if pp is not None else (0, cfg.num_layers)
+        is_first, is_last = pp is None or pp.is_first, pp is None or pp.is_last
+        self.first_layer = first
+        self.embed_tokens = (
+            VocabParallelEmbedding(tp.layout.vocab, cfg.hidden_size, tp.group, dtype)
+            if is_first or (is_last and cfg.tie_word_embeddings)
+            else None
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}") for i in range(first, end)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops) if is_last else None
         self.lm_head = (
             None
-            if cfg.tie_word_embeddings
+            if cfg.tie_word_embeddings or not is_last
             else ColumnParallelLinear(
                 cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype, method=quant.linear_method(["lm_head"]),
                 prefixes=["lm_head"],
@@ -171,16 +185,30 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+        hidden, _ = self.forward_stage(input_ids, None, ctx, kv_caches)
+        return hidden
+
+    def forward_stage(
+        self, x: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext, kv_caches: list[KVCache]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This stage's layers: from token ids (first stage) or the previous stage's (hidden, residual);
+        returns the final hidden states (last stage: residual None) or the (hidden, residual) to send."""
+        if self.pp is None or self.pp.is_first:
+            assert self.embed_tokens is not None
+            x, residual = self.embed_tokens(x), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, ctx, k_cache, v_cache)
+        if self.norm is None:
+            assert residual is not None
+            return x, residual
         hidden: torch.Tensor
         hidden, _ = self.norm(x, residual)
-        return hidden
+        return hidden, None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
+            assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
             local = nn.functional.linear(hidden, self.embed_tokens.weight)
         else:
             local = self.lm_head(hidden)

@@ -26,6 +26,7 @@ _MERGED = {
 }
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(\w+)$")
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+_OTHER_STAGE = "another pipeline stage's tensor"
 
 
 def load_weights(
@@ -47,6 +48,8 @@ def copy_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Ten
         if name.startswith("lm_head.") and model.lm_head is None:
             continue  # tied: some checkpoints store the copy anyway
         key = _load_one(model, name, tensor)
+        if key == _OTHER_STAGE:
+            continue
         if key is None:
             raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
         loaded.add(key)
@@ -58,7 +61,7 @@ def copy_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch.Ten
 def finish_loading(model: LlamaForCausalLM, ctx: KernelContext | None = None) -> None:
     """Each linear layer checks it is complete and repacks for the kernel ``ctx`` selects."""
     if ctx is None:
-        weight = model.embed_tokens.weight
+        weight = next(p for p in model.parameters() if p.is_floating_point())
         ctx = KernelContext(weight.device, weight.dtype)
     for module in model.modules():
         if isinstance(module, Linear):
@@ -69,6 +72,8 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
     m = _LAYER.match(name)
     if m:
         idx, block, proj, param = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+        if (idx := _local(model, idx)) < 0:
+            return _OTHER_STAGE
         if idx >= len(model.layers):
             return None
         parent = getattr(model.layers[idx], block)
@@ -82,14 +87,19 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
             return f"{idx}.{block}.{proj}.{param}"
         return None
     if name == "model.embed_tokens.weight":
+        if model.embed_tokens is None:
+            return _OTHER_STAGE
         model.embed_tokens.load(tensor, name)  # this rank's vocabulary rows
         return name
     if name == "model.norm.weight":
+        if model.norm is None:
+            return _OTHER_STAGE
         _copy(model.norm.weight, tensor, name)
         return name
     lm = re.match(r"^model\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight$", name)
     if lm:
-        idx = int(lm.group(1))
+        if (idx := _local(model, int(lm.group(1)))) < 0:
+            return _OTHER_STAGE
         if idx >= len(model.layers):
             return None
         _copy(getattr(model.layers[idx], lm.group(2)).weight, tensor, name)
@@ -97,7 +107,17 @@ def _load_one(model: LlamaForCausalLM, name: str, tensor: torch.Tensor) -> str |
     if name.startswith("lm_head.") and model.lm_head is not None:
         model.lm_head.load(name.split(".")[-1], tensor)
         return name
+    if name.startswith("lm_head.") and model.pp is not None and not model.pp.is_last:
+        return _OTHER_STAGE
     return None
+
+
+def _local(model: LlamaForCausalLM, idx: int) -> int:
+    """Index into ``model.layers`` of checkpoint layer ``idx``; -1 for another pipeline stage's layer."""
+    local = idx - model.first_layer
+    if model.pp is not None and not 0 <= local < model.pp.num_layers:
+        return -1
+    return local
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
@@ -110,10 +130,12 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 
 def _expected_keys(model: LlamaForCausalLM) -> set[str]:
     """Tensors outside linear layers (those check their own, per method, after loading)."""
-    keys = {"model.embed_tokens.weight", "model.norm.weight"}
-    for i, layer in enumerate(model.layers):
+    keys = {"model.embed_tokens.weight"} if model.embed_tokens is not None else set()
+    keys |= {"model.norm.weight"} if model.norm is not None else set()
+    for local, layer in enumerate(model.layers):
+        i = local + model.first_layer
         assert isinstance(layer, DecoderLayer)
         if layer.self_attn.q_norm is not None:
-            keys |= {f"{i}.self_attn.q_norm.weight", f"{i}.self_attn.k_norm.weight"}
+            keys |= {f"{local}.self_attn.q_norm.weight", f"{local}.self_attn.k_norm.weight"}  # as _load_one keys them
         keys |= {f"model.layers.{i}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")}
     return keys

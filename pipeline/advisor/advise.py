@@ -13,6 +13,7 @@ from typing import Any
 
 from prefixflow.pipeline.advisor.devices import Device, get_device
 from prefixflow.pipeline.advisor.estimate import Estimate, estimate_all
+from prefixflow.pipeline.advisor.labels import label_advice
 from prefixflow.pipeline.advisor.memory import (
     EngineLimits,
     Fit,
@@ -49,6 +50,7 @@ class Advice:
     estimates: list[Estimate]
     timings: dict[str, float] = field(default_factory=dict)
     skipped_shards: list[str] = field(default_factory=list)
+    labels: dict[str, Any] = field(default_factory=dict)  # label jobs: advisor/labels.py
 
     def largest(self) -> dict[str, Any]:
         """The largest max_model_len and max_num_seqs that fit at the recommended precision: the pool's
@@ -76,6 +78,7 @@ class Advice:
             "estimates": [{**dataclasses.asdict(e), "bound_by": e.bound_by,
                            "output_tokens_per_s": e.output_tokens_per_s} for e in self.estimates],  # fmt: skip
             "skipped_shards": self.skipped_shards,
+            "labels": self.labels,
             "timings_s": self.timings,
         }
 
@@ -97,7 +100,8 @@ def _device(spec: JobSpec, gpu: str) -> Device:
         raise JobConfigError(f"--gpu: {exc}") from exc
     dtype = str(spec.config.engine.get("dtype") or "auto")
     device = dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
-    return device.group(int(spec.config.engine.get("tensor_parallel_size") or 1))  # the job's own TP group
+    engine = spec.config.engine  # the job's own group: its TP x PP devices hold the weights together
+    return device.group(int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1))
 
 
 def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:
@@ -169,5 +173,6 @@ def advise(
              "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
              "context": model_context_limit(card.hf_config, limits)}  # fmt: skip
     kv_elem = 4 if device.dtype == "float32" else 2
+    labels = label_advice(cfg, card.tokenizer, rendered, sample)
     return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,
-                  facts.settings, estimates, timings, sample.skipped_shards)  # fmt: skip
+                  facts.settings, estimates, timings, sample.skipped_shards, labels)  # fmt: skip

@@ -30,6 +30,7 @@ class Device:
     kv_pool_bytes: int | None = None  # fixed KV pool (the engine's CPU default); None: what memory leaves
     source: str = "datasheet"
     devices: int = 1  # a tensor-parallel group counts as one device with the members' sums
+    interconnect: str = "nvlink"  # between GPUs of one machine: "nvlink" (SXM boards) or "pcie"
 
     def group(self, size: int) -> Device:
         """``size`` of these devices as one tensor-parallel engine: memory, bandwidth and peaks add up."""
@@ -51,7 +52,7 @@ DEVICES: dict[str, Device] = {
     "h200": Device("h200", 141 * 10**9, 4.8e12, {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}),
     "h100": Device("h100", 80 * 10**9, 3.35e12, {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}),
     "a100-80g": Device("a100-80g", 80 * 10**9, 2.039e12, {"bf16": 312e12, "int8": 624e12}),
-    "l4": Device("l4", 24 * 10**9, 300e9, {"bf16": 121e12, "fp8": 242.5e12, "int8": 242.5e12}),
+    "l4": Device("l4", 24 * 10**9, 300e9, {"bf16": 121e12, "fp8": 242.5e12, "int8": 242.5e12}, interconnect="pcie"),
 }
 GPU_NAMES = tuple(DEVICES)
 CHOICES = (*GPU_NAMES, "cpu", "local")

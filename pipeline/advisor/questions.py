@@ -89,19 +89,45 @@ def q1_fit(f: Facts) -> Answer:
     precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
     f.settings.update(quantization=quant, tensor_parallel_size=tp * f.device.devices)
+    pcie = f.device.interconnect == "pcie"
+    if pcie and tp > 1:  # the extra GPUs as pipeline stages of the job's own group
+        f.settings.update(tensor_parallel_size=f.device.devices, pipeline_parallel_size=tp)
+    if pcie and (tp > 1 or f.device.devices > 1):
+        evidence.append(split_traffic(f.shape, tp * f.device.devices, 2 if f.device.dtype != "float32" else 4))
     if n.headroom:
         rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
                f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
+        if pcie and f.device.devices > 1:
+            rec += (f"; over PCIe, pipeline_parallel_size={f.device.devices} moves far fewer bytes between the "
+                    "GPUs than tensor parallelism (see the evidence)")  # fmt: skip
         return Answer(1, q, "yes", evidence, rec)
     why = "the weights alone exceed the limit" if n.weight_share > HEADROOM or not n.fits else \
         f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
+    how = ("pipeline parallelism: PCIe carries a pipeline's few activations far better than tensor "
+           "parallelism's two all-reduces per layer" if pcie else "tensor parallelism")  # fmt: skip
     if quant:
         rec = (f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
-               f"or shard {n.precision} weights over more GPUs (tensor parallelism)")  # fmt: skip
+               f"or shard {n.precision} weights over more GPUs ({how})")  # fmt: skip
+    elif pcie:
+        rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: pipeline_parallel_size={tp}"
+               + (f" x tensor_parallel_size={f.device.devices}" if f.device.devices > 1 else "")
+               + f" ({how})")  # fmt: skip
     else:
         rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: "
                f"tensor_parallel_size={tp * f.device.devices}")  # fmt: skip
     return Answer(1, q, "no", evidence, rec)
+
+
+def split_traffic(shape: ModelShape, gpus: int, dtype_bytes: int) -> str:
+    """Bytes each GPU sends per token when the model spans ``gpus`` GPUs: tensor parallelism all-reduces
+    the hidden state twice per layer (a ring sends 2 (n - 1) / n of it each time); a pipeline sends the
+    hidden state and the residual once per stage boundary."""
+    hidden = shape.hidden_size * dtype_bytes
+    tp = 2 * shape.num_layers * hidden * 2 * (gpus - 1) / gpus
+    pp = 2 * hidden * (gpus - 1) / gpus  # (gpus - 1) boundaries, spread over gpus senders
+    return (f"between {gpus} GPUs over PCIe, per token: tensor parallelism sends {tp / 1024:,.0f} KiB per GPU "
+            f"(2 all-reduces x {shape.num_layers} layers), a pipeline {pp / 1024:,.1f} KiB "
+            f"({tp / pp:,.0f}x less); PCIe (~25 GB/s) makes TP's all-reduces the bottleneck, NVLink does not")  # fmt: skip
 
 
 def q2_sharing(f: Facts) -> Answer:

@@ -42,6 +42,8 @@ def engine_settings(advice: Advice) -> dict[str, Any]:
         out["tensor_parallel_size"] = s["tensor_parallel_size"]
     if s.get("kv_offload_bytes"):
         out["kv_offload_bytes"] = s["kv_offload_bytes"]
+    if s.get("pipeline_parallel_size", 1) > 1:
+        out["pipeline_parallel_size"] = s["pipeline_parallel_size"]
     return out
 
 
@@ -70,6 +72,12 @@ def print_advice(console: Console, advice: Advice) -> None:
                       f"e.g. {next(iter(w.error_examples.values()))}", soft_wrap=True, markup=True)  # fmt: skip
     for note in w.notes:
         console.print(f"  note: {note}", soft_wrap=True)
+
+    if advice.labels:
+        lab = advice.labels
+        console.print(f"\n[bold]Labels[/] (mode {lab['mode']}, calibration {lab['calibration']})")
+        for note in lab["notes"]:
+            console.print(f"  {note}", soft_wrap=True, markup=False)
 
     console.print("\n[bold]Sharing[/]")
     console.print(f"  distinct trie tokens {sh.distinct_tokens:,} of {sh.prompt_tokens:,}; block minimum "

@@ -102,7 +102,10 @@ class LocalRayCluster:
             args.append(f"--address={self.address}")
         env = env_with_repo_on_path()
         env.pop("RAY_ADDRESS", None)
-        env.update(RAY_USAGE_STATS_ENABLED="0", **self.env, **(node_env or {}))
+        # HOME: a ~/.ray/auth_token that some other Ray run left on this machine must not turn on token
+        # auth for half of the cluster (the nodes then refuse each other)
+        env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", HOME=str(self.root), **self.env,
+                   **(node_env or {}))  # fmt: skip
         log = temp / "ray-start.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

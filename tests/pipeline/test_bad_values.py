@@ -60,3 +60,21 @@ def test_a_batch_output_that_is_a_folder_is_refused_up_front(tmp_path: Path, cap
         assert code == 2 and "is a folder" in err and "results.jsonl/results.jsonl" in err
     assert list(folder.iterdir()) == []
     assert not (tmp_path / "results.jsonl.prefixflow").exists()
+
+
+def test_a_null_ids_derived_id_never_collides_with_a_real_id(tmp_path: Path, tiny_llm) -> None:
+    """Item 13: a null id's derived id (`a.parquet#1`) could be a real id of another row: two output rows
+    then had that id."""
+    import polars as pl
+
+    from prefixflow.pipeline.local_run import run_local
+    from tests.pipeline.support import job, write_parquet
+
+    write_parquet(tmp_path / "in" / "a.parquet", [{"id": "x", "text": "one"}, {"id": None, "text": "two"}])
+    write_parquet(tmp_path / "in" / "b.parquet", [{"id": "a.parquet#1", "text": "three"}, {"id": "a.parquet#1#", "text": "four"}])
+    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate", sampling={"max_tokens": 2}))
+    summary, _ = run_local(spec, llm=tiny_llm, progress=False)
+    rows = pl.read_parquet(str(tmp_path / "out" / "data" / "**" / "*.parquet"))
+    assert summary.complete and rows.height == 4 and rows["id"].n_unique() == 4
+    null_row = rows.filter(pl.col("error_class") == "null_id")
+    assert null_row["id"].to_list() == ["a.parquet#1##"] and null_row["row_index"].to_list() == [1]

@@ -94,16 +94,18 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_unreachable_s3_endpoint_is_one_line_and_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_unreachable_s3_endpoint_is_one_line_and_exit_1_with_the_resume_hint(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Exit 1, not 2 (issue 22 item 11): an endpoint that is away may come back; the same command resumes."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     fast = "config_kwargs={retries: {max_attempts: 1}}"
-    assert _run(tmp_path, "--endpoint-url", endpoint, "--storage-option", fast, out="s3://bucket/out") == 2
+    assert _run(tmp_path, "--endpoint-url", endpoint, "--storage-option", fast, out="s3://bucket/out") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "cannot be reached" in err and endpoint in err and "--endpoint-url" in err
+    assert "run the same command again to resume" in " ".join(err.split())
 
 
 def test_staging_cleanup_while_another_attempt_writes_there(tmp_path: Path) -> None:

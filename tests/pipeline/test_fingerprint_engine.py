@@ -15,7 +15,7 @@ from tests.pipeline.support import job, write_dataset
 
 # The fields known to change outputs. Together with ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT this must
 # cover EngineConfig: a new field fails test_every_engine_field_is_classified until it is put in one.
-CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "kernel_backend", "attention_backend", "quantization"}
+CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "kernel_backend", "attention_backend", "quantization", "sparsity"}
 
 
 def test_every_engine_field_is_classified() -> None:

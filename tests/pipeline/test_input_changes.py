@@ -61,7 +61,8 @@ def _add_a_file_with_a_committed_id(folder: Path) -> str:
     return "part-2.parquet added"
 
 
-@pytest.mark.parametrize("edit", [_delete_a_row, _insert_at_top, _remove_a_file, _add_a_file_with_a_committed_id])
+@pytest.mark.parametrize("edit", [_delete_a_row, *(pytest.param(e, marks=pytest.mark.slow) for e in
+                                                  (_insert_at_top, _remove_a_file, _add_a_file_with_a_committed_id))])
 def test_a_changed_input_is_refused_by_name_and_new_run_starts_over(tmp_path: Path, tiny_llm, edit) -> None:
     write_dataset(tmp_path / "in", files=2, rows_per_file=6, row_group_size=3)
     summary, _ = run_local(_spec(tmp_path), llm=tiny_llm, progress=False)

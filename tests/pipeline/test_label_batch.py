@@ -100,7 +100,7 @@ def test_resume_after_a_kill_uses_the_stored_estimate(tmp_path: Path, tiny_llm) 
     reference, _ = run_local(load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
                              llm=tiny_llm, progress=False)  # fmt: skip
     ref_prior = json.loads(next(Path(tmp_path / "ref", "_calibration").rglob("label_prior.json")).read_text())
-    assert ref_prior["applied"] == "batch" and ref_prior["sample_rows"] == 40
+    assert ref_prior["applied"] == "batch+contextual" and ref_prior["sample_rows"] == 40
     out = str(tmp_path / "out")
     cmd = _command(tmp_path / "in", out, job_file, None)
     assert _run_until(cmd, "flush_end", 5)  # killed inside the second shard, the estimate stored
@@ -150,7 +150,7 @@ def test_identical_sample_rows_fall_back_to_contextual_and_say_so(tmp_path: Path
     summary, failures = run_local(spec, llm=tiny_llm, progress=False, console=console)
     assert failures == [] and summary.error_rows == 0
     cal = summary.label_calibration
-    assert cal["method"] == "batch" and cal["applied"] == "contextual" and cal["prior"] == {}
+    assert cal["method"] == "batch+contextual" and cal["applied"] == "contextual" and cal["prior"] == {}
     assert "all 30 sampled rows have the same prompt" in cal["fallback"]
     assert "contextual calibration is used instead" in stream.getvalue()
     refs = [_softmax(_per_label(tiny_llm, f"Review: {v}\nVerdict:")) for v in ("N/A", "[MASK]")]

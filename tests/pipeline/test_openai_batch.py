@@ -179,3 +179,20 @@ def test_plan_describes_a_batch_file(tmp_path: Path, capsys) -> None:
     assert info["requests"] == len(REQUESTS)
     assert info["kinds"] == {"chat": 6, "completion": 2, "unsupported": 1}
     assert [r["custom_id"] for r in info["refused"]] == ["embed-1", "logit-bias"]
+
+
+def test_no_op_fields_are_accepted_and_a_blank_custom_id_is_refused(tmp_path: Path) -> None:
+    """Issue 22 item 13: `logprobs: false`, `tools: []`, `response_format: {"type": "text"}` got a 400;
+    a whitespace-only custom_id was accepted."""
+    from prefixflow.pipeline import InputError
+    from prefixflow.pipeline.openai_batch import parse_batch
+
+    no_ops = _line("noop", max_tokens=2, logprobs=False, tools=[], response_format={"type": "text"}, logit_bias={},
+                   tool_choice="none", parallel_tool_calls=True)  # fmt: skip
+    real = _line("json", max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}])
+    data = "".join(json.dumps(x) + "\n" for x in (no_ops, real)).encode()
+    by_id = {r.custom_id: r for r in parse_batch(data, "b.jsonl")}
+    assert by_id["noop"].error is None and by_id["noop"].sampling == {"max_tokens": 2}
+    assert by_id["json"].error is not None  # a field that would change the answer is still refused
+    with pytest.raises(InputError, match="only whitespace"):
+        parse_batch((json.dumps(_line("  ", max_tokens=2)) + "\n").encode(), "b.jsonl")

@@ -118,3 +118,18 @@ def test_the_jobs_own_tensor_parallel_group_is_the_target(review_folder) -> None
     est = advice.estimates[0]
     assert est.device == "l4 x2" and est.devices_per_lane == 2
     assert est.gpu_hours_lower == pytest.approx(est.lower_bound_s * 2 / 3600)
+
+
+def test_on_pcie_question_1_recommends_pipeline_over_tensor_parallelism(review_folder) -> None:
+    """L4s talk over PCIe: the GPUs a model needs become pipeline stages, and the evidence says why."""
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}, "engine": {"tensor_parallel_size": 2}}
+    advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
+    q1 = _answer(advice, 1)
+    assert "pipeline_parallel_size=2 moves far fewer bytes" in q1.recommendation
+    traffic = next(e for e in q1.evidence if "over PCIe, per token" in e)
+    # Llama-3.1-8B bf16: TP all-reduces 2 x 32 layers x 8 KiB (x 2 (n-1)/n), a pipeline 2 x 8 KiB once
+    assert "tensor parallelism sends 512 KiB per GPU" in traffic and "a pipeline 8.0 KiB (64x less)" in traffic
+    alone = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="l4")
+    assert "or shard bf16 weights over more GPUs (pipeline parallelism: PCIe" in _answer(alone, 1).recommendation
+    nvlink = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="h100")
+    assert "pipeline" not in _answer(nvlink, 1).recommendation
