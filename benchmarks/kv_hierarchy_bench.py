@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             work = long_docs(
                 bm.vocab_size, 32, round(2000 * args.long_scale), round(4000 * args.long_scale), 64, seed=1
             )
-            longest = max(map(len, work.prompts)) + 64
+            longest = max(map(len, work.prompts)) + 160
             pool = 3 * -(-longest // bs)  # about three long documents at once
             cfgs = [dict(config="recompute", ordering="fifo", num_kv_blocks=pool, max_num_seqs=32, **base),
                     dict(config="host tier", ordering="fifo", num_kv_blocks=pool, max_num_seqs=32,
