@@ -6,6 +6,9 @@ import hashlib
 import json
 import os
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +70,17 @@ def run_demo(workdir: str, model: str, rows: int, console: Console, report: Cons
 
     llm = None
     failed = 0
+    timings: list[tuple[str, float, float]] = []  # (step, wall s, process CPU s)
     for name, job_file in JOBS:
         job = str(DATA / job_file)
         spec = load_job(data, os.path.join(results, f"{name}-out"), model, job)
         _note_replaced(spec, console)
-        llm = llm or open_engine(spec)
+        if llm is None:
+            with _timed("load model", timings):
+                llm = open_engine(spec)
         report.rule(f"{name} job")
-        summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
+        with _timed(name, timings):
+            summary, failures = run_local(spec, new_run=True, llm=llm, console=console)
         failed += len(failures)
         print_summary(report, summary)
         df = pl.read_parquet(summary.data_glob).sort("id")
@@ -96,7 +103,26 @@ def run_demo(workdir: str, model: str, rows: int, console: Console, report: Cons
                f"extracted = pl.read_parquet({extracted!r})\nprint(extracted.select('id', 'extracted').unnest('extracted'))")  # fmt: skip
     report.print(snippet, markup=False, soft_wrap=True)
     report.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
+    report.print(timings_line(timings), markup=False, soft_wrap=True)
     return 1 if failed else 0
+
+
+@contextmanager
+def _timed(step: str, timings: list[tuple[str, float, float]]) -> Iterator[None]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        timings.append((step, time.perf_counter() - wall, time.process_time() - cpu))
+
+
+def timings_line(timings: list[tuple[str, float, float]]) -> str:
+    """``time per job: load model 3.1 s, summarize 20.4 s, ...; total 41.0 s (CPU 60.2 s, load average 1.1)``:
+    CPU-seconds and the load average say whether a slow demo was the host's doing."""
+    steps = ", ".join(f"{step} {wall:.1f} s" for step, wall, _ in timings)
+    wall, cpu = sum(t[1] for t in timings), sum(t[2] for t in timings)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"time per job: {steps}; total {wall:.1f} s (CPU {cpu:.1f} s, load average {load:.1f})"
 
 
 def _note_replaced(spec: JobSpec, console: Console) -> None:

@@ -9,9 +9,12 @@ own dense path. The rule, decided from the model's shapes and the host before an
 - CPU, float32, no ``quantization=`` given, and the dense weights take at most 1/8 of the memory
   this process may use (the smaller of physical memory and the cgroup limit): **dense** float32,
   the checkpoint's dequantization bit for bit (only the summation order of the matmul differs);
+- the same for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16):
+  measured there, the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on
+  (the pack op wins only at batch 1, which offline batch inference rarely runs);
 - otherwise **packed**: on CUDA (the Triton kernels read 4-8x fewer bytes), with bfloat16/float16
-  activations (torch's pack ops beat the dense matmul there), when memory requires it, or when
-  ``quantization="gguf"`` asks for it.
+  activations on a CPU without native bf16 (torch's pack ops beat the dense matmul there), when memory
+  requires it, or when ``quantization="gguf"`` asks for it.
 
 ``quantization="none"`` still forces dense everywhere. Checkpoint formats other than GGUF (GPTQ,
 AWQ, compressed-tensors) keep their own kernels: their files hold no dense weights to fall back on
@@ -82,10 +85,11 @@ def packed_kinds(quant: QuantizationConfig) -> list[str]:
 
 def choose_weight_path(
     quant: QuantizationConfig, requested: str | None, device: str, dtype: str, dense_bytes: int,
-    memory_bytes: int | None = None,
+    memory_bytes: int | None = None, native: bool | None = None,
 ) -> WeightPath | None:  # fmt: skip
     """The path for a GGUF model's packed layers (None for anything else). ``dense_bytes``: what those
-    layers take dense in ``dtype``; ``memory_bytes``: usable memory (read from the host when None)."""
+    layers take dense in ``dtype``; ``memory_bytes``: usable memory, ``native``: native bf16 matmuls
+    (both read from the host when None)."""
     kinds = packed_kinds(quant)
     if not kinds:
         return None
@@ -94,22 +98,37 @@ def choose_weight_path(
         return WeightPath("packed", f"quantization={requested!r} asks for the file's {blocks} blocks")
     if device != "cpu":
         return WeightPath("packed", f"{device}: the packed {blocks} kernels read 4-8x fewer weight bytes than dense")
-    if dtype != "float32":
-        return WeightPath("packed", f"cpu, {dtype}: torch's int4/int8 pack matmuls beat the dense {dtype} matmul")
+    native = native_bf16() if native is None else native
+    if dtype != "float32" and not native:
+        return WeightPath("packed", f"cpu, {dtype}: without native bf16 matmuls (AMX, AVX512-BF16) torch's "
+                          f"int4/int8 pack matmuls beat the dense {dtype} matmul")  # fmt: skip
     memory = memory_bytes if memory_bytes is not None else usable_memory_bytes()
     mib = dense_bytes / 2**20
     if memory is None or dense_bytes * MEMORY_SHARE > memory:
         have = "unknown" if memory is None else f"{memory / 2**20:,.0f} MiB"
         return WeightPath(
             "packed",
-            f"cpu, float32: dense weights would take {mib:,.0f} MiB, over 1/{MEMORY_SHARE} of usable memory "
+            f"cpu, {dtype}: dense weights would take {mib:,.0f} MiB, over 1/{MEMORY_SHARE} of usable memory "
             f"({have}); {blocks} stays packed (slower per token, but it fits)",
         )
+    why = (
+        "no packed float32 CPU kernel is as fast as the dense matmul"
+        if dtype == "float32"
+        else "this CPU multiplies bf16 natively, and the dense matmul beats the pack ops from batch 16 on"
+    )
     return WeightPath(
         "dense",
-        f"cpu, float32: {blocks} dequantized at load to dense float32 ({mib:,.0f} MiB), because no packed "
-        "float32 CPU kernel is as fast as the dense matmul (benchmarks/cpu_path.py); quantization='gguf' keeps it packed",
+        f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because {why} "
+        "(benchmarks/RESULTS.md 'Issue 24'); quantization='gguf' keeps it packed",
     )
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 matmul instructions (AMX tiles or AVX512-BF16) that torch uses."""
+    import torch
+
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> QuantizationConfig:

@@ -37,9 +37,9 @@ def q4_file(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", tiny_hf_model(), qtype=Q.Q4_1)
 
 
-def choose(requested=None, device="cpu", dtype="float32", dense=100 * MIB, memory=16 * 1024 * MIB):
+def choose(requested=None, device="cpu", dtype="float32", dense=100 * MIB, memory=16 * 1024 * MIB, native=False):
     quant = resolve_quantization({"quantization_config": GGUF_Q4_1}, requested)
-    return choose_weight_path(quant, requested, device, dtype, dense, memory)
+    return choose_weight_path(quant, requested, device, dtype, dense, memory, native)
 
 
 def test_cpu_float32_runs_dense_when_memory_allows_and_packed_when_it_does_not():
@@ -48,6 +48,14 @@ def test_cpu_float32_runs_dense_when_memory_allows_and_packed_when_it_does_not()
     assert "Q8_0" not in dense.reason  # the embedding is not a packed linear layer
     tight = choose(dense=100 * MIB, memory=100 * MIB * MEMORY_SHARE - 1)
     assert tight is not None and tight.path == "packed" and "memory" in tight.reason
+
+
+def test_bf16_runs_dense_only_where_the_cpu_multiplies_bf16_natively():
+    native = choose(dtype="bfloat16", native=True)
+    assert native is not None and native.path == "dense" and "natively" in native.reason
+    emulated = choose(dtype="bfloat16", native=False)
+    assert emulated is not None and emulated.path == "packed" and "without native bf16" in emulated.reason
+    assert choose(device="cuda", dtype="bfloat16", native=True).path == "packed"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

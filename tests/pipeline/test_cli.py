@@ -117,6 +117,8 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "pl.read_parquet" in res.stdout and "label_probs" in res.stdout  # results on stdout
     assert "sample rows" in res.stdout and "sample rows" not in res.stderr
+    timing = r"time per job: load model [\d.]+ s, summarize [\d.]+ s, label [\d.]+ s, extract [\d.]+ s; total [\d.]+ s \(CPU [\d.]+ s"
+    assert re.search(timing, res.stdout), res.stdout[-500:]  # issue 24: the time per job, at the end
     import polars as pl
 
     results = tmp_path / "demo" / "tiny-6rows"

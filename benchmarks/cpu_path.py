@@ -1,0 +1,234 @@
+"""The CPU path every newcomer runs (issue 24): the embedded SmolLM2 GGUF, engine paths and peers side by side.
+
+Per (threads, batch), rounds interleaved (A B C ..., A B C ...): ``batch`` random prompts of
+``--prompt-len`` tokens, ``--max-tokens`` new tokens each, greedy, EOS ignored, prefix caching off.
+Every run records wall seconds and **process CPU-seconds** (``time.process_time``; for llama.cpp the
+child's rusage), so that load from other processes on a shared host cancels out as far as it can;
+tokens = prompt + generated. The CPU matmul ceiling (benchmarks/roofline.py) is measured per thread
+count in the same run; ``ceiling_frac`` = model FLOPs of the run / wall / ceiling.
+
+Engines (``--engines``):
+- ``pf-default``: ``LLM("smollm2-135m-instruct")`` as a newcomer gets it (describe_model says the path);
+- ``pf-packed``: ``quantization="gguf"`` (the Q4_1 blocks kept packed, float32 activations);
+- ``pf-bf16``: ``dtype="bfloat16"`` (dense on a CPU with native bf16, else packed);
+- ``pf-packed-bf16``: ``dtype="bfloat16", quantization="gguf"`` (torch's int4 pack matmul);
+- ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
+- ``llama.cpp``: ``llama-batched-bench`` built by benchmarks/build_llama_cpp.sh (same GGUF, same
+  threads, ``-npp P -ntg G -npl B``, every sequence its own prompt). Its wall time is its own timed
+  part; its CPU-seconds are the child process's minus those of a 1-token run (model load, warm-up).
+
+    python -m benchmarks.cpu_path --threads 1,2 --batches 1,16,64 --json benchmarks/results/cpu_path.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import environment, print_table, write_json
+
+MODEL = "smollm2-135m-instruct"
+ENGINES = {
+    "pf-default": {},
+    "pf-packed": {"quantization": "gguf"},
+    "pf-bf16": {"dtype": "bfloat16"},
+    "pf-packed-bf16": {"dtype": "bfloat16", "quantization": "gguf"},
+}
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(batch)]
+
+
+def load_pf(name: str) -> Any:
+    from prefixflow.engine import LLM
+
+    opts: dict[str, Any] = {"dtype": "auto", **ENGINES[name]}
+    return LLM(MODEL, device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=512 << 20, **opts)
+
+
+def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
+    from prefixflow.engine import SamplingParams
+
+    c, w = time.process_time(), time.perf_counter()
+    outs = llm.generate(batch, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    return {"wall_s": wall, "cpu_s": cpu, "output_tokens": sum(len(o.token_ids) for o in outs)}
+
+
+def load_hf() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from prefixflow.engine.embedded import resolve_embedded
+
+    path = resolve_embedded(MODEL)
+    assert path is not None
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+def run_hf(model: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
+    from transformers import GenerationConfig
+
+    ids = torch.tensor(batch)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                           eos_token_id=None, pad_token_id=0)  # fmt: skip
+    c, w = time.process_time(), time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    return {"wall_s": wall, "cpu_s": cpu, "output_tokens": int(out[:, ids.shape[1] :].numel())}
+
+
+def llama_cpp_binary() -> str:
+    script = Path(__file__).with_name("build_llama_cpp.sh")
+    done = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_tokens: int) -> dict[str, float]:
+    from prefixflow.engine.embedded import resolve_embedded
+
+    ctx = batch * (prompt_len + max_tokens) + 16
+    cmd = [binary, "-m", str(resolve_embedded(MODEL)), "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt_len), "-ntg", str(max_tokens), "-npl", str(batch), "-t", str(threads),
+           "-tb", str(threads), "--output-format", "jsonl"]  # fmt: skip
+    c = _child_cpu()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    cpu = _child_cpu() - c
+    rows = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    if not rows:
+        raise RuntimeError(f"llama-batched-bench printed no result:\n{done.stderr[-2000:]}")
+    row = rows[-1]
+    return {"wall_s": float(row["t"]), "cpu_s": cpu, "output_tokens": batch * max_tokens}
+
+
+def matmul_flops(prompt_len: int, max_tokens: int, batch: int) -> float:
+    """2 x linear parameters per token (prompt and generated) + the LM head per sampled token."""
+    from prefixflow.engine.embedded import resolve_embedded
+    from prefixflow.engine.gguf.header import gguf_tensor_table
+
+    path = resolve_embedded(MODEL)
+    assert path is not None
+    linear = vocab_params = 0
+    for name, dims, _ in gguf_tensor_table(path):
+        n = 1
+        for d in dims:
+            n *= d
+        if name.startswith("blk.") and name.endswith(".weight") and len(dims) == 2:
+            linear += n
+        elif name == "token_embd.weight":
+            vocab_params = n
+    return 2.0 * batch * (linear * (prompt_len + max_tokens) + vocab_params * max_tokens)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", default="pf-default,pf-packed,pf-bf16,hf,llama.cpp")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    engines = args.engines.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    from benchmarks.roofline import measure_ceilings
+    from prefixflow.engine import describe_model
+
+    load_before = os.getloadavg()
+    loaded: dict[str, Any] = {}
+    paths: dict[str, Any] = {}
+    for e in engines:
+        if e.startswith("pf-"):
+            loaded[e] = load_pf(e)
+            run_pf(loaded[e], [[11] * 8] * 2, 2)  # warm-up
+            paths[e] = loaded[e].model_identity.get("weight_path")
+        elif e == "hf":
+            loaded[e] = load_hf()
+        elif e == "llama.cpp":
+            loaded[e] = llama_cpp_binary()
+    runs: list[dict[str, Any]] = []
+    ceilings: dict[int, dict[str, Any]] = {}
+    overhead: dict[int, float] = {}
+    vocab = 49152
+    for t in threads:
+        torch.set_num_threads(t)
+        c = measure_ceilings("cpu", torch.float32)
+        ceilings[t] = {"flops_per_s": c.flops_per_s, "bytes_per_s": c.bytes_per_s}
+        if "llama.cpp" in loaded:
+            overhead[t] = run_llama_cpp(loaded["llama.cpp"], t, 1, 1, 1)["cpu_s"]
+        for b in batches:
+            for r in range(args.rounds):
+                batch = prompts(b, args.prompt_len, vocab, seed=1000 * r + b)
+                for e in engines:
+                    if e.startswith("pf-"):
+                        m = run_pf(loaded[e], batch, args.max_tokens)
+                    elif e == "hf":
+                        m = run_hf(loaded[e], batch, args.max_tokens)
+                    else:
+                        m = run_llama_cpp(loaded[e], t, b, args.prompt_len, args.max_tokens)
+                        m["cpu_s"] = max(m["cpu_s"] - overhead[t], 1e-9)
+                    m.update(engine=e, threads=t, batch=b, round=r, load_average=os.getloadavg()[0])
+                    runs.append(m)
+                    tok = b * args.prompt_len + m["output_tokens"]
+                    print(f"t{t} b{b:3d} r{r} {e:15s} wall {m['wall_s']:7.2f}s cpu {m['cpu_s']:7.2f}s "
+                          f"{tok / m['wall_s']:8.1f} tok/s {tok / m['cpu_s']:8.1f} tok/cpu-s", flush=True)  # fmt: skip
+    rows = summarize(runs, engines, threads, batches, args.prompt_len, ceilings)
+    print_table(rows, ["engine", "threads", "batch", "tok_s_min", "tok_s_median", "tok_per_cpu_s_max",
+                       "tok_per_cpu_s_median", "cpu_s_median", "ceiling_frac"])  # fmt: skip
+    result = {
+        "benchmark": "cpu_path", "model": MODEL, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+        "rounds": args.rounds, "rows": rows, "runs": runs, "ceilings": ceilings, "weight_paths": paths,
+        "describe_default": describe_model(MODEL).get("weight_path"), "llama_cpp_overhead_cpu_s": overhead,
+        "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment(),
+    }  # fmt: skip
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+def summarize(runs: list[dict[str, Any]], engines: list[str], threads: list[int], batches: list[int],
+              prompt_len: int, ceilings: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for t in threads:
+        for b in batches:
+            for e in engines:
+                mine = [m for m in runs if (m["engine"], m["threads"], m["batch"]) == (e, t, b)]
+                if not mine:
+                    continue
+                tok = b * prompt_len + mine[0]["output_tokens"]
+                walls, cpus = [m["wall_s"] for m in mine], [m["cpu_s"] for m in mine]
+                flops = matmul_flops(prompt_len, mine[0]["output_tokens"] // b, b)
+                rows.append({
+                    "engine": e, "threads": t, "batch": b, "tokens": tok,
+                    "tok_s_min": round(tok / max(walls), 1), "tok_s_median": round(tok / statistics.median(walls), 1),
+                    "tok_per_cpu_s_max": round(tok / min(cpus), 1),
+                    "tok_per_cpu_s_median": round(tok / statistics.median(cpus), 1),
+                    "cpu_s_median": round(statistics.median(cpus), 2),
+                    "ceiling_frac": round(flops / min(walls) / ceilings[t]["flops_per_s"], 3),
+                    "ceiling_frac_cpu": round(flops / (min(cpus) / t) / ceilings[t]["flops_per_s"], 3),
+                })  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
