@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ]
         elif name == "long":
             work = long_docs(
-                bm.vocab_size, 32, round(2000 * args.long_scale), round(4000 * args.long_scale), 64, seed=1
+                bm.vocab_size, 32, round(2000 * args.long_scale), round(4000 * args.long_scale), 160, seed=1
             )
             longest = max(map(len, work.prompts)) + 160
             pool = 3 * -(-longest // bs)  # about three long documents at once
