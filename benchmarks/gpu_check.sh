@@ -43,6 +43,8 @@ step kernel_bench 100 python benchmarks/kernel_bench.py --json "$LOG/kernel_benc
 step roofline 30 python benchmarks/roofline.py --model llama-3.1-8b --workload varied --json "$LOG/roofline.json"
 # Issue 12 goals: W4A16 decode >= 2.5x bf16 at batch 1-16, no slower at 256; fp8 prefill >= 1.5x bf16.
 step quant_bench 60 python benchmarks/quant_gpu_bench.py --json "$LOG/quant_bench.json"
+step spec_decode 240 python benchmarks/spec_bench.py --model llama-3.1-8b --draft llama-3.2-1b --device cuda \
+  --batches 1,16,256 --per-batch 1:2,16:16,256:256 --max-num-seqs 256 --repeats 2 --out "$LOG/spec_decode.json"
 # Issue 29: 2:4 sparse (to_sparse_semi_structured) vs dense GEMM at M = 16..8192 on the 8B layer shapes,
 # and prefill-heavy end-to-end tok/s dense vs sparsity="2:4" on llama-3.2-1b, after its GPU tests.
 step sparse24 90 bash -c "python -m pytest -m gpu tests/engine/test_sparse24_gpu.py -q -rs -p no:cacheprovider && \

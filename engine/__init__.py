@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "LLM": "prefixflow.engine.llm",
+    "Logprob": "prefixflow.engine.outputs",
     "EngineConfig": "prefixflow.engine.config",
     "EngineStats": "prefixflow.engine.stats",
     "ModelCard": "prefixflow.engine.model_card",
@@ -20,6 +21,7 @@ _EXPORTS = {
     "SamplingParams": "prefixflow.engine.sampling_params",
     "StructuredOutputs": "prefixflow.engine.structured",
     "TokenLogprob": "prefixflow.engine.outputs",
+    "NgramIndex": "prefixflow.engine.speculative.ngram",
     "describe_model": "prefixflow.engine.model_identity",
     "inspect_model": "prefixflow.engine.model_card",
     "structured_outputs_error": "prefixflow.engine.structured",
@@ -27,6 +29,7 @@ _EXPORTS = {
 
 __all__ = [
     "LLM",
+    "Logprob",
     "EngineConfig",
     "EngineStats",
     "ModelCard",
@@ -37,6 +40,7 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputs",
     "TokenLogprob",
+    "NgramIndex",
     "structured_outputs_error",
 ]
 
@@ -46,8 +50,9 @@ if TYPE_CHECKING:
     from prefixflow.engine.model_card import ModelCard, inspect_model
     from prefixflow.engine.model_identity import describe_model
     from prefixflow.engine.model_source import ModelSource
-    from prefixflow.engine.outputs import RequestOutput, TokenLogprob
+    from prefixflow.engine.outputs import Logprob, RequestOutput, TokenLogprob
     from prefixflow.engine.sampling_params import SamplingParams
+    from prefixflow.engine.speculative.ngram import NgramIndex
     from prefixflow.engine.stats import EngineStats
     from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 

@@ -10,6 +10,7 @@ from prefixflow.engine.speculative.config import SpeculativeConfig
 
 Ordering = Literal["prefix", "fifo"]
 KernelBackendName = Literal["auto", "torch", "triton"]
+LogprobsMode = Literal["raw", "processed"]
 # quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
 # checkpoint's own method; see docs/models.md "Quantized models"
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
@@ -55,6 +56,9 @@ class EngineConfig:
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
+    # Which distribution ``SamplingParams.logprobs`` reports (vLLM's ``logprobs_mode``): "raw", the
+    # model's own (log-softmax of its logits); "processed", the one the token was drawn from.
+    logprobs_mode: LogprobsMode = "raw"
     sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
     kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
     # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
@@ -100,6 +104,8 @@ class EngineConfig:
             raise bad("ordering", "'prefix' or 'fifo'")
         if self.kernel_backend not in ("auto", "torch", "triton"):
             raise bad("kernel_backend", "one of auto, torch, triton")
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise bad("logprobs_mode", "'raw' (the model's distribution) or 'processed' (the sampled one)")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.sparsity not in (None, "2:4"):

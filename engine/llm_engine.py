@@ -8,13 +8,14 @@ requests into ``RequestOutput``s.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_cache_manager import KVCacheManager
 from prefixflow.engine.kv_offload.cost_model import CostModel
 from prefixflow.engine.loader import resolve_model
+from prefixflow.engine.logprob_view import LogprobView
 from prefixflow.engine.model_config import ModelConfig
 from prefixflow.engine.model_identity import identity_of, memory_identity
 from prefixflow.engine.model_runner import ModelRunner
@@ -51,6 +52,7 @@ class LLMEngine:
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
+        self.logprob_view = LogprobView(self.tokenizer)
         self.scheduler = Scheduler(
             SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
         )
@@ -69,7 +71,12 @@ class LLMEngine:
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
                                  cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
-        self.speculator = build_speculator(cfg, self.source, self.max_model_len, self.scheduler.speculation)
+        self.speculator = build_speculator(
+            cfg, self.source, self.max_model_len, self.scheduler.speculation, self.runner.num_blocks
+        )
+        # Called after every step with the engine's counters (live progress, throughput series): the
+        # counts move per step, not when a request finishes.
+        self.step_listeners: list[Callable[[EngineStats], None]] = []
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
@@ -169,7 +176,10 @@ class LLMEngine:
             host += self.runner.last_prepare_s
             update_start = time.perf_counter()
             self._count_prompt_work(scheduled)
+            outputs_before = sum(c.request.num_output_tokens for c in scheduled)
             finished = {req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)}
+            # tokens taken this step (a verified speculative run may take several per request)
+            self.stats.generated_tokens += sum(c.request.num_output_tokens for c in scheduled) - outputs_before
         finally:
             self._stepping = False
             if self._deferred_aborts:
@@ -185,8 +195,10 @@ class LLMEngine:
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
         self.stats.elapsed_s += end - start
         if self.speculator is not None and features is not None:
-            self.speculator.observe(features, end - start)
+            self.speculator.observe(features, end - start, self.scheduler.running)
             self.stats.speculation = self.scheduler.speculation.as_dict()
+        for listener in list(self.step_listeners):
+            listener(self.stats)
         return finished
 
     def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:
@@ -251,7 +263,12 @@ class LLMEngine:
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens,
             num_output_tokens=len(out_ids),
-            logprobs=tuple(req.logprobs) if req.params.logprobs is not None else None,
+            logprobs=self.logprob_view.sample(req.logprobs) if req.params.logprobs is not None else None,
+            prompt_logprobs=(
+                self.logprob_view.prompt(req.prompt_logprobs, req.num_prompt_tokens)
+                if req.params.prompt_logprobs is not None
+                else None
+            ),
             time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             latency=now - req.arrival_time,
             stop_reason=req.stop_reason,

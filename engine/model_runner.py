@@ -33,9 +33,9 @@ from prefixflow.engine.model_shard import (
 )
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
-from prefixflow.engine.sampler import sample_batch
+from prefixflow.engine.sampler import logprob_records, sample_batch
 from prefixflow.engine.speculative.verify import sample_verified
-from prefixflow.engine.step_inputs import block_table_array, build_step_inputs
+from prefixflow.engine.step_inputs import StepInputs, block_table_array, build_step_inputs
 from prefixflow.engine.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.kernels import KernelBackend
 
@@ -173,13 +173,17 @@ class ModelRunner:
             )  # fmt: skip
         elif n_sample:
             bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
-            sampled = sample_batch(logits[:n_sample], step.sample_requests, self.eos_ids, bitmask)
+            sampled = sample_batch(
+                logits[:n_sample], step.sample_requests, self.eos_ids, bitmask, self.cfg.logprobs_mode
+            )
             out.sampled, out.logprobs, out.errors = sampled.tokens, sampled.logprobs, sampled.errors
         if step.score_rows:
             lp = torch.log_softmax(logits[n_sample:], dim=-1)
             picked = lp.gather(1, torch.tensor(step.score_targets, device=dev)[:, None])[:, 0].tolist()
             for owner, value in zip(step.score_owner, picked):
                 out.prompt_logprobs[owner] = out.prompt_logprobs.get(owner, 0.0) + value
+            if any(k >= 0 for k in step.score_topk):
+                prompt_records(lp, step, out)
         return out
 
     def collective_stats(self) -> torch.Tensor | None:
@@ -199,6 +203,15 @@ class ModelRunner:
         """Stop the tensor-parallel workers (nothing to do without them). Idempotent."""
         if self.pool is not None:
             self.pool.close()
+
+
+def prompt_records(lp: torch.Tensor, step: StepInputs, out: ModelOutput) -> None:
+    """``SamplingParams.prompt_logprobs``: per scored prompt position, the prompt token's record
+    (always the model's raw distribution, as vLLM's)."""
+    rows = [i for i, k in enumerate(step.score_topk) if k >= 0]
+    records = logprob_records(lp[rows], [step.score_targets[i] for i in rows], [step.score_topk[i] for i in rows])
+    for i, record in zip(rows, records):
+        out.prompt_positions.setdefault(step.score_owner[i], []).append((step.score_positions[i], record))
 
 
 def rank_devices(name: str, world: int) -> list[torch.device]:

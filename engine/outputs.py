@@ -9,12 +9,32 @@ FinishReason = Literal["stop", "length", "error"]
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """vLLM's ``Logprob``: one token's log-probability at a position, its rank in that position's
+    distribution (1 = most likely) and its text (``tokenizer.decode([token_id])``)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's shapes: per position, a dict from token id to its Logprob. A sampled position holds the
+# sampled token first, then the top-k alternatives (k entries, or k + 1 when the sampled token is
+# not among them); ``prompt_logprobs`` starts with None (the first prompt token has no context).
+PositionLogprobs = dict[int, Logprob]
+SampleLogprobs = list[PositionLogprobs]
+PromptLogprobs = list[PositionLogprobs | None]
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
-    """Log-probability of one generated token plus the top alternatives at that position."""
+    """The sampler's record of one position: the chosen (or prompt) token, its log-prob and rank,
+    and the top alternatives as (token id, log-prob), best first. ``Logprob`` dicts are built from it."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -26,12 +46,19 @@ class CompletionOutput:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason
     stop_reason: str | int | None = None
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    logprobs: SampleLogprobs | None = None
     error: str | None = None
 
     @property
     def cumulative_logprob(self) -> float | None:
-        return sum(lp.logprob for lp in self.logprobs) if self.logprobs is not None else None
+        """Sum of the sampled tokens' log-probs (in the engine's ``logprobs_mode``), as vLLM's."""
+        return cumulative(self.logprobs, self.token_ids)
+
+
+def cumulative(logprobs: SampleLogprobs | None, token_ids: tuple[int, ...]) -> float | None:
+    if logprobs is None:
+        return None
+    return sum(position[token].logprob for position, token in zip(logprobs, token_ids))
 
 
 @dataclass(frozen=True)
@@ -55,7 +82,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
-    logprobs: tuple[TokenLogprob, ...] | None = None
+    logprobs: SampleLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs: [None, {id: Logprob}, ...]
     time_to_first_token: float | None = None
     latency: float = 0.0
     stop_reason: str | int | None = None

@@ -58,6 +58,9 @@ class Request:
     status: Status = Status.WAITING
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprob_sum: float = 0.0
+    # SamplingParams.prompt_logprobs: prompt position -> its record (a recompute after preemption
+    # overwrites the same positions)
+    prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
@@ -103,12 +106,20 @@ class Request:
         return self.num_prompt_tokens + self.max_tokens - 1
 
     @property
+    def first_scored(self) -> int | None:
+        """The first prompt token whose log-prob this request needs (scoring: ``score_from``;
+        ``prompt_logprobs``: the second token), or None."""
+        if self.score_from is not None:
+            return self.score_from
+        return 1 if self.params.prompt_logprobs is not None else None
+
+    @property
     def max_cache_hit_tokens(self) -> int:
         """A prefix-cache hit may cover at most this many tokens: every position whose logits the
         request needs (its last token, and the scored prompt positions) must be computed."""
         limit = self.num_tokens - 1
-        if self.score_from is not None:
-            limit = min(limit, self.score_from - 1)
+        if self.first_scored is not None:
+            limit = min(limit, self.first_scored - 1)
         return limit
 
     def prompt_block_hashes(self, block_size: int) -> list[int]:

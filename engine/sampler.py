@@ -5,11 +5,16 @@
 fail, each row alone, so a request whose values break sampling becomes that request's error only.
 Logits masks come first: the structured-output bitmask (one batched in-place op, ``apply_bitmask_``),
 then the per-request bans of ``_apply_masks`` (no stop token before ``min_tokens``).
+
+Log-probs (``EngineConfig.logprobs_mode``, vLLM's): ``raw`` is the model's own distribution, taken
+before the bitmask, penalties, bans, temperature and filters; ``processed`` is the distribution the
+token was drawn from (all of those applied; greedy rows: bitmask, penalties and bans, no temperature).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -37,21 +42,25 @@ class SampleResult:
     errors: dict[int, str] = field(default_factory=dict)
 
 
+LogprobsMode = Literal["raw", "processed"]
+
+
 def sample_batch(
     logits: torch.Tensor,
     requests: list[Request],
     eos_ids: tuple[int, ...],
     bitmask: torch.Tensor | None = None,
+    logprobs_mode: LogprobsMode = "raw",
 ) -> SampleResult:
     """Sample every row; if the batch fails, retry row by row and report the rows that still fail."""
     result = SampleResult()
     try:
-        tokens, logprobs = sample(logits, requests, eos_ids, bitmask)
+        tokens, logprobs = sample(logits, requests, eos_ids, bitmask, logprobs_mode)
     except Exception:
         for row, req in enumerate(requests):
             try:
                 row_mask = None if bitmask is None else bitmask[row : row + 1]
-                (token,), (lp,) = sample(logits[row : row + 1], [req], eos_ids, row_mask)
+                (token,), (lp,) = sample(logits[row : row + 1], [req], eos_ids, row_mask, logprobs_mode)
             except Exception as exc:
                 result.errors[req.key] = f"sampling failed: {exc!r}"
                 continue
@@ -72,25 +81,35 @@ def sample(
     requests: list[Request],
     eos_ids: tuple[int, ...],
     bitmask: torch.Tensor | None = None,
+    logprobs_mode: LogprobsMode = "raw",
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """Return one token per row and, per row, a ``TokenLogprob`` (or None when not requested).
 
     ``bitmask`` (structured outputs) has one row per request; disallowed tokens get -inf in one in-place
-    op before anything else, so temperature, top-k/p and log-probs all see the constrained distribution.
+    op before anything else, so temperature and top-k/p see the constrained distribution. The masks
+    work on a float32 copy, so the caller's logits stay the model's (a row-by-row retry sees them too).
     """
-    logits = logits.float()
+    logits = logits.to(torch.float32, copy=True)
+    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    raw = torch.log_softmax(logits[wanted], dim=-1) if wanted and logprobs_mode == "raw" else None
     if bitmask is not None:
         apply_bitmask_(logits, bitmask)
     _apply_penalties(logits, requests)
     _apply_masks(logits, requests, eos_ids)
     tokens = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+    processed: torch.Tensor | None = None
+    if wanted and raw is None:
+        processed = torch.log_softmax(logits, dim=-1)  # greedy rows: masks and penalties only
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
-        picked = _sample_random(logits[rows], [requests[i] for i in random_rows])
+        picked, probs = _sample_random(logits[rows], [requests[i] for i in random_rows])
         tokens[rows] = picked
+        if processed is not None:  # what the draw used: temperature, top-k/p, min-p, renormalized
+            processed[rows] = torch.log(probs / probs.sum(dim=-1, keepdim=True))
     token_list: list[int] = tokens.tolist()
-    return token_list, _logprobs(logits, requests, token_list)
+    chosen = raw if raw is not None else (processed[wanted] if processed is not None else None)
+    return token_list, _logprobs(chosen, wanted, requests, token_list)
 
 
 def sample_seed(seed: int, sample: int) -> int:
@@ -128,7 +147,8 @@ def _apply_masks(logits: torch.Tensor, requests: list[Request], eos_ids: tuple[i
                 logits[i, banned] = float("-inf")
 
 
-def _sample_random(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def _sample_random(logits: torch.Tensor, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drawn tokens, and the (unnormalized after min-p) probabilities they were drawn from."""
     dev = logits.device
     vocab = logits.shape[-1]
     temps = torch.tensor([float(r.params.temperature) for r in requests], device=dev)[:, None]
@@ -146,7 +166,7 @@ def _sample_random(logits: torch.Tensor, requests: list[Request]) -> torch.Tenso
     for i, req in enumerate(requests):
         gen = torch.Generator(device=dev).manual_seed(position_seed(req.seed, req.num_tokens))
         noise[i].exponential_(generator=gen)
-    return (probs / noise).argmax(dim=-1)  # exponential race == categorical draw
+    return (probs / noise).argmax(dim=-1), probs  # exponential race == categorical draw
 
 
 def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
@@ -163,18 +183,32 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def _logprobs(logits: torch.Tensor, requests: list[Request], tokens: list[int]) -> list[TokenLogprob | None]:
-    wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+def _logprobs(
+    lp: torch.Tensor | None, wanted: list[int], requests: list[Request], tokens: list[int]
+) -> list[TokenLogprob | None]:
+    """``lp`` holds the log-probs of the ``wanted`` rows."""
     out: list[TokenLogprob | None] = [None] * len(requests)
-    if not wanted:
+    if not wanted or lp is None:
         return out
-    lp = torch.log_softmax(logits[wanted], dim=-1)
-    k_max = max(requests[i].params.logprobs or 0 for i in wanted)
+    records = logprob_records(lp, [tokens[i] for i in wanted], [requests[i].params.logprobs or 0 for i in wanted])
+    for i, record in zip(wanted, records):
+        out[i] = record
+    return out
+
+
+def logprob_records(lp: torch.Tensor, tokens: list[int], ks: list[int]) -> list[TokenLogprob]:
+    """Per row of log-probs ``lp``: the token's log-prob, its rank (1 + the number of tokens strictly
+    more likely, as vLLM counts) and the ``ks[row]`` most likely alternatives."""
+    picked = torch.tensor(tokens, device=lp.device)[:, None]
+    token_lp = lp.gather(1, picked)
+    ranks = ((lp > token_lp).sum(dim=-1) + 1).tolist()
+    values = token_lp[:, 0].tolist()
+    k_max = max(ks, default=0)
     top = lp.topk(k_max, dim=-1) if k_max else None
-    for row, i in enumerate(wanted):
-        k = requests[i].params.logprobs or 0
+    out = []
+    for row, (token, k) in enumerate(zip(tokens, ks)):
         alternatives: tuple[tuple[int, float], ...] = ()
         if k and top is not None:
             alternatives = tuple(zip(top.indices[row, :k].tolist(), top.values[row, :k].tolist()))
-        out[i] = TokenLogprob(tokens[i], float(lp[row, tokens[i]]), alternatives)
+        out.append(TokenLogprob(token, values[row], alternatives, ranks[row]))
     return out

@@ -41,6 +41,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: sampled token only; k: sampled plus top-k
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: StructuredOutputs | None = None  # constrain the output (JSON schema, regex, choice, grammar)
@@ -89,10 +90,12 @@ class SamplingParams:
             return f"min_tokens must be a non-negative integer, got {self.min_tokens!r}"
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             return f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
-        if self.logprobs is not None and (not _integer(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            return f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
-        if vocab_size is not None and self.logprobs is not None and self.logprobs > vocab_size:
-            return f"logprobs ({self.logprobs}) exceeds the vocabulary size {vocab_size}"
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _integer(value) or not 0 <= value <= MAX_LOGPROBS):
+                return f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}"
+            if vocab_size is not None and value is not None and value > vocab_size:
+                return f"{name} ({value}) exceeds the vocabulary size {vocab_size}"
         if self.seed is not None and not _integer(self.seed):
             return f"seed must be an integer or None, got {self.seed!r}"
         if not (self.stop is None or isinstance(self.stop, (str, list, tuple))):

@@ -174,6 +174,8 @@ class Scheduler:
             self.kv.commit_computed(req)
             if req.score_from is not None:
                 req.prompt_logprob_sum += output.prompt_logprobs.get(req.key, 0.0)
+            for position, record in output.prompt_positions.get(req.key, ()):
+                req.prompt_logprobs[position] = record
             if not req.generates:
                 if req.num_computed_tokens == req.num_tokens:
                     finished.append(self.finish(req, "stop"))

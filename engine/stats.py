@@ -14,7 +14,8 @@ class EngineStats:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     computed_prompt_tokens: int = 0  # includes recompute after preemption
-    output_tokens: int = 0
+    output_tokens: int = 0  # tokens of the requests handed back (counted when a request finishes)
+    generated_tokens: int = 0  # tokens sampled, counted at every step (what live progress reads)
     preemptions: int = 0
     elapsed_s: float = 0.0
     host_s: float = 0.0  # scheduling, step preparation and bookkeeping: time the device waits

@@ -31,6 +31,8 @@ class StepInputs:
     score_rows: list[int] = field(default_factory=list)
     score_targets: list[int] = field(default_factory=list)
     score_owner: list[int] = field(default_factory=list)  # Request.key of each score row
+    score_positions: list[int] = field(default_factory=list)  # the target token's prompt position
+    score_topk: list[int] = field(default_factory=list)  # prompt_logprobs' k, or -1: the sum only
     speculative: bool = False  # some request verifies drafts: its sample rows are position views
     sampled_requests: list[Request] = field(default_factory=list)  # one per request that samples, in row order
 
@@ -67,11 +69,15 @@ def build_step_inputs(scheduled: SchedulerOutput, block_size: int) -> StepInputs
         starts.append(base + n)
         seq_lens.append(end)
         tables.append(table)
-        if req.score_from is not None:
-            for q in range(max(begin, req.score_from - 1), min(end, req.num_tokens - 1)):
+        first = req.first_scored
+        if first is not None:  # prompt positions only (a preempted request recomputes its output too)
+            k = req.params.prompt_logprobs
+            for q in range(max(begin, first - 1), min(end, req.num_prompt_tokens - 1)):
                 step.score_rows.append(base + q - begin)
                 step.score_targets.append(req.token_ids[q + 1])
                 step.score_owner.append(req.key)
+                step.score_positions.append(q + 1)
+                step.score_topk.append(-1 if k is None else k)
         if req.generates and end == req.num_tokens:
             step.sampled_requests.append(req)
             if req.num_draft_tokens:  # a verified run: one sample row per position (speculative/verify.py)

@@ -50,6 +50,7 @@ class ModelOutput:
     sampled: dict[int, int] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     prompt_logprobs: dict[int, float] = field(default_factory=dict)
+    prompt_positions: dict[int, list[tuple[int, TokenLogprob]]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     # Speculative decoding: for a request whose chunk verified draft tokens, the target's token at each
     # of its k+1 positions (each sampled as if the drafts before it were accepted), and their log-probs.
@@ -62,6 +63,7 @@ class ModelOutput:
         self.verified_logprobs.update(other.verified_logprobs)
         self.logprobs.update(other.logprobs)
         self.prompt_logprobs.update(other.prompt_logprobs)
+        self.prompt_positions.update(other.prompt_positions)
         self.errors.update(other.errors)
 
 

@@ -140,6 +140,8 @@ class CommitMarker:
     parts: tuple[MarkerPart, ...]
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs; absent in older markers
     preemptions: int = 0  # the engine's preemptions while this attempt generated; absent in older markers
+    # speculative decoding while this attempt generated, per method: proposed, accepted, runs (absent in older markers)
+    speculation: dict[str, dict[str, int]] = field(default_factory=dict)
     label_quality: dict[str, Any] = field(default_factory=dict)  # label jobs (label_quality.py); not in older markers
 
     def to_json(self) -> bytes:
@@ -153,7 +155,8 @@ class CommitMarker:
 
 
 def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
-                 elapsed_s: float, num_rows: int, preemptions: int = 0) -> CommitMarker:  # fmt: skip
+                 elapsed_s: float, num_rows: int, preemptions: int = 0,
+                 speculation: dict[str, dict[str, int]] | None = None) -> CommitMarker:  # fmt: skip
     """The marker of ``layout``'s run for ``shard_id`` over ``parts``."""
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -179,6 +182,7 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
         parts=tuple(p.marker_part(layout) for p in parts),
         label_counts=dict(sorted(labels.items())),
         preemptions=preemptions,
+        speculation=speculation or {},
         label_quality=merge_quality([p.label_quality for p in parts]),
     )
 

@@ -305,6 +305,24 @@ def _chat(value: Any) -> str:
     return _choice(value, CHAT_MODES, "chat")
 
 
+def _fold_speculative(data: Any) -> Any:
+    """``speculative:`` (job YAML, --speculative-* flags) is the engine's ``speculative_config``."""
+    if not isinstance(data, dict) or "speculative" not in data:
+        return data
+    rest = {k: v for k, v in data.items() if k != "speculative"}
+    spec = data["speculative"]
+    if spec is None:
+        return rest
+    if not isinstance(spec, dict):
+        raise _fail("speculative", f"expected a mapping such as {{method: ngram}}, got {spec!r}")
+    engine = rest.get("engine") or {}
+    if not isinstance(engine, dict):
+        return data  # the engine section's own check names the problem
+    if "speculative_config" in engine:
+        raise _fail("speculative", "set it here or as engine.speculative_config, not both")
+    return {**rest, "engine": {**engine, "speculative_config": dict(spec)}}
+
+
 _INT64 = 2**63
 
 
@@ -356,7 +374,7 @@ def _engine(data: Any) -> dict[str, Any]:
 
 def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
     """Validate a job config mapping (as loaded from YAML) and build the frozen JobConfig."""
-    data = {} if data is None else data
+    data = _fold_speculative({} if data is None else data)
     _check_keys(data, tuple(f.name for f in fields(JobConfig)), "")
     task = _choice(data.get("task", "generate"), TASKS, "task")
     sampling = data.get("sampling") or {}

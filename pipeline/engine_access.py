@@ -16,6 +16,7 @@ from prefixflow.pipeline.errors import JobConfigError
 if TYPE_CHECKING:
     from prefixflow.engine import (
         EngineConfig,
+        NgramIndex,
         SamplingParams,
         StructuredOutputs,
         describe_model,
@@ -24,11 +25,11 @@ if TYPE_CHECKING:
     )
     from prefixflow.pipeline.spec import JobSpec
 
-__all__ = ["Engine", "EngineConfig", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
+__all__ = ["Engine", "EngineConfig", "NgramIndex", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
            "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip
 
 FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
-          "structured_outputs_error", "inspect_model")  # fmt: skip
+          "structured_outputs_error", "inspect_model", "NgramIndex")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

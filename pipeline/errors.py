@@ -75,6 +75,7 @@ BAD_SAMPLING = "bad_sampling"
 LABEL_PARSE_ERROR = "label_parse_error"
 ENGINE_ERROR = "engine_error"
 SCHEMA_ERROR = "schema"  # extract: the output is not a valid instance of the job's JSON schema
+TRUNCATED_JSON = "truncated_json"  # extract: max_tokens ended the output before its JSON was complete
 
 ERROR_CLASSES = (
     NULL_ID,
@@ -90,6 +91,7 @@ ERROR_CLASSES = (
     LABEL_PARSE_ERROR,
     ENGINE_ERROR,
     SCHEMA_ERROR,
+    TRUNCATED_JSON,
 )
 
 

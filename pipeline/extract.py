@@ -1,8 +1,8 @@
 """``task: extract``: the job's JSON schema, checked before any work, and each output checked against it.
 
 The engine constrains generation to the schema, so an output fails only when generation stopped early
-(``max_tokens`` in the middle of an object, a stop string) or the schema says more than the grammar
-engine enforces; such a row becomes an error row of class ``schema`` with the raw text kept.
+(``max_tokens`` in the middle of an object: class ``truncated_json``) or the schema says more than the
+grammar engine enforces (class ``schema``); such a row becomes an error row with the raw text kept.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.errors import SCHEMA_ERROR, TRUNCATED_JSON, JobConfigError
 from prefixflow.pipeline.json_columns import Shape, shape_of, to_arrow
 
 SCHEMA_FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -94,22 +94,25 @@ class Extraction:
         self.validator = validators.validator_for(schema)(schema)
         self.shape: Shape = shape_of(schema)
 
-    def parse(self, text: str, finish_reason: str) -> tuple[Any, str | None]:
-        """``(value for the typed column, None)`` or ``(None, why the output is not a valid instance)``."""
+    def parse(self, text: str, finish_reason: str) -> tuple[Any, str | None, str | None]:
+        """``(value for the typed column, None, None)`` or ``(None, error class, why)``: the class is
+        ``truncated_json`` when ``max_tokens`` ended the output before the JSON was complete (raise
+        max_tokens or bound the schema), else ``schema``."""
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             if finish_reason == "length":
                 return (
                     None,
+                    TRUNCATED_JSON,
                     f"output is not complete JSON: max_tokens was reached in the middle of it ({exc.msg})",
                 )
-            return None, f"output is not valid JSON ({exc.msg} at character {exc.pos})"
+            return None, SCHEMA_ERROR, f"output is not valid JSON ({exc.msg} at character {exc.pos})"
         errors = sorted(self.validator.iter_errors(value), key=lambda e: list(e.absolute_path))
         if errors:
             first = errors[0]
-            return None, f"output does not match the schema at {first.json_path}: {first.message}"
+            return None, SCHEMA_ERROR, f"output does not match the schema at {first.json_path}: {first.message}"
         try:
-            return to_arrow(value, self.shape), None
+            return to_arrow(value, self.shape), None, None
         except ValueError as exc:
-            return None, f"output cannot be stored in the schema's columns: {exc}"
+            return None, SCHEMA_ERROR, f"output cannot be stored in the schema's columns: {exc}"

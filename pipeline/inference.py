@@ -16,7 +16,6 @@ from prefixflow.pipeline.errors import (
     ENGINE_ERROR,
     LABEL_PARSE_ERROR,
     PROMPT_TOO_LONG,
-    SCHEMA_ERROR,
     RowError,
 )
 from prefixflow.pipeline.extract import Extraction
@@ -42,9 +41,9 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction |
         rec["samples"] = [{"text": _valid_utf8(s.text), "finish_reason": s.finish_reason,
                            "output_tokens": len(s.token_ids)} for s in out.samples]  # fmt: skip
     if extraction is not None:
-        value, problem = extraction.parse(text, out.finish_reason)
-        if problem is not None:
-            return {**rec, "finish_reason": "error", "error_class": SCHEMA_ERROR, "error": problem}
+        value, error_class, problem = extraction.parse(text, out.finish_reason)
+        if error_class is not None:
+            return {**rec, "finish_reason": "error", "error_class": error_class, "error": problem}
         rec["extracted"] = value
     elif cfg.task == "label" and cfg.label.mode == "constrained":
         label = constrained_label(text, cfg.label)

@@ -58,6 +58,16 @@ class JobOption:
         return (dict(raw) if raw else None) if self.repeatable else raw
 
 
+def speculative_tokens(text: str) -> int | str:
+    """``auto`` or a number of draft tokens per step (0 turns speculation off)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
 def comma_list(text: str) -> list[str]:
     """``a,b,c`` -> ``["a", "b", "c"]`` (spaces around the commas dropped)."""
     items = [part.strip() for part in text.split(",")]
@@ -89,6 +99,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
               "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
               type=float),  # fmt: skip
+    JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
+              "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
+    JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "
+              "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
+    JobOption("speculative_model", "the draft model of --speculative-method draft_model (same tokenizer)"),
     JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
               "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
               type=int),  # fmt: skip

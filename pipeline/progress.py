@@ -9,7 +9,16 @@ Why the rates are computed here instead of by rich: rich's speed estimate only c
 counter advances, so a long scoring batch froze the ETA, and rows found already done at resume
 counted as instant speed. Here rows found done count toward the total but not toward any rate, a
 ticker samples the counters on a clock so a stall makes the rate decay (the ETA grows instead of
-freezing), and an attached engine's counters make tok/s move per engine step, not per finished row.
+freezing), and an attached engine's counters (prompt tokens computed and output tokens sampled, both
+counted per engine step) make the token count and tok/s move every step, not per finished row.
+
+The ETA is the work left over its smoothed rate, counted in the tokens that take a job's time: output
+tokens for a generating job (decode steps), computed prompt tokens for a scoring job (prefill). Work
+left is the rows left times the tokens a finished row took on average, less what the engine already
+did for rows still running. A slow start cannot blow it up: while 24 long generations decode and none
+has finished, the rate is already the decode rate, and a row rate (rows finished / elapsed) near zero
+plays no part. Without an engine's counters it falls back to rows left over the smoothed row rate;
+before the first row finishes it is unknown ("?").
 """
 
 from __future__ import annotations
@@ -153,10 +162,11 @@ class ProgressDisplay:
         )
         self.refresh_s = _env_seconds(REFRESH_ENV, 0.25)
         self.engine_stats = engine_stats
-        self._engine_base = self._engine_tokens()
+        self._engine_base = self._engine_raw()
         self.emit = emit or self._write_line
         self.start = clock()
         self._row_rate, self._token_rate = SmoothedRate(), SmoothedRate()
+        self._gen_rate, self._prompt_rate = SmoothedRate(), SmoothedRate()  # the ETA's, from the engine
         self._last_draw = self._last_log = self.start
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -198,16 +208,25 @@ class ProgressDisplay:
                 self.emit(f"warning: {message}")
 
     # -- numbers ----------------------------------------------------------------------------------
-    def _engine_tokens(self) -> int | None:
+    def _engine_counts(self) -> tuple[int, int] | None:
+        """(prompt tokens computed, output tokens sampled) by the engine during this display."""
+        if self.engine_stats is None or self._engine_base is None:
+            return None
+        now, base = self._engine_raw(), self._engine_base
+        assert now is not None
+        return now[0] - base[0], now[1] - base[1]
+
+    def _engine_raw(self) -> tuple[int, int] | None:
         if self.engine_stats is None:
             return None
         stats = self.engine_stats()
-        return int(stats.computed_prompt_tokens) + int(stats.output_tokens)
+        generated = getattr(stats, "generated_tokens", None)  # per step; output_tokens moves per finished row
+        return int(stats.computed_prompt_tokens), int(generated if generated is not None else stats.output_tokens)
 
     def _tokens_done(self) -> int:
-        engine = self._engine_tokens()
-        if engine is not None and self._engine_base is not None:
-            return engine - self._engine_base
+        engine = self._engine_counts()
+        if engine is not None:
+            return engine[0] + engine[1]
         return self.prompt_tokens - self.cached_tokens + self.output_tokens  # tokens actually computed
 
     def tick(self) -> None:
@@ -217,6 +236,10 @@ class ProgressDisplay:
             now = self.clock()
             self._row_rate.sample(now, self.rows)
             self._token_rate.sample(now, self._tokens_done())
+            engine = self._engine_counts()
+            if engine is not None:
+                self._prompt_rate.sample(now, engine[0])
+                self._gen_rate.sample(now, engine[1])
             if self._bar is not None:
                 self._draw()
             elif self.mode == "log" and now - self._last_log >= self.log_every_s:
@@ -227,14 +250,31 @@ class ProgressDisplay:
         with self._lock:
             done = self.rows + self.resumed_rows
             rows_rate = self._row_rate.rate
-            eta = None
-            if rows_rate is not None and rows_rate > 0:
-                eta = max(self.total - done, 0) / rows_rate
-            elif done >= self.total:
-                eta = 0.0
+            eta = self._eta(max(self.total - done, 0), rows_rate)
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
             elapsed = self.clock() - self.start
             return Snapshot(done, self.total, rows_rate, self._token_rate.rate, hit, elapsed, eta, self._tokens_done())
+
+    def _eta(self, rows_left: int, rows_rate: float | None) -> float | None:
+        if rows_left == 0:
+            return 0.0
+        if self.rows == 0:
+            return None  # no finished row yet: nothing says how much work a row is
+        engine = self._engine_counts()
+        if engine is not None:
+            prompt_done, generated = engine
+            # Decode steps dominate a generating job's time, prefill a scoring job's: count the kind of
+            # token that rows of this job need (a prefill step computes far more tokens per second).
+            if self.output_tokens > 0:
+                rate, in_flight, per_row = self._gen_rate.rate, generated - self.output_tokens, self.output_tokens
+            else:
+                rate, in_flight = self._prompt_rate.rate, prompt_done - (self.prompt_tokens - self.cached_tokens)
+                per_row = self.prompt_tokens - self.cached_tokens
+            if rate is not None and rate > 0:
+                return max(rows_left * per_row / self.rows - max(in_flight, 0), 0.0) / rate
+        if rows_rate is not None and rows_rate > 0:
+            return rows_left / rows_rate
+        return None
 
     # -- drawing ----------------------------------------------------------------------------------
     def _draw(self) -> None:

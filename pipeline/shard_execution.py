@@ -31,6 +31,7 @@ from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
 from prefixflow.pipeline.run_record import current_run, ensure_current, output_layout
 from prefixflow.pipeline.sources import read_rows
 from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.speculation import SPECULATION_COUNTS
 from prefixflow.pipeline.storage import Store
 from prefixflow.pipeline.throughput_series import ThroughputRecorder, saver
 
@@ -187,6 +188,7 @@ def _run_shard(
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
     preempted = _preemptions(llm)
+    speculated = speculation_counts(llm)
     label_bias: tuple[float, ...] | None | str = "shard"
     if pending and uses_batch(cfg):  # the run's stored estimate (made now if this is its first shard)
         warn = label_watch.warn if label_watch is not None else None
@@ -203,10 +205,25 @@ def _run_shard(
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
     marker = commits.build_marker(layout, shard.shard_id, record.fingerprint_hash, flusher.attempt, parts,
                                   time.perf_counter() - start, shard.num_rows,
-                                  _preemptions(llm) - preempted)  # fmt: skip
+                                  _preemptions(llm) - preempted,
+                                  speculation_delta(speculated, speculation_counts(llm)))  # fmt: skip
     ensure_current(layout, record)
     marker = commits.commit(layout, marker, before_publish=lambda: ensure_current(layout, record))
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
+
+
+def speculation_counts(llm: Engine) -> dict[str, dict[str, int]]:
+    """The engine's speculative-decoding counters so far, per method (empty without speculation)."""
+    stats = getattr(llm, "stats", None)
+    spec = getattr(stats(), "speculation", None) if callable(stats) else None
+    if not isinstance(spec, dict):
+        return {}
+    return {m: {k: int(v.get(k, 0)) for k in SPECULATION_COUNTS} for m, v in spec.items()}
+
+
+def speculation_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {m: {k: v[k] - before.get(m, {}).get(k, 0) for k in SPECULATION_COUNTS} for m, v in after.items()
+            if v["runs"] > before.get(m, {}).get("runs", 0)}  # fmt: skip
 
 
 def _preemptions(llm: Engine) -> int:
@@ -243,9 +260,11 @@ def run_shards(
         engine.get("pipeline_parallel_size") or 1
     )
     recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
+    detach = recorder.attach(llm)  # tokens per engine step, so the series shows decoding as it happens
     try:
         yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)
     finally:
+        detach()
         recorder.flush()
     if watch is not None:
         watch.finish()

@@ -34,6 +34,9 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "labels": ("label", "labels"),
     "label_mode": ("label", "mode"),
     "tensor_parallel_size": ("engine", "tensor_parallel_size"),
+    "speculative_method": ("speculative", "method"),
+    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
+    "speculative_model": ("speculative", "model"),
     "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
     "kv_offload_gb": ("engine", "kv_offload_bytes"),
 }
@@ -60,6 +63,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
     "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
+    "speculative_config": "verification emits exactly the tokens the model samples without it",
     "pipeline_parallel_size": "how the same layers are split over devices",
     "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
 }

@@ -28,6 +28,7 @@ from prefixflow.pipeline.run_record import (
     sweep,
 )
 from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.speculation import sum_speculation
 from prefixflow.pipeline.storage import Store
 from prefixflow.pipeline.throughput_report import usage, write_charts
 from prefixflow.pipeline.throughput_series import load_series, summary_of
@@ -58,6 +59,8 @@ class RunSummary:
     label_warning: str | None = None  # label_watch.collapse_warning over every committed labeled row
     device_seconds: float = 0.0  # every lane attempt's devices x shard-loop time (throughput_series)
     preemptions: int = 0  # engine preemptions while the committed shards generated
+    # speculative decoding per method: proposed, accepted, runs, acceptance_rate, mean_accepted_length
+    speculation: dict[str, dict[str, float]] = field(default_factory=dict)
     predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
     label_counts_raw: dict[str, int] = field(default_factory=dict)  # score mode: rows per label before calibration
     label_calibration: dict[str, Any] = field(default_factory=dict)  # batch calibration's estimate (label_batch.py)
@@ -138,6 +141,7 @@ def summarize_layout(
         label_warning=collapse_warning(labels, num_labels, "the committed labeled rows"),
         device_seconds=round(sum(s.device_seconds for s in load_series(layout)), 3),
         preemptions=sum(m.preemptions for m in markers),
+        speculation=sum_speculation([m.speculation for m in markers]),
         shards_unpublished=unpublished,
         shards_lost=lost,
         orphan_parts=orphans,

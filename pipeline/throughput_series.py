@@ -5,6 +5,11 @@ scoring batch, a slow S3 write); a series of small intervals shows them. Each la
 its own series and rewrites it whole every ``save_every_s`` seconds and at the end (one PUT on S3, a
 rename locally), under ``OUTPUT/_metrics/<run id>/throughput/<lane>-<attempt>.json``. Intervals with nothing
 finished are kept as zeros: they are the stalls.
+
+With an engine that reports its steps (``LLM.add_step_listener``), each interval also holds the tokens
+the engine computed in it, counted per step (``computed_tokens``: prompt tokens computed;
+``generated_tokens``: output tokens sampled), and its tok/s is those: a batch of long generations
+shows its steady decode rate instead of zeros and a spike when the rows finish together.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from prefixflow.pipeline.layout import Layout
 
 DEFAULT_INTERVAL_S = 5.0
 SAVE_EVERY_S = 30.0
-FIELDS = ("rows", "prompt_tokens", "cached_tokens", "output_tokens")
+FIELDS = ("rows", "prompt_tokens", "cached_tokens", "output_tokens", "computed_tokens", "generated_tokens")
 
 
 @dataclass
@@ -34,15 +39,28 @@ class Interval:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    computed_tokens: int = 0  # engine steps in this interval: prompt tokens computed
+    generated_tokens: int = 0  # engine steps in this interval: output tokens sampled
+
+    @property
+    def stepped(self) -> bool:
+        return bool(self.computed_tokens or self.generated_tokens)
 
     @property
     def tokens_per_s(self) -> float:
-        """Prompt plus output tokens per second (as in the run summary's tok/s)."""
-        return (self.prompt_tokens + self.output_tokens) / self.seconds if self.seconds > 0 else 0.0
+        """Tokens the engine computed per second, from its per-step counts; for a series recorded
+        without them, prompt plus output tokens of the rows finished in the interval."""
+        if self.seconds <= 0:
+            return 0.0
+        if self.stepped:
+            return (self.computed_tokens + self.generated_tokens) / self.seconds
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
 
     @property
     def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+        if self.seconds <= 0:
+            return 0.0
+        return (self.generated_tokens if self.stepped else self.output_tokens) / self.seconds
 
     def as_list(self) -> list[float | int]:
         return [round(self.start_s, 3), round(self.seconds, 3), *(getattr(self, f) for f in FIELDS)]
@@ -106,6 +124,32 @@ class ThroughputRecorder:
         self._save = save
         self.save_every_s = save_every_s
         self._last_save = now
+        self._engine_seen: tuple[int, int] | None = None
+
+    def on_step(self, stats: Any) -> None:
+        """An engine step finished (``LLM.add_step_listener``): bin the tokens it computed now."""
+        seen = (int(stats.computed_prompt_tokens), int(stats.generated_tokens))
+        before, self._engine_seen = self._engine_seen, seen
+        if before is None:  # not attached: no baseline, so this step's counts cannot be told apart
+            before = seen
+        now = self.clock()
+        current = self._current(now)
+        current.computed_tokens += seen[0] - before[0]
+        current.generated_tokens += seen[1] - before[1]
+        if self._save is not None and now - self._last_save >= self.save_every_s:
+            self.flush(now)
+
+    def attach(self, llm: Any) -> Callable[[], None]:
+        """Listen to ``llm``'s steps when it offers them; returns the detach function."""
+        add = getattr(llm, "add_step_listener", None)
+        if add is None:
+            return lambda: None
+        stats = getattr(llm, "stats", None)
+        if callable(stats):
+            current = stats()
+            self._engine_seen = (int(current.computed_prompt_tokens), int(current.generated_tokens))
+        detach: Callable[[], None] = add(self.on_step)
+        return detach
 
     def _current(self, now: float) -> Interval:
         """The interval ``now`` falls in, opening empty ones for any gap (stalls stay visible)."""
@@ -203,5 +247,5 @@ def summary_of(series: list[LaneSeries]) -> dict[str, Any]:
                       "device_seconds": round(s.device_seconds, 3),
                       "peak_tokens_per_s": round(rates[-1], 2) if rates else 0.0,
                       "median_tokens_per_s": round(rates[len(rates) // 2], 2) if rates else 0.0,
-                      "idle_intervals": sum(1 for i in s.intervals if i.rows == 0)})  # fmt: skip
+                      "idle_intervals": sum(1 for i in s.intervals if i.rows == 0 and not i.stepped)})  # fmt: skip
     return {"lanes": lanes, "device_seconds": round(sum(s.device_seconds for s in series), 3)}

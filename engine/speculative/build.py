@@ -9,7 +9,7 @@ from prefixflow.engine.speculative.runs import SpeculationStats
 
 
 def build_speculator(
-    cfg: EngineConfig, target: ModelSource, max_model_len: int, stats: SpeculationStats
+    cfg: EngineConfig, target: ModelSource, max_model_len: int, stats: SpeculationStats, target_blocks: int
 ) -> Speculator | None:
     spec = cfg.speculative_config
     if spec is None or spec.num_speculative_tokens == 0:
@@ -18,5 +18,7 @@ def build_speculator(
     if spec.method == "ngram":
         proposer = NgramProposer(spec)
     else:
-        raise ValueError("speculative_config.method='draft_model' is not available yet; use method='ngram'")
+        from prefixflow.engine.speculative.draft import DraftProposer
+
+        proposer = DraftProposer(spec, cfg, target, max_model_len, target_blocks)
     return Speculator(spec, proposer, max_model_len, stats)

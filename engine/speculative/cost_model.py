@@ -49,5 +49,6 @@ class LinearCost:
 
     @property
     def ready(self) -> bool:
-        """Enough steps, and the per-token cost is positive (nothing is free)."""
-        return self.observations >= 4 and float(self.coef[1:].sum()) > 0.0
+        """Enough steps to trust the fixed cost. A slope not yet seen reads as 0 (clipped), so the
+        first plans speculate a little and the steps they produce teach the fit what a draft costs."""
+        return self.observations >= 8

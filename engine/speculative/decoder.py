@@ -44,7 +44,9 @@ class Proposer(Protocol):
 
     def propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]: ...
 
-    def forget(self, keys: set[int]) -> None: ...
+    def forget(self, live: set[int]) -> None:
+        """Drop per-request state of every request not in ``live`` (the running ones)."""
+        ...
 
 
 class NgramProposer:
@@ -62,8 +64,8 @@ class NgramProposer:
             out.append(state.index.propose(req.token_ids, k))
         return out
 
-    def forget(self, keys: set[int]) -> None:
-        return None
+    def forget(self, live: set[int]) -> None:
+        return None  # the index lives on the request
 
 
 class Speculator:
@@ -147,5 +149,8 @@ class Speculator:
                 rows += 1 + req.num_draft_tokens
         return [float(tokens), float(rows)]
 
-    def observe(self, features: list[float], seconds: float) -> None:
+    def observe(self, features: list[float], seconds: float, running: list[Request]) -> None:
+        """After a step: its cost, for the policy; the proposer drops what finished or was preempted."""
         self.cost.observe(features, seconds)
+        if not self.proposer.lookahead:
+            self.proposer.forget({r.key for r in running})

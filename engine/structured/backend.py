@@ -60,6 +60,24 @@ def _ebnf_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+# xgrammar 0.2.9 compiles a string with maxLength/minLength to ``X_characters{m, n}`` over this class,
+# which admits raw control characters (U+0000-U+001F other than CR/LF) and no escapes: "\t" or
+# "\x17" inside the string, which no JSON parser accepts. Each such rule is rewritten to one JSON
+# string character: an unescaped character JSON allows, or an escape (still one character each).
+_BOUNDED_CHARS = re.compile(r'^(?P<name>\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
+_JSON_CHAR = (
+    r'(([^\0-\x1f\"\\]) | ("\\" [\"\\/bfnrt]) | ("\\u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))'
+)
+
+
+def json_legal_strings(grammar: Any) -> Any:
+    """``grammar`` with every bounded-string character rule limited to JSON-legal characters (the
+    same grammar when it has none)."""
+    text = str(grammar)
+    fixed, count = _BOUNDED_CHARS.subn(lambda m: f"{m.group('name')} ::= {_JSON_CHAR}", text)
+    return xgrammar().Grammar.from_ebnf(fixed) if count else grammar
+
+
 def build_grammar(so: StructuredOutputs) -> Any:
     """The constraint as an xgrammar ``Grammar`` (needs no tokenizer); raises GrammarError naming the problem."""
     problem = so.validation_error()
@@ -69,8 +87,8 @@ def build_grammar(so: StructuredOutputs) -> Any:
     kind = so.kind
     try:
         if kind == "json_schema":
-            return xgr.Grammar.from_json_schema(
-                json.dumps(so.schema()), any_whitespace=so.any_whitespace, strict_mode=True
+            return json_legal_strings(
+                xgr.Grammar.from_json_schema(json.dumps(so.schema()), any_whitespace=so.any_whitespace, strict_mode=True)
             )
         if kind == "json_object":
             schema = {"type": "object"}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import Device, get_device
+from prefixflow.pipeline.advisor.engine_path import engine_path
 from prefixflow.pipeline.advisor.estimate import Estimate, estimate_all
 from prefixflow.pipeline.advisor.labels import label_advice
 from prefixflow.pipeline.advisor.memory import (
@@ -20,7 +21,9 @@ from prefixflow.pipeline.advisor.memory import (
     choose_precision,
     fit,
     model_context_limit,
+    native_precision,
     precisions_for,
+    weight_bytes,
 )
 from prefixflow.pipeline.advisor.questions import Answer, Facts, answer_all
 from prefixflow.pipeline.advisor.render import TokenizerOnlyModel, render_sample
@@ -165,13 +168,17 @@ def advise(
     facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs,
                   (card.checkpoint_precision, card.checkpoint_bytes))  # fmt: skip
     answers = answer_all(facts)
-    estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff)
+    dense = weight_bytes(shape, native_precision(device))
+    path = engine_path(spec.model, device.dtype, "cuda" if device.is_gpu else "cpu", cfg.engine.get("quantization"),
+                       card.checkpoint_precision, dense, device.memory_bytes // max(device.devices, 1))  # fmt: skip
+    estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff, path)
     timings["total_s"] = time.perf_counter() - t0
     model = {"model": spec.model, "name": card.name, "format": card.format,
              "checkpoint_precision": card.checkpoint_precision, "checkpoint_bytes": card.checkpoint_bytes,
              "params": shape.total_params, "layers": shape.num_layers, "hidden_size": shape.hidden_size,
              "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
-             "context": model_context_limit(card.hf_config, limits)}  # fmt: skip
+             "context": model_context_limit(card.hf_config, limits),
+             "engine_path": dataclasses.asdict(path)}  # fmt: skip
     kv_elem = 4 if device.dtype == "float32" else 2
     labels = label_advice(cfg, card.tokenizer, rendered, sample)
     return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,

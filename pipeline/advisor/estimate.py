@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import DEVICES, Device
+from prefixflow.pipeline.advisor.engine_path import CPU_FLOAT32_PACKED_SLOWDOWN, DENSE, EnginePath
 from prefixflow.pipeline.advisor.memory import EngineLimits, Footprint, choose_precision, weight_bytes
 from prefixflow.pipeline.advisor.roofline import Ceilings, ModelShape, job_cost, lower_bound_seconds
 from prefixflow.pipeline.advisor.workload import Workload
@@ -98,12 +99,38 @@ def estimate(
 
 def estimate_all(
     shape: ModelShape, cfg: dict[str, Any], target: Device, w: Workload, limits: EngineLimits,
-    seqs: Footprint, target_efficiency: tuple[float, float, str] | None = None,
+    seqs: Footprint, target_efficiency: tuple[float, float, str] | None = None, path: EnginePath = DENSE,
 ) -> list[Estimate]:  # fmt: skip
-    """The target device first, then every GPU type, each at the precision question 1 picks for it."""
+    """The target device first, then every GPU type, each at the precision question 1 picks for it,
+    except that a checkpoint the engine runs packed (``path``) is priced as that path."""
     devices = [target] + [d for name, d in DEVICES.items() if name != target.name]
     out = []
     for d in devices:
         precision, tp = choose_precision(shape, cfg, d, limits, seqs)
-        out.append(estimate(shape, d, precision, tp, w, limits, target_efficiency if d is target else None))
+        eff = target_efficiency if d is target else None
+        if path.precision is not None and tp == 1:
+            out.append(_packed(shape, d, path, w, limits, eff, precision))
+        else:
+            out.append(estimate(shape, d, precision, tp, w, limits, eff))
     return out
+
+
+def _packed(
+    shape: ModelShape, device: Device, path: EnginePath, w: Workload, limits: EngineLimits,
+    measured: tuple[float, float, str] | None, dense: str,
+) -> Estimate:  # fmt: skip
+    """The engine's packed path: the bound reads the packed weights; on the CPU in float32 the packed
+    kernels are slower than the dense matmul, so the expected range is the dense path's times that
+    slowdown (as an efficiency against the packed bound)."""
+    assert path.precision is not None
+    if measured is not None or device.is_gpu or device.dtype != "float32":
+        return estimate(shape, device, path.precision, 1, w, limits, measured)
+    lo, hi, _ = EFFICIENCY["cpu"]
+    packed = estimate(shape, device, path.precision, 1, w, limits)
+    plain = estimate(shape, device, dense, 1, w, limits)
+    ratio = packed.lower_bound_s / plain.lower_bound_s if plain.lower_bound_s else 1.0
+    slow_lo, slow_hi = CPU_FLOAT32_PACKED_SLOWDOWN
+    source = (f"CPU, float32, {path.label}: the dense float32 efficiency {lo:.2f}-{hi:.2f} (issue 5 throughput) "
+              f"over the packed path's {slow_lo}-{slow_hi}x per-layer slowdown (benchmarks/RESULTS.md "
+              "'Quantized weights on the CPU')")  # fmt: skip
+    return estimate(shape, device, path.precision, 1, w, limits, (ratio * lo / slow_hi, ratio * hi / slow_lo, source))

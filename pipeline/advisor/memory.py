@@ -190,19 +190,22 @@ def fit(
     )
 
 
+MAX_TP = 64  # the largest tensor-parallel group the advisor considers
+
+
 def choose_precision(
     shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, seqs: Footprint = Footprint()
 ) -> tuple[str, int]:
     """What question 1 picks: the native precision if it leaves headroom, else the first quantized one that
-    does, else the smallest tensor-parallel group (of native weights) that does."""
+    does, else the smallest tensor-parallel group (of native weights) that does, else the smallest group
+    that fits at all, else ``MAX_TP`` (and ``fit`` on that group says it does not fit)."""
     native = native_precision(device)
     for p in (native, *quant_order(device)):
         if fit(shape, cfg, device, limits, p, seqs).headroom:
             return p, 1
-    tp = 2
-    while tp < 64:
-        group = device.group(tp)
-        if fit(shape, cfg, group, limits, native, seqs).headroom:
-            break
-        tp *= 2
-    return native, tp
+    groups = [1 << k for k in range(1, MAX_TP.bit_length())]
+    fits = [(tp, fit(shape, cfg, device.group(tp), limits, native, seqs)) for tp in groups]
+    for tp, x in fits:
+        if x.headroom:
+            return native, tp
+    return native, next((tp for tp, x in fits if x.fits), MAX_TP)

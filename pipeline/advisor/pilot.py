@@ -12,6 +12,7 @@ from prefixflow.pipeline.advisor.estimate import bytes_per_param, ceilings
 from prefixflow.pipeline.advisor.memory import EngineLimits, native_precision
 from prefixflow.pipeline.advisor.roofline import ModelShape, lower_bound_seconds
 from prefixflow.pipeline.advisor.sample import Sample
+from prefixflow.pipeline.advisor.speculation import replay_ngram
 from prefixflow.pipeline.advisor.workload import PilotResult
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.rows import Prepared, RowPreparer
@@ -40,12 +41,16 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
     elapsed = time.perf_counter() - start
     after = llm.stats().as_dict()
     outputs, caps = [], []
+    replay = [0, 0, 0]
     for rec in records:
         p = prepared.get(rec["id"])
         if p is not None and p.prompt is not None and rec.get("finish_reason") in ("stop", "length") \
                 and rec.get("output_tokens"):
             outputs.append(int(rec["output_tokens"]))
             caps.append(p.params.max_tokens)
+            out_ids = llm.tokenizer.encode(str(rec.get("output") or ""), add_special_tokens=False)
+            for j, v in enumerate(replay_ngram(p.prompt, out_ids)):
+                replay[j] += v
     return PilotResult(
         rows=len(records),
         output_tokens=outputs,
@@ -60,6 +65,7 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
         requests=[(int(r["prompt_tokens"]), max(1, int(r["output_tokens"] or 0)),
                    min(int(r["cached_tokens"] or 0), max(int(r["prompt_tokens"]) - 1, 0)))
                   for r in records if r.get("prompt_tokens")],  # fmt: skip
+        ngram_replay=(replay[0], replay[1], replay[2]),
     )
 
 

@@ -15,10 +15,12 @@ from prefixflow.pipeline.advisor.memory import (
     Footprint,
     choose_precision,
     crossover_tokens,
+    fit,
     native_precision,
 )
 from prefixflow.pipeline.advisor.roofline import ModelShape
 from prefixflow.pipeline.advisor.sharing import Sharing
+from prefixflow.pipeline.advisor.speculation import REPLAY_K
 from prefixflow.pipeline.advisor.template_order import OrderFlag
 from prefixflow.pipeline.advisor.workload import Dist, Workload
 from prefixflow.pipeline.config import JobConfig
@@ -27,6 +29,7 @@ SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and orderin
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots
 PAGING_GAIN = 1.5  # paged / contiguous concurrency ratio at which paging decides the batch size
 MAX_SEQS_CAP = 1024
+SPECULATION_PAYS = 1.3  # tokens per decode step under n-gram lookup (pilot replay) worth speculating for
 QUANT_METHODS = {  # the engine's `quantization:` setting quantizes a full-precision checkpoint as it loads
     "fp8": "fp8 W8A8 (engine quantization: fp8, or an fp8 compressed-tensors checkpoint)",
     "int8": "int8 weights (engine quantization: int8)",
@@ -58,13 +61,21 @@ class Facts:
     seqs: Footprint
     checkpoint: tuple[str, int | None] = ("", None)  # how the checkpoint stores its weights, bytes on disk
     settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
+    group: Fit | None = None  # question 1 chose tensor parallelism: the fit on that group of devices
 
     @property
     def native(self) -> Fit:
         return self.fits[native_precision(self.device)]
 
     def chosen(self) -> Fit:
+        """The fit the later questions size the batch from: the chosen precision on the chosen group."""
+        if self.group is not None:
+            return self.group
         return self.fits[self.settings.get("quantization") or native_precision(self.device)]
+
+    @property
+    def nothing_fits(self) -> bool:
+        return not self.chosen().fits
 
     def crossover_tokens(self, precision: str) -> float:
         return crossover_tokens(self.device, precision)
@@ -94,6 +105,17 @@ def q1_fit(f: Facts) -> Answer:
         f.settings.update(tensor_parallel_size=f.device.devices, pipeline_parallel_size=tp)
     if pcie and (tp > 1 or f.device.devices > 1):
         evidence.append(split_traffic(f.shape, tp * f.device.devices, 2 if f.device.dtype != "float32" else 4))
+    if tp > 1:
+        f.group = fit(f.shape, f.hf_config, f.device.group(tp), f.limits, precision, f.seqs)
+    if f.nothing_fits:
+        f.settings["fits"] = False
+        size = tp * f.device.devices
+        evidence.append(f"{precision} over {size} x {f.device.name}: weights {f.chosen().weight_bytes / GB:.1f} GB, "
+                        f"KV pool {f.chosen().kv_tokens:,} tokens")  # fmt: skip
+        rec = (f"nothing fits: not even {size} x {f.device.name} (tensor_parallel_size={size}, the largest "
+               f"group considered) leaves room for a KV pool of two blocks; use GPUs with more memory, or a "
+               "smaller or quantized checkpoint. No engine settings are recommended")  # fmt: skip
+        return Answer(1, q, "no", evidence, rec)
     if n.headroom:
         rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
                f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
@@ -190,6 +212,9 @@ def q3_output_lengths(f: Facts) -> Answer:
 
 def q4_fragmentation(f: Facts) -> Answer:
     x = f.chosen()
+    if f.nothing_fits:
+        return Answer(4, "Does KV fragmentation cap the batch?", "not applicable",
+                      [f"no KV pool fits ({x.kv_tokens:,} tokens)"], "nothing fits (question 1): no batch to size")  # fmt: skip
     ctx = max(x.max_model_len, 1)
     contiguous = x.kv_tokens // ctx
     paged = x.seqs_at_mean
@@ -198,7 +223,7 @@ def q4_fragmentation(f: Facts) -> Answer:
                 f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
     capped = contiguous < f.limits.max_num_seqs
     verdict = "yes" if capped and paged >= PAGING_GAIN * max(contiguous, 1) else "no"
-    seqs = max(1, min(paged, MAX_SEQS_CAP))
+    seqs = max(1, min(paged, MAX_SEQS_CAP))  # the pool holds two blocks at least (it fits): one sequence runs
     f.settings["max_num_seqs"] = seqs
     f.settings["max_model_len"] = x.max_model_len
     if verdict == "yes":
@@ -239,11 +264,29 @@ def q5_speculation(f: Facts) -> Answer:
     batch = min(x.seqs_at_mean, f.limits.max_num_seqs)
     evidence.append(f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
                     f"tokens ({x.precision} on {f.device.name})")  # fmt: skip
+    pilot = f.workload.pilot
+    proposed, accepted, steps = pilot.ngram_replay if pilot is not None else (0, 0, 0)
+    tokens = accepted + steps
+    per_step = tokens / steps if steps else 0.0
+    if steps:
+        evidence.append(f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
+                        f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step")  # fmt: skip
     if batch >= cross / 4:
-        rec = "no speculative decoding: at this batch the spare compute that draft tokens need is not there"
+        rec = ("no speculative decoding: at this batch the spare compute that draft tokens need is not there "
+               "(speculative: {method: ngram} with num_speculative_tokens: auto would keep itself off)")  # fmt: skip
+        return Answer(5, q, "no", evidence, rec)
+    if steps and per_step >= SPECULATION_PAYS:
+        f.settings["speculative_decoding"] = True
+        return Answer(5, q, "likely", evidence,
+                      f"speculative: {{method: ngram}}: at only {batch} sequences per step decode is bound by reading "
+                      f"weights, and {per_step:.2f} tokens per step would come almost for free")  # fmt: skip
+    if steps:
+        rec = (f"no: at {per_step:.2f} tokens per step the lookup is rarely right on this job's outputs "
+               "(a draft model might be; num_speculative_tokens: auto would keep n-gram speculation off)")  # fmt: skip
     else:
-        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, "
-               "so draft tokens would be nearly free: speculative decoding could raise tokens/s (not built in prefixflow)")  # fmt: skip
+        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, so "
+               "draft tokens would be nearly free: run --pilot N to measure how often n-gram lookup would be right "
+               "(speculative: {method: ngram})")  # fmt: skip
     return Answer(5, q, "no", evidence, rec)
 
 

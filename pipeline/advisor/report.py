@@ -32,8 +32,11 @@ def _span(lo: str, hi: str) -> str:
 
 
 def engine_settings(advice: Advice) -> dict[str, Any]:
-    """The recommended settings as a job config's ``engine:`` section (only EngineConfig fields)."""
+    """The recommended settings as a job config's ``engine:`` section (only EngineConfig fields, only
+    values it accepts; empty when nothing fits)."""
     s = advice.settings
+    if s.get("fits") is False:
+        return {}
     keys = ("ordering", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
     out: dict[str, Any] = {k: s[k] for k in keys if k in s}
     if s.get("quantization"):
@@ -52,7 +55,8 @@ def print_advice(console: Console, advice: Advice) -> None:
     console.rule("[bold]prefixflow advice")
     console.print(f"model {m['model']} ({m['format']}, stored {m['checkpoint_precision']}, "
                   f"{m['params'] / 1e6:,.0f} M parameters, context {m['context']:,}); "
-                  f"target {d.name} ({d.source})", soft_wrap=True)  # fmt: skip
+                  f"target {d.name} ({d.source}); the engine runs its weights {m['engine_path']['label']}",
+                  soft_wrap=True)  # fmt: skip
     console.print(f"sample: {w.sampled_rows:,} of {w.total_rows:,} rows "
                   f"({advice.timings.get('total_s', 0):.1f} s)", soft_wrap=True)  # fmt: skip
     if advice.skipped_shards:
@@ -110,7 +114,10 @@ def print_advice(console: Console, advice: Advice) -> None:
         console.print(f"   -> {a.recommendation}", soft_wrap=True, markup=False)
 
     console.print("\n[bold]Recommended engine settings[/] (job config `engine:` section)")
-    console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
+    if advice.settings.get("fits") is False:
+        console.print(f"  [red]none: nothing fits[/] on {d.name}: {advice.answers[0].recommendation}", soft_wrap=True)
+    else:
+        console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
 
     console.print("\n[bold]Time and cost[/] for the whole input, one lane")
     t = Table(show_edge=False, pad_edge=False, box=None)

@@ -126,7 +126,8 @@ def test_fuzzed_sampling_params_never_raise_and_never_touch_the_good_request(llm
     assert fuzzed.num_output_tokens <= limit
     if params.logprobs is not None:
         assert fuzzed.logprobs is not None and len(fuzzed.logprobs) == fuzzed.num_output_tokens
-        assert all(math.isfinite(lp.logprob) or lp.logprob == -math.inf for lp in fuzzed.logprobs)
+        for token, position in zip(fuzzed.token_ids, fuzzed.logprobs):
+            assert math.isfinite(position[token].logprob) or position[token].logprob == -math.inf
     assert not llm.engine.has_unfinished()
 
 

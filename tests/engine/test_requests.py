@@ -107,11 +107,11 @@ def test_min_tokens_blocks_eos(llm):
 def test_logprobs_of_sampled_and_top_alternatives(llm):
     out = llm.generate(["logprobs"], SamplingParams(max_tokens=5, logprobs=3, ignore_eos=True))[0]
     assert len(out.logprobs) == 5
-    for token, lp in zip(out.token_ids, out.logprobs):
-        assert lp.token_id == token and lp.logprob <= 0.0
-        assert len(lp.top) == 3 and lp.top[0][0] == token  # greedy: the sampled token is the best
-        assert lp.top[0][1] == pytest.approx(lp.logprob)
-        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+    for token, position in zip(out.token_ids, out.logprobs):
+        assert list(position)[0] == token and position[token].logprob <= 0.0
+        assert len(position) == 3 and position[token].rank == 1  # greedy: the sampled token is the best
+        values = [lp.logprob for lp in position.values()]
+        assert values == sorted(values, reverse=True) and [lp.rank for lp in position.values()] == [1, 2, 3]
 
 
 def test_stream_yields_every_request_once_with_stats(llm):
@@ -137,7 +137,8 @@ def test_score_choices_equal_the_model_logprobs(llm):
         0
     ].logprobs[0]
     tok = llm.tokenizer
-    clean = [(t, lp) for t, lp in first.top if tok.encode(tok.decode([t]), add_special_tokens=False) == [t]]
+    top = [(t, lp.logprob) for t, lp in first.items()]
+    clean = [(t, lp) for t, lp in top if tok.encode(tok.decode([t]), add_special_tokens=False) == [t]]
     assert len(clean) >= 2
     choices = [tok.decode([t]) for t, _ in clean]
     scores = llm.score_choices([prompt_ids], [choices])[0]

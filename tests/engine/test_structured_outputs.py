@@ -57,6 +57,27 @@ def test_json_schema_outputs_parse_and_validate(llm):
     assert llm.stats().masked_steps > 0
 
 
+BOUNDED = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 12},
+                   "notes": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}},
+    "required": ["name", "notes"],
+}  # fmt: skip
+
+
+def test_bounded_strings_hold_only_json_legal_characters(llm):
+    """xgrammar 0.2.9's rule for maxLength/minLength strings admits raw control characters (a tab, \x06),
+    which the tiny model's byte-level vocabulary emits readily; every output must parse."""
+    so = StructuredOutputs(json_schema=BOUNDED)
+    params = [SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured=so) for s in range(12)]
+    outs = llm.generate(PROMPTS[:6] * 2, params)
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        value = json.loads(out.text)  # strict: a raw control character inside a string fails here
+        jsonschema.validate(value, BOUNDED)
+        assert not any(ord(c) < 0x20 for c in out.text)  # no raw control character anywhere
+
+
 def test_grammar_end_finishes_a_request_of_a_model_that_lists_no_eos():
     """A model source without EOS ids (as the benchmarks build them): the tokenizer's EOS ends the grammar,
     and the request finishes there instead of failing on the next token."""

@@ -29,7 +29,7 @@ def test_request_output_has_vllms_outputs_list(llm) -> None:
     (sample,) = out.outputs
     assert out.finished and sample.index == 0 and out.prompt == "hello there"
     assert sample.text == out.text and sample.token_ids == out.token_ids and sample.finish_reason == "length"
-    assert sample.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+    assert sample.cumulative_logprob == pytest.approx(sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids)))
 
 
 @torch.inference_mode()

@@ -16,6 +16,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ class LocalRayCluster:
     def _start_node(self, ip: str, head: bool, node_env: dict[str, str] | None = None) -> RayNode:
         temp = self.root / f"n{len(self.nodes)}"  # short: Ray's socket paths must stay under 108 bytes
         temp.mkdir(parents=True, exist_ok=True)
-        args = ["ray", "start", "--block", f"--node-ip-address={ip}", "--num-cpus=1", "--num-gpus=0",
+        # the `ray` console script of this interpreter's Ray (a PATH lookup could find another one)
+        args = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={ip}", "--num-cpus=1", "--num-gpus=0",
                 f"--resources={json.dumps({'lane': 1})}", f"--object-store-memory={OBJECT_STORE_BYTES}",
                 f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port(ip)}",
                 "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]  # fmt: skip

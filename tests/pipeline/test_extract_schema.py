@@ -155,13 +155,13 @@ def test_invalid_schemas_fail_up_front(schema, words):
 def test_outputs_are_validated_against_the_schema():
     ex = Extraction(REVIEW)
     good = '{"sentiment": "neutral", "product": "mug", "stars": 3, "issues": ["chipped"]}'
-    value, problem = ex.parse(good, "stop")
-    assert problem is None and value["stars"] == 3 and value["issues"] == ["chipped"]
-    value, problem = ex.parse('{"sentiment": "neutral", "product": "mu', "length")
-    assert value is None and "max_tokens was reached" in problem
-    value, problem = ex.parse('{"sentiment": "meh", "product": "mug", "stars": 3, "issues": []}', "stop")
-    assert value is None and "$.sentiment" in problem and "'meh'" in problem
-    value, problem = ex.parse('{"sentiment": "neutral", "product": "mug", "stars": 9, "issues": []}', "stop")
-    assert value is None and "$.stars" in problem and "maximum" in problem
-    value, problem = ex.parse("not json", "stop")
-    assert value is None and "not valid JSON" in problem
+    value, kind, problem = ex.parse(good, "stop")
+    assert kind is problem is None and value["stars"] == 3 and value["issues"] == ["chipped"]
+    value, kind, problem = ex.parse('{"sentiment": "neutral", "product": "mu', "length")
+    assert value is None and kind == "truncated_json" and "max_tokens was reached" in problem
+    value, kind, problem = ex.parse('{"sentiment": "meh", "product": "mug", "stars": 3, "issues": []}', "stop")
+    assert value is None and kind == "schema" and "$.sentiment" in problem and "'meh'" in problem
+    value, kind, problem = ex.parse('{"sentiment": "neutral", "product": "mug", "stars": 9, "issues": []}', "stop")
+    assert value is None and kind == "schema" and "$.stars" in problem and "maximum" in problem
+    value, kind, problem = ex.parse("not json", "stop")
+    assert value is None and kind == "schema" and "not valid JSON" in problem

@@ -118,3 +118,35 @@ def test_bar_mode_draws_rows_rates_and_eta_on_a_terminal() -> None:
 
 def test_clock_text() -> None:
     assert clock_text(None) == "?" and clock_text(3725.4) == "1:02:05" and clock_text(float("inf")) == "?"
+
+
+def test_eta_holds_while_a_batch_of_long_generations_decodes() -> None:
+    """The issue's run: 24 rows decode together for minutes and none finishes. Tokens must count per
+    engine step (tok/s is the decode rate, not 0), and the ETA must stay near the truth instead of
+    climbing towards 1,620 hours. Two batches of 24 rows, each row 50 prompt + 400 output tokens, the
+    engine sampling 24 tokens a second (one per running row); the truth is known at every tick."""
+    clock = FakeClock()
+    stats = SimpleNamespace(computed_prompt_tokens=0, output_tokens=0, generated_tokens=0)
+    display = ProgressDisplay(48, mode="log", stream=io.StringIO(), engine_stats=lambda: stats, clock=clock)
+    display.tick()
+    start = clock.now
+    errors = []
+    for batch in range(2):
+        stats.computed_prompt_tokens += 24 * 50  # one prefill step
+        for second in range(400):
+            clock.now += 1
+            stats.generated_tokens += 24
+            if second == 399:
+                stats.output_tokens += 24 * 400
+                display.advance(24, prompt_tokens=24 * 50, output_tokens=24 * 400)
+            display.tick()
+            snap = display.snapshot()
+            assert snap.tokens >= stats.generated_tokens  # moves every step
+            if batch == 0 and second < 399:
+                assert snap.rows == 0 and snap.eta_s is None  # nothing says yet how long a row is
+            true_left = 800 - (clock.now - start)
+            if snap.eta_s is not None and true_left > 0:
+                errors.append(abs(snap.eta_s - true_left) / true_left)
+        assert display.snapshot().tokens_per_s is not None and display.snapshot().tokens_per_s > 20
+    assert errors and max(errors) < 0.25, max(errors)
+    assert display.snapshot().eta_s == 0.0

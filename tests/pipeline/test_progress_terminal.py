@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.pipeline.support import ENGINE, job, write_dataset
@@ -97,3 +98,25 @@ def test_label_rows_count_up_before_the_scoring_batch_finishes(tmp_path: Path) -
     final_tokens = frames[-1][1]
     early = {rows for rows, tokens in frames if 0 < rows < ROWS and tokens < final_tokens}
     assert len(early) >= ROWS // 2, frames
+
+
+@pytest.mark.slow  # a subprocess in a pty decoding 24 x 120 tokens, about 30 s here
+def test_tokens_count_per_engine_step_before_any_row_finishes(tmp_path: Path) -> None:
+    """The issue's case: every row decodes at once and none finishes for a long while. The bar must
+    show the token count climbing (and a tok/s above 0) while it still reads 0/N rows; counted only
+    when rows finish, it stayed at the prompt tokens. Only the order of events decides this."""
+    write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
+    cfg = job("generate", output={"shard_rows": ROWS, "flush_rows": ROWS},
+              engine={**ENGINE, "max_num_seqs": 32, "max_model_len": 256},
+              sampling={"max_tokens": 120, "ignore_eos": True})  # fmt: skip
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TERM": "xterm", "PREFIXFLOW_PROGRESS_REFRESH": "0"}
+    code, screen = _run_in_pty(_argv(tmp_path, job_file, "out"), env)
+    assert code == 0, screen[-3000:]
+    frames = [(int(m.group(1)), int(m.group(2).replace(",", "")), m.group(3))
+              for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens\s+([\d,?]+) tok/s", screen)]  # fmt: skip
+    assert frames and frames[-1][0] == ROWS
+    before_any_row = [(tokens, rate) for rows, tokens, rate in frames if rows == 0]
+    assert len({tokens for tokens, _ in before_any_row}) >= 3, before_any_row  # prefill, then every decode step
+    assert any(rate not in ("?", "0") for _, rate in before_any_row), before_any_row

@@ -81,13 +81,14 @@ def test_extract_job_writes_typed_columns_that_validate(tmp_path: Path, tiny_llm
     assert got[0][0] == 8 and 0 <= got[0][1] <= 9 and got[0][2] <= 2 and got[0][3] == "BOOLEAN"
 
 
-def test_output_cut_by_max_tokens_is_a_schema_error_row(tmp_path: Path, tiny_llm) -> None:
+def test_output_cut_by_max_tokens_is_a_truncated_json_error_row(tmp_path: Path, tiny_llm) -> None:
+    """max_tokens ending a constrained output is named as such (it was a ``schema`` error)."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=4)
     summary = _run(tmp_path, tiny_llm, _extract_job(sampling={"max_tokens": 6}))
     df = pl.read_parquet(summary.data_glob)
-    assert summary.error_rows == 4 and summary.errors_by_class == {"schema": 4}
+    assert summary.error_rows == 4 and summary.errors_by_class == {"truncated_json": 4}
     for row in df.to_dicts():
-        assert row["error_class"] == "schema" and "max_tokens was reached" in row["error"]
+        assert row["error_class"] == "truncated_json" and "max_tokens was reached" in row["error"]
         assert row["extracted"] is None and row["output"]  # the partial text stays for inspection
         assert row["output"].startswith("{")
 

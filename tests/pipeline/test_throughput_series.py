@@ -51,7 +51,8 @@ def test_intervals_keep_stalls_and_the_last_partial_interval(tmp_path: Path) -> 
     assert (
         series.intervals[0].tokens_per_s == 3 * 110 / 5 and series.intervals[3].tokens_per_s == 2 * 110 / 2.5
     )
-    assert series.totals() == {"rows": 5, "prompt_tokens": 500, "cached_tokens": 200, "output_tokens": 50}
+    assert series.totals() == {"rows": 5, "prompt_tokens": 500, "cached_tokens": 200, "output_tokens": 50,
+                               "computed_tokens": 0, "generated_tokens": 0}  # fmt: skip
     rec.resumed(100)  # rows of an earlier attempt are not this lane's throughput
     assert sum(i.rows for i in rec.series.intervals) == 5
 
@@ -93,3 +94,56 @@ def test_png_chart_when_matplotlib_is_installed() -> None:
         assert png is None  # the optional extra is missing: no PNG, the SVG still exists
     else:
         assert png is not None and png.startswith(b"\x89PNG")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_intervals_count_tokens_per_engine_step_not_when_rows_finish() -> None:
+    """24 rows decode for 200 s and finish together: every interval shows the decode rate; counted
+    only at row finishes, 195 s read 0 tok/s and the last interval a spike."""
+    from types import SimpleNamespace
+
+    from prefixflow.pipeline.throughput_series import ThroughputRecorder
+
+    clock = _Clock()
+    stats = SimpleNamespace(computed_prompt_tokens=0, generated_tokens=0)
+    llm = SimpleNamespace(stats=lambda: stats, add_step_listener=lambda fn: listeners.append(fn) or (lambda: None))
+    listeners: list = []
+    recorder = ThroughputRecorder("lane-0", clock=clock, interval_s=5.0)
+    recorder.attach(llm)
+    stats.computed_prompt_tokens = 1200
+    listeners[0](stats)
+    for _ in range(200):
+        clock.now += 1
+        stats.generated_tokens += 24
+        listeners[0](stats)
+    recorder.advance(24, prompt_tokens=1200, output_tokens=4800)
+    recorder.flush()
+    intervals = recorder.series.intervals
+    assert len(intervals) >= 40
+    assert all(i.tokens_per_s > 0 for i in intervals[:-1])
+    assert all(abs(i.output_tokens_per_s - 24) < 1e-9 for i in intervals[1:-1])
+    totals = recorder.series.totals()
+    assert totals["generated_tokens"] == 4800 and totals["computed_tokens"] == 1200
+    assert recorder.series.from_json(recorder.series.to_json()).totals() == totals
+
+
+def test_a_real_engine_reports_its_steps_to_the_series(tmp_path) -> None:
+    from prefixflow.engine import LLM, SamplingParams
+    from prefixflow.pipeline.throughput_series import ThroughputRecorder
+
+    llm = LLM("tiny", max_model_len=128)
+    recorder = ThroughputRecorder("lane-0")
+    detach = recorder.attach(llm)
+    outs = llm.generate(["one", "two", "three"], SamplingParams(max_tokens=7, ignore_eos=True))
+    detach()
+    llm.generate(["after detach"], SamplingParams(max_tokens=3, ignore_eos=True))
+    totals = recorder.series.totals()
+    assert totals["generated_tokens"] == sum(o.num_output_tokens for o in outs) == 21
+    assert totals["computed_tokens"] == sum(o.num_prompt_tokens - o.num_cached_tokens for o in outs)

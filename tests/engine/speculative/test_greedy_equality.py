@@ -10,7 +10,7 @@ from tests.engine.speculative.helpers import prompts, run
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 NGRAM4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-ENGINE = dict(dtype="float32", device="cpu", block_size=4)
+ENGINE = dict(dtype="float32", device="cpu", block_size=4, num_kv_blocks=2048)  # a small pool: fast to build
 
 
 @pytest.mark.parametrize("batch", [1, 7, 64])
@@ -77,7 +77,7 @@ def test_penalties_and_logprobs_per_position():
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     for x, y in zip(a, b):
         assert len(y.logprobs) == len(y.token_ids)
-        for p, q in zip(x.logprobs, y.logprobs):
-            assert p.token_id == q.token_id and p.logprob == pytest.approx(q.logprob, abs=1e-4)
-            assert [t for t, _ in p.top] == [t for t, _ in q.top]
+        for token, p, q in zip(x.token_ids, x.logprobs, y.logprobs):  # vLLM's shape: {token id: Logprob}
+            assert list(p) == list(q) and p[token].logprob == pytest.approx(q[token].logprob, abs=1e-4)
+            assert [lp.rank for lp in p.values()] == [lp.rank for lp in q.values()]
     assert llm_on.stats().speculation["ngram"]["accepted"] > 0

@@ -13,7 +13,7 @@ from prefixflow.engine import LLM, SamplingParams
 from tests.engine.speculative.helpers import prompts, run
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-ENGINE = dict(dtype="float32", device="cpu", block_size=4)
+ENGINE = dict(dtype="float32", device="cpu", block_size=4, num_kv_blocks=2048)  # a small pool: fast to build
 
 
 @pytest.mark.parametrize("batch", [1, 7])
@@ -57,7 +57,7 @@ def looping_prompt() -> list[int]:
 def continuations(spec: dict | None, seeds: range) -> Counter:
     prompt = looping_prompt()
     params = [SamplingParams(temperature=1.0, top_k=3, seed=s, max_tokens=3, ignore_eos=True) for s in seeds]
-    llm = LLM("tiny", speculative_config=spec, max_num_seqs=512, **ENGINE)
+    llm = LLM("tiny", speculative_config=spec, max_num_seqs=512, **{**ENGINE, "num_kv_blocks": 16384})
     outs = llm.generate([prompt] * len(seeds), params)
     if spec is not None:
         assert llm.stats().speculation["ngram"]["accepted"] > 500  # the verified path did the sampling

@@ -120,6 +120,67 @@ def test_the_jobs_own_tensor_parallel_group_is_the_target(review_folder) -> None
     assert est.gpu_hours_lower == pytest.approx(est.lower_bound_s * 2 / 3600)
 
 
+def _shaped_model(root, name: str, **shape) -> str:
+    """A model directory with a large architecture's config.json and the tiny preset's tokenizer and
+    (mismatched, never loaded) weights: the advisor reads only the config and the tokenizer."""
+    import json
+    import shutil
+
+    from prefixflow.engine.presets import materialize
+
+    target = root / name
+    shutil.copytree(materialize("tiny"), target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg.update(vocab_size=128256, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, **shape)
+    (target / "config.json").write_text(json.dumps(cfg))
+    return str(target)
+
+
+LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64)
+TOO_BIG = dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=252, num_attention_heads=128)
+
+
+@pytest.mark.parametrize(
+    "model, gpu",
+    [("tiny", "h200"), ("tiny", "cpu"), ("llama-3.1-8b", "l4"), ("llama-3.1-8b", "cpu"), ("70b", "l4"),
+     ("70b", "h100"), ("70b", "a100-80g"), ("70b", "cpu")],
+)  # fmt: skip
+def test_recommended_settings_are_ones_the_engine_accepts(tmp_path, review_folder, model, gpu) -> None:
+    """Today's main recommended max_num_seqs 1 and max_model_len 0 for a 70B shape on L4 (TP=8): it sized
+    the batch from one L4 instead of the group of eight, and EngineConfig refuses max_model_len 0."""
+    from prefixflow.engine import EngineConfig
+    from prefixflow.pipeline.advisor.report import engine_settings
+
+    path = _shaped_model(tmp_path, "llama-70b", **LLAMA_70B) if model == "70b" else model
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}}
+    advice = advise(load_job(review_folder, "", path, job), gpu=gpu)
+    settings = engine_settings(advice)
+    EngineConfig(**settings)  # raises on any value the engine refuses
+    assert settings["max_model_len"] >= 64 and settings["max_num_seqs"] >= 1
+    if model == "70b" and gpu == "l4":  # eight L4s (as pipeline stages over PCIe), sized as a group of eight
+        group = settings.get("tensor_parallel_size", 1) * settings.get("pipeline_parallel_size", 1)
+        assert group == 8 and settings["max_num_seqs"] > 1
+
+
+def test_when_nothing_fits_the_advisor_says_so_and_recommends_nothing(tmp_path, review_folder) -> None:
+    import io
+
+    from rich.console import Console
+
+    from prefixflow.pipeline.advisor.report import engine_settings, print_advice
+
+    path = _shaped_model(tmp_path, "too-big", **TOO_BIG)  # ~1.6 TB of bf16 weights: more than 64 L4s hold
+    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}}
+    advice = advise(load_job(review_folder, "", path, job), gpu="l4")
+    q1 = _answer(advice, 1)
+    assert q1.verdict == "no" and q1.recommendation.startswith("nothing fits")
+    assert engine_settings(advice) == {}
+    assert _answer(advice, 4).verdict == "not applicable"
+    out = io.StringIO()
+    print_advice(Console(file=out, width=200), advice)
+    assert "none: nothing fits" in out.getvalue() and "max_model_len: 0" not in out.getvalue()
+
+
 def test_on_pcie_question_1_recommends_pipeline_over_tensor_parallelism(review_folder) -> None:
     """L4s talk over PCIe: the GPUs a model needs become pipeline stages, and the evidence says why."""
     job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}, "engine": {"tensor_parallel_size": 2}}

@@ -1,0 +1,170 @@
+"""Speculative decoding on the CPU: speculation off vs n-gram (k=4) vs n-gram auto, interleaved.
+
+Embedded SmolLM2-135M, one thread, greedy. Workloads (all through the chat template):
+- summarize: the demo reviews (then benchmarks/data/reviews.jsonl) with configs/jobs/summarize.yaml's prompt;
+- extract: the same texts with configs/jobs/extract.yaml's prompt and JSON schema (structured outputs);
+- varied: chat prompts of several kinds (questions, rewrites, replies) over tickets and news.
+Batch b runs b requests at once (b=1: requests one after another). Modes alternate A B C A B C in one
+process (one engine per mode, loaded once); each cell reports min and median over the repeats of output
+tokens per process CPU-second and per wall second, with acceptance, mean accepted length and tokens per
+step. Outputs must equal speculation-off's (checked). Run:
+
+    PYTHONPATH=. python3 benchmarks/spec_bench.py --repeats 2 --out benchmarks/results/spec_cpu.json
+
+GPU (owed, benchmarks/gpu_check.sh): the 8B shape with the 1B preset as draft at batch 1/16/256,
+``--model llama-3.1-8b --draft llama-3.2-1b --device cuda --batches 1,16,256 --per-batch 1:2,16:16,256:256``
+(random weights: acceptance says nothing there; the check is that ``auto`` never loses and what a
+verification step costs next to a decode step on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import yaml
+
+from prefixflow.engine import LLM, SamplingParams, StructuredOutputs
+
+ROOT = Path(os.environ.get("PREFIXFLOW_ROOT") or Path(__file__).resolve().parents[1])
+MODES = {
+    "off": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    "auto": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+}
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def texts() -> list[str]:
+    demo = jsonl(ROOT / "pipeline" / "data" / "demo_reviews.jsonl")
+    more = jsonl(ROOT / "benchmarks" / "data" / "reviews.jsonl")
+    return [r["text"] for r in demo] + [r["text"] for r in more]
+
+
+def workloads(llm: LLM) -> dict[str, tuple[list[str], list[SamplingParams]]]:
+    summ = yaml.safe_load((ROOT / "configs" / "jobs" / "summarize.yaml").read_text())
+    extr = yaml.safe_load((ROOT / "configs" / "jobs" / "extract.yaml").read_text())
+
+    def chat(system: str | None, user: str) -> str:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return llm.apply_chat_template(msgs)
+
+    docs = texts()
+    summarize = [chat(summ["system_prompt"], summ["template"].replace("{{ document }}", t).strip()) for t in docs]
+    extract = [chat(None, extr["template"].replace("{{ text }}", t).strip()) for t in docs]
+    tickets = [r["text"] for r in jsonl(ROOT / "benchmarks" / "data" / "tickets.jsonl")]
+    news = [r["text"] for r in jsonl(ROOT / "benchmarks" / "data" / "news.jsonl")]
+    asks = ["Write a short, polite reply to this customer message: {}", "What is the main problem here? {}",
+            "Rewrite this more formally: {}", "Give three keywords for: {}"]  # fmt: skip
+    varied = [chat(None, asks[i % len(asks)].format(t)) for i, t in enumerate(tickets)]
+    varied += [chat(None, f"Explain this news in simple words: {t}") for t in news]
+    greedy = SamplingParams(temperature=0.0, max_tokens=summ["sampling"]["max_tokens"])
+    schema = StructuredOutputs(json_schema=extr["schema"])
+    structured = SamplingParams(temperature=0.0, max_tokens=extr["sampling"]["max_tokens"], structured=schema)
+    return {
+        "summarize": (summarize, [greedy] * len(summarize)),
+        "extract": (extract, [structured] * len(extract)),
+        "varied": (varied, [SamplingParams(temperature=0.0, max_tokens=96)] * len(varied)),
+    }
+
+
+def counters(llm: LLM) -> dict[str, float]:
+    s = llm.stats()
+    spec = next(iter(s.speculation.values()), {})
+    return {"steps": s.steps, "out": s.output_tokens, "proposed": spec.get("proposed", 0),
+            "accepted": spec.get("accepted", 0), "runs": spec.get("runs", 0)}  # fmt: skip
+
+
+def run_cell(llm: LLM, prompts: list[str], params: list[SamplingParams], batch: int) -> tuple[dict, list]:
+    before = counters(llm)
+    wall, cpu = time.perf_counter(), time.process_time()
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += llm.generate(prompts[i : i + batch], params[i : i + batch])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = counters(llm)
+    d = {k: after[k] - before[k] for k in after}
+    d.update(wall_s=wall, cpu_s=cpu)
+    return d, [o.token_ids for o in outs]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--per-batch", default="1:3,8:8,64:64", help="batch:requests per cell")
+    ap.add_argument("--workloads", default="summarize,extract,varied")
+    ap.add_argument("--cap", default="", help="batch:max_tokens caps, e.g. 64:24 (a loaded host)")
+    ap.add_argument("--out", default="benchmarks/results/spec_cpu.json")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--draft", default=None, help="also run draft_model (k=4) and draft_model auto with this draft")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    args = ap.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    modes = dict(MODES)
+    if args.draft:
+        modes["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
+        modes["draft-auto"] = {"method": "draft_model", "model": args.draft}
+    memory = {"kv_cache_memory_bytes": 256 << 20, "quantization": "none"} if args.device == "cpu" else {}
+    engines = {m: LLM(args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec,
+                      **memory) for m, spec in modes.items()}  # fmt: skip
+    loads = workloads(engines["off"])
+    per = dict(tuple(int(x) for x in p.split(":")) for p in args.per_batch.split(","))
+    results: dict = {}
+    for name in args.workloads.split(","):
+        prompts, params = loads[name]
+        for batch in (int(b) for b in args.batches.split(",")):
+            n = per[batch]
+            caps = dict(tuple(int(x) for x in c.split(":")) for c in args.cap.split(",") if c)
+            cell_params = [replace(p, max_tokens=min(p.max_tokens or caps[batch], caps[batch])) if batch in caps else p
+                           for p in params[:n]]  # fmt: skip
+            cell: dict = {m: [] for m in modes}
+            reference = None
+            for rep in range(args.repeats):
+                for mode in modes:  # A B C A B C
+                    stats, tokens = run_cell(engines[mode], prompts[:n], cell_params, batch)
+                    if mode == "off":
+                        reference = tokens
+                    stats["identical"] = tokens == reference
+                    cell[mode].append(stats)
+                    print(name, batch, rep, mode, {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()},
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            results[f"{name}/b{batch}"] = cell
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"results": results, "load": os.getloadavg(),
+                                                  "torch": torch.__version__, "threads": 1}, indent=1))  # fmt: skip
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    rows = ["| workload | batch | mode | out tok / CPU-s (min, median) | out tok / wall-s (median) | vs off (CPU, median) "
+            "| acceptance | mean accepted | tokens / step | identical |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for key, cell in results.items():
+        name, batch = key.split("/b")
+        base = statistics.median(r["out"] / r["cpu_s"] for r in cell["off"])
+        for mode, reps in cell.items():
+            cpu = [r["out"] / r["cpu_s"] for r in reps]
+            wall = [r["out"] / r["wall_s"] for r in reps]
+            r0 = reps[0]
+            acc = r0["accepted"] / r0["proposed"] if r0["proposed"] else 0.0
+            mean_len = r0["accepted"] / r0["runs"] if r0["runs"] else 0.0
+            rows.append(f"| {name} | {batch} | {mode} | {min(cpu):.1f}, {statistics.median(cpu):.1f} | "
+                        f"{statistics.median(wall):.1f} | {statistics.median(cpu) / base:.2f}x | {acc:.2f} | "
+                        f"{mean_len:.2f} | {r0['out'] / r0['steps']:.2f} | {all(r['identical'] for r in reps)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
