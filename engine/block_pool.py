@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from prefixflow.engine.partial_index import PartialIndex
+
 
 def chain_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     """Deterministic across processes: Python hashes int tuples without a per-process salt."""
@@ -34,6 +36,7 @@ class BlockPool:
         self.evictions = 0
         self.num_free_cached = 0  # free blocks that still hold a findable prefix
         self.on_evict: Callable[[Block], None] | None = None  # sees a cached block before it is reused
+        self.partial = PartialIndex()  # token-granular sharing: blocks by the token run they hold
 
     @property
     def num_free_uncached(self) -> int:
@@ -48,7 +51,15 @@ class BlockPool:
         if not self.free:
             raise RuntimeError("KV block pool exhausted (scheduler must check capacity first)")
         block_id, _ = self.free.popitem(last=False)
-        block = self.blocks[block_id]
+        return self._hand_out(self.blocks[block_id])
+
+    def take(self, block: Block) -> Block:
+        """Hand out this free block (a shared partial block its new owner continues in place)."""
+        del self.free[block.block_id]
+        return self._hand_out(block)
+
+    def _hand_out(self, block: Block) -> Block:
+        self.partial.drop(block.block_id)
         if block.block_hash is not None:
             if self.on_evict is not None:
                 self.on_evict(block)

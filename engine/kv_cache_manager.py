@@ -33,9 +33,15 @@ class CachedPrefix:
     blocks: list[Block]
     hashes: list[int]
     host: list[HostBlock] = field(default_factory=list)
+    partial_block: int | None = None  # a device block whose first ``partial_tokens`` tokens continue the run
+    partial_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.hashes)
+
+    def tokens(self, block_size: int) -> int:
+        """Prompt tokens this prefix covers: its full blocks plus the shared part of the next one."""
+        return len(self.hashes) * block_size + self.partial_tokens
 
     @property
     def num_device(self) -> int:
@@ -60,6 +66,7 @@ class KVCacheManager:
         self.reserve_output_blocks = reserve_output_blocks
         self.pool = BlockPool(num_blocks, enable_caching)
         self._tables: dict[int, BlockTable] = {}
+        self.share_partial_blocks = True  # token-granular sharing (partial_index.py); off = block-granular
         self._plan = CopyPlan()
         self.host: HostTier | None = None
         if host_blocks > 0 and enable_caching:
@@ -116,7 +123,15 @@ class KVCacheManager:
         if self.host is not None and len(hits) < limit:
             host = self.host.continue_prefix(req.token_ids, parent, len(hits), limit, bs)
             hashes.extend(h.block_hash for h in host if h.block_hash is not None)
-        return CachedPrefix(hits, hashes, host)
+        start = len(hashes) * bs
+        if not self.share_partial_blocks:
+            return CachedPrefix(hits, hashes, host)
+        shared = self.pool.partial.best(
+            hashes[-1] if hashes else None, req.token_ids[start : start + bs], req.max_cache_hit_tokens - start
+        )
+        if shared is None or shared[1] == 0:
+            return CachedPrefix(hits, hashes, host)
+        return CachedPrefix(hits, hashes, host, shared[0], shared[1])
 
     def blocks_reserved(self, req: Request) -> int:
         """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
@@ -145,7 +160,8 @@ class KVCacheManager:
         to preempting it, or someone else, and computing it again.
         """
         idle_hits = sum(1 for b in prefix.blocks if b.ref_count == 0)
-        cached = len(prefix) * self.block_size
+        source = self.pool.blocks[prefix.partial_block] if prefix.partial_block is not None else None
+        cached = prefix.tokens(self.block_size)
         need = self._blocks_for(cached + num_new_tokens) - prefix.num_device  # host hits need device blocks
         if reserved is not None:
             whole = self._blocks_for(self.reservation_tokens(req)) - prefix.num_device
@@ -155,24 +171,31 @@ class KVCacheManager:
             return False
         for block in prefix.blocks:
             self.pool.acquire(block)
-        ids = [b.block_id for b in prefix.blocks]
-        if prefix.host:
-            ids += self._reload(prefix)
-            need -= len(prefix.host)
-        ids += [self.pool.allocate().block_id for _ in range(need)]
-        self._tables[req.key] = BlockTable(ids, list(prefix.hashes))
+        if self.host is not None and prefix.host:
+            self.host.pin(prefix.host)  # allocating below may offload, which must not overwrite these
+        own: list[int] = []
+        if source is not None and source.ref_count == 0:
+            # nobody holds the shared block: continue in it (no copy; a hashed one leaves the cache)
+            self.pool.take(source)
+            own.append(source.block_id)
+        ids = [b.block_id for b in prefix.blocks] + self._reload(prefix)
+        own += [self.pool.allocate().block_id for _ in range(need - len(prefix.host) - len(own))]
+        if source is not None and source.block_id != own[0]:
+            # copy-on-write: the shared tokens' KV into the request's own block (it writes the rest); the
+            # source is held by a running request, so nothing this step overwrites it before the copy
+            self._plan.local.append((source.block_id, own[0]))
+        self._tables[req.key] = BlockTable(ids + own, list(prefix.hashes))
         return True
 
     def _reload(self, prefix: CachedPrefix) -> list[int]:
         """Device blocks for the prefix's host hits, registered at once (the copies run before any
         forward pass of this step reads them)."""
-        assert self.host is not None
-        self.host.pin(prefix.host)  # allocating below may offload, which must not overwrite these
         ids: list[int] = []
         for host in prefix.host:
-            assert host.key is not None
+            assert self.host is not None and host.key is not None
             block = self.pool.allocate()
             self.pool.register(block, host.key[0], host.key[1])
+            self.pool.partial.set(block.block_id, host.key[0], host.key[1])
             self.host.reload(host, block.block_id, self._plan)
             ids.append(block.block_id)
         return ids
@@ -193,7 +216,15 @@ class KVCacheManager:
         for i in range(len(table.block_hashes), req.num_computed_tokens // bs):
             parent = table.block_hashes[i - 1] if i else None
             block = self.pool.blocks[table.block_ids[i]]
-            table.block_hashes.append(self.pool.register(block, parent, req.token_ids[i * bs : (i + 1) * bs]))
+            tokens = req.token_ids[i * bs : (i + 1) * bs]
+            table.block_hashes.append(self.pool.register(block, parent, tokens))
+            if self.pool.enable_caching:
+                self.pool.partial.set(block.block_id, parent, tokens)
+        i, extra = divmod(req.num_computed_tokens, bs)
+        if extra and self.pool.enable_caching and i < len(table.block_ids):
+            # the partial last block: findable for token-granular sharing, also after this request ends
+            parent = table.block_hashes[i - 1] if i else None
+            self.pool.partial.set(table.block_ids[i], parent, req.token_ids[i * bs : i * bs + extra])
 
     def truncate(self, req: Request) -> None:
         """Give back the blocks past ``req.num_computed_tokens`` (rejected speculative positions)."""

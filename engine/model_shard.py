@@ -40,7 +40,7 @@ INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, c
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
 PIPELINE_STATS = 4  # rank 0 gets [world, 4]: every rank's compute s, wait s, bytes sent, steps (PP only)
 COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
-KV_COPY = 4  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
+KV_COPY = 5  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
 
 
 class ModelShard:

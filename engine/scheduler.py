@@ -110,7 +110,7 @@ class Scheduler:
             if held and self.kv.num_free_uncached_blocks - reserved - held_need < own_blocks:
                 held.append(req)  # it would evict what the held requests are about to reuse
                 break
-            cached = len(prefix) * bs
+            cached = prefix.tokens(bs)
             n = min(req.num_tokens - cached, budget)
             if not self.kv.admit(req, prefix, n, reserved if self.running else None):
                 held.append(req)

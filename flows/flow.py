@@ -125,6 +125,7 @@ def batch_inference(
     quantization: str | None = None,
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
+    kv_offload_gb: float | None = None,
     speculative_method: str | None = None,
     num_speculative_tokens: int | str | None = None,
     speculative_model: str | None = None,

@@ -96,6 +96,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
+    JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
+              "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
+              type=float),  # fmt: skip
     JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
               "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
     JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -37,6 +38,11 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
     "speculative_model": ("speculative", "model"),
     "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
+    "kv_offload_gb": ("engine", "kv_offload_bytes"),
+}
+# shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
+SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
+    "kv_offload_gb": lambda gib: round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib,
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
@@ -56,6 +62,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "enforce_eager": "CUDA graphs replay the same kernels",
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
+    "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
     "speculative_config": "verification emits exactly the tokens the model samples without it",
     "pipeline_parallel_size": "how the same layers are split over devices",
     "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
@@ -196,7 +203,7 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[st
             if not isinstance(node, dict):
                 raise JobConfigError(f"job config: {section}: expected a mapping, got {node!r}")
             data[section] = node
-            node[sub] = value
+            node[sub] = SHORTCUT_VALUES.get(key, lambda v: v)(value)
         elif key in top:
             if isinstance(value, dict) and isinstance(data.get(key), dict):
                 data[key] = {**data[key], **value}

@@ -1,9 +1,10 @@
 """The block copies one step needs before its forward pass, in the order they must run.
 
 Offloads (device -> host) go first: a device block evicted this step may be handed out again, in
-the same step, as the target of a partial-block copy or a reload. Partial-block copies (device ->
-device, copy-on-write of a shared last block) go next: their source may be a block a reload
-overwrites. Reloads (host -> device) go last. The plan is a flat int64 tensor so rank 0 can
+the same step, as the target of a reload or a partial-block copy. Reloads (host -> device) go next: a
+block reloaded this step may be the source of a partial-block copy. Partial-block copies (device ->
+device, copy-on-write of a shared last block) go last; their sources are held through the step, so
+nothing this step allocates can overwrite one. The plan is a flat int64 tensor so rank 0 can
 broadcast it to tensor-parallel workers exactly like a step.
 """
 

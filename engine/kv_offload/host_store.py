@@ -54,10 +54,10 @@ class HostKVStore:
     def _run(self, plan: CopyPlan) -> None:
         for part in _chunks(plan.offload):
             self._offload(part)
-        if plan.local:
-            self._local(plan.local)
         for part in _chunks(plan.reload):
             self._reload(part)
+        if plan.local:
+            self._local(plan.local)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -65,14 +65,11 @@ class HostKVStore:
     def _offload(self, pairs: list[tuple[int, int]]) -> None:
         dev = self._ids([d for d, _ in pairs])
         staged = self.kv_cache.index_select(2, dev).permute(2, 0, 1, 3, 4, 5).contiguous()
-        if self.stream is None:
-            self.host[torch.tensor([h for _, h in pairs])] = staged
+        for i, (_, h) in enumerate(pairs):  # one contiguous block_bytes copy per block
+            self.host[h].copy_(staged[i], non_blocking=self.stream is not None)
             self.copies += 1
-            return
-        for i, (_, h) in enumerate(pairs):
-            self.host[h].copy_(staged[i], non_blocking=True)
-            self.copies += 1
-        staged.record_stream(self.stream)
+        if self.stream is not None:
+            staged.record_stream(self.stream)
 
     def _reload(self, pairs: list[tuple[int, int]]) -> None:
         dev = self._ids([d for _, d in pairs])

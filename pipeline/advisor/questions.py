@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import Device
+from prefixflow.pipeline.advisor.host_tier import host_memory_bytes, recommend_offload_bytes
 from prefixflow.pipeline.advisor.memory import (
     HEADROOM,
     EngineLimits,
@@ -230,7 +231,25 @@ def q4_fragmentation(f: Facts) -> Answer:
                f"{contiguous}")  # fmt: skip
     else:
         rec = f"paging does not decide the batch here; max_num_seqs={seqs} fills the pool"
-    return Answer(4, "Does KV fragmentation cap the batch?", verdict, evidence, rec)
+    return Answer(4, "Does KV fragmentation cap the batch?", verdict, evidence, rec + "; " + _host_tier(f, x, evidence))
+
+
+def _host_tier(f: Facts, x: Fit, evidence: list[str]) -> str:
+    """The host KV tier's size (kv_offload_bytes) from the predicted working set: the deepest shared
+    head the cache keeps (prefix order) plus a step's sequences at the sample's p99 size."""
+    shared = f.sharing.cache_blocks_needed * f.sharing.block_size
+    p99_size = x.kv_tokens / max(x.seqs_at_p99, 1)
+    working = shared + int(x.batch_target * p99_size)
+    per_token = x.kv_pool_bytes / x.kv_tokens if x.kv_tokens else 0.0
+    host = host_memory_bytes()
+    offload = recommend_offload_bytes(working, x.kv_tokens, per_token, host)
+    f.settings["kv_offload_bytes"] = offload
+    evidence.append(f"working set about {working:,} tokens (shared head {shared:,} + {x.batch_target} sequences of "
+                    f"the p99 size) against a pool of {x.kv_tokens:,}; host memory {host / GB:.0f} GB")  # fmt: skip
+    if offload:
+        return (f"kv_offload_bytes={offload} ({offload / 2**30:.0f} GiB host tier): evicted prefixes and "
+                "preempted sequences reload instead of recomputing")  # fmt: skip
+    return "kv_offload_bytes=0: the device pool holds the working set, a host tier would stay idle"
 
 
 def q5_speculation(f: Facts) -> Answer:

@@ -43,6 +43,8 @@ def engine_settings(advice: Advice) -> dict[str, Any]:
         out["quantization"] = s["quantization"]
     if s.get("tensor_parallel_size", 1) > 1:
         out["tensor_parallel_size"] = s["tensor_parallel_size"]
+    if s.get("kv_offload_bytes"):
+        out["kv_offload_bytes"] = s["kv_offload_bytes"]
     if s.get("pipeline_parallel_size", 1) > 1:
         out["pipeline_parallel_size"] = s["pipeline_parallel_size"]
     return out

@@ -87,7 +87,9 @@ def test_prefix_bench_smoke(tmp_path) -> None:
         runs = {r["config"]: r for r in w["runs"]}
         assert len(runs) == 5
         for r in runs.values():
-            assert r["computed_prompt_tokens"] >= d["block_cache_min_tokens"] >= d["distinct_prefix_tokens"]
+            # token-granular sharing (issue 28) computes below the block-cache minimum, never below the trie
+            assert r["computed_prompt_tokens"] >= d["distinct_prefix_tokens"]
+            assert d["block_cache_min_tokens"] >= d["distinct_prefix_tokens"]
             assert r["output_tokens"] == d["output_tokens"]
         assert runs["no-cache"]["computed_prompt_tokens"] == d["prompt_tokens"]
         assert runs["no-cache"]["prefix_hit_rate"] == 0

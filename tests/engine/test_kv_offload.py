@@ -174,7 +174,7 @@ def random_walk(seed: int) -> tuple[int, int]:
         if waiting and (op < 0.5 or not running):
             req = waiting.pop(0)
             prefix = kv.cached_prefix(req)
-            cached = len(prefix) * BS
+            cached = prefix.tokens(BS)
             n = rng.randrange(1, req.num_tokens - cached + 1)
             if kv.admit(req, prefix, n):
                 apply()
@@ -236,3 +236,11 @@ def random_walk(seed: int) -> tuple[int, int]:
 def test_random_admission_eviction_preemption_keeps_blocks_and_contents_consistent():
     totals = [random_walk(seed) for seed in range(16)]
     assert sum(o for o, _ in totals) > 0 and sum(r for _, r in totals) > 0  # both kinds of copy happened
+
+
+def test_shard_command_ids_are_distinct():
+    # regression: a merge once gave KV_COPY the id of PIPELINE_STATS, so TP workers never copied blocks
+    from prefixflow.engine import model_shard
+
+    ids = [v for k, v in vars(model_shard).items() if k.isupper() and k not in ("CPU_DEFAULT_KV_BYTES",)]
+    assert len(ids) == len(set(ids)), ids

@@ -36,6 +36,18 @@ def check_invariants(kv: KVCacheManager, sched: Scheduler, shadow: dict[int, int
     assert kv.pool.num_free_cached == free_cached
 
 
+def apply_copies(plan, shadow: dict[int, int], block_size: int) -> None:
+    """Partial-block copies (copy-on-write of a shared last block) move whole blocks' slots."""
+    assert not plan.offload and not plan.reload  # no host tier here
+    for src, dst in plan.local:
+        for off in range(block_size):
+            value = shadow.get(src * block_size + off)
+            if value is None:
+                shadow.pop(dst * block_size + off, None)
+            else:
+                shadow[dst * block_size + off] = value
+
+
 def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs: int, caching: bool):
     """Drive the scheduler like the engine does (tokens computed, one sampled token per finished
     chunk), checking the invariants after every step. Outputs of up to 40 tokens outgrow the
@@ -65,6 +77,7 @@ def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs:
             continue
         step = sched.schedule()
         assert step, "no progress"
+        apply_copies(kv.take_copies(), shadow, block_size)  # as the engine does before the forward pass
         model = ModelOutput()
         for chunk in step:
             req = chunk.request

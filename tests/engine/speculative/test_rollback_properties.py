@@ -17,7 +17,7 @@ from prefixflow.engine.sampling_params import SamplingParams
 from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.step_types import ModelOutput
 from prefixflow.engine.stop_checker import StopChecker
-from tests.engine.test_scheduler_properties import check_invariants
+from tests.engine.test_scheduler_properties import apply_copies, check_invariants
 
 VOCAB = 7  # few tokens: proposals that copy the true continuation are often right
 
@@ -76,6 +76,7 @@ def simulate(seed: int, num_blocks: int, block_size: int, budget: int, max_seqs:
                 req.num_draft_tokens = k
         step = sched.schedule()
         assert step, "no progress"
+        apply_copies(kv.take_copies(), shadow, kv.block_size)  # as the engine does before the forward pass
         model = ModelOutput()
         for chunk in step:
             req = chunk.request
