@@ -169,7 +169,7 @@ class ModelRunner:
         if n_sample and step.speculative:
             sample_verified(
                 logits[:n_sample], step.sample_requests, step.sampled_requests, self.eos_ids, masks,
-                self.model_cfg.vocab_size, out,
+                self.model_cfg.vocab_size, out, self.cfg.logprobs_mode,
             )  # fmt: skip
         elif n_sample:
             bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None

@@ -19,7 +19,7 @@ import torch
 
 from prefixflow.engine.outputs import TokenLogprob
 from prefixflow.engine.request import Request
-from prefixflow.engine.sampler import sample
+from prefixflow.engine.sampler import LogprobsMode, sample
 from prefixflow.engine.step_types import ModelOutput, TokenMasks
 from prefixflow.engine.structured.bitmask import allocate_bitmask
 
@@ -43,6 +43,7 @@ def sample_verified(
     masks: TokenMasks | None,
     vocab_size: int,
     out: ModelOutput,
+    logprobs_mode: LogprobsMode = "raw",
 ) -> None:
     """Sample every row; plain requests go to ``out.sampled``, verified runs to ``out.verified``.
     ``sampled_requests`` are the real requests, one per run, in row order (the fill was planned on them)."""
@@ -55,13 +56,14 @@ def sample_verified(
     tokens: list[int]
     logprobs: list[TokenLogprob | None]
     try:
-        tokens, logprobs = sample(logits, views, eos_ids, bitmask)
+        tokens, logprobs = sample(logits, views, eos_ids, bitmask, logprobs_mode)
     except Exception:
         tokens, logprobs = [], []
         for first, count in spans:  # one request at a time: a failure stays that request's
             rows = slice(first, first + count)
             try:
-                t, lp = sample(logits[rows], views[rows], eos_ids, None if bitmask is None else bitmask[rows])
+                row_mask = None if bitmask is None else bitmask[rows]
+                t, lp = sample(logits[rows], views[rows], eos_ids, row_mask, logprobs_mode)
             except Exception as exc:
                 out.errors[views[first].key] = f"sampling failed: {exc!r}"
                 t, lp = [-1] * count, [None] * count

@@ -81,3 +81,18 @@ def test_penalties_and_logprobs_per_position():
             assert list(p) == list(q) and p[token].logprob == pytest.approx(q[token].logprob, abs=1e-4)
             assert [lp.rank for lp in p.values()] == [lp.rank for lp in q.values()]
     assert llm_on.stats().speculation["ngram"]["accepted"] > 0
+
+
+def test_processed_logprobs_mode_holds_inside_verified_runs():
+    """logprobs_mode='processed' (penalties applied) is the same with speculation on: verified runs sample
+    through the same mode, not raw logprobs."""
+    items = prompts(7, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=32, repetition_penalty=1.1, logprobs=1, ignore_eos=True)
+    a = LLM("tiny", logprobs_mode="processed", **ENGINE).generate(items, params)
+    llm_on = LLM("tiny", logprobs_mode="processed", speculative_config=NGRAM4, **ENGINE)
+    b = llm_on.generate(items, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for x, y in zip(a, b):
+        for token, p, q in zip(x.token_ids, x.logprobs, y.logprobs):
+            assert p[token].logprob == pytest.approx(q[token].logprob, abs=1e-4)
+    assert llm_on.stats().speculation["ngram"]["accepted"] > 0
