@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import uuid
@@ -40,7 +41,9 @@ def storage_options(url: str, cfg: StorageConfig) -> dict[str, Any]:
             client_kwargs = dict(opts.get("client_kwargs") or {})
             client_kwargs.setdefault("endpoint_url", cfg.endpoint_url)
             opts["client_kwargs"] = client_kwargs
-        opts["config_kwargs"] = {**S3_TIMEOUTS, **dict(opts.get("config_kwargs") or {})}
+        # deep copies: botocore's Config rewrites a `retries` dict in place (max_attempts ->
+        # total_max_attempts), which would change the shared defaults for every later store
+        opts["config_kwargs"] = {**copy.deepcopy(S3_TIMEOUTS), **copy.deepcopy(dict(opts.get("config_kwargs") or {}))}
     return opts
 
 

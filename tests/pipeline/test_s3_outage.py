@@ -19,7 +19,7 @@ import s3fs
 
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.config import StorageConfig
-from prefixflow.pipeline.storage import S3_CALL_RETRIES, Store, storage_options
+from prefixflow.pipeline.storage import S3_CALL_RETRIES, S3_TIMEOUTS, Store, storage_options
 from tests.pipeline.support import cli_args, job, write_dataset, write_job
 
 pytestmark = pytest.mark.timeout(300)
@@ -107,6 +107,14 @@ def test_s3_calls_have_bounded_timeouts_and_retries_by_default() -> None:
     assert mine["config_kwargs"]["read_timeout"] == 120 and mine["config_kwargs"]["connect_timeout"] == 5
     assert Store.open("s3://bucket/x", StorageConfig(endpoint_url="http://127.0.0.1:9")).fs.retries == S3_CALL_RETRIES
     assert "config_kwargs" not in storage_options("/tmp/x", StorageConfig())
+
+
+def test_making_an_s3_client_leaves_the_default_retries_intact() -> None:
+    """s3fs' client (botocore's Config) rewrites its `retries` dict in place; the shared defaults must not
+    be that dict (a full test run failed test_s3_calls_have_bounded_timeouts... with KeyError 'max_attempts')."""
+    Store.open("s3://bucket/x", StorageConfig(endpoint_url="http://127.0.0.1:9")).fs.connect()
+    assert S3_TIMEOUTS["retries"]["max_attempts"] == 2
+    assert storage_options("s3://bucket/x", StorageConfig())["config_kwargs"]["retries"]["max_attempts"] == 2
 
 
 def test_a_stalled_endpoint_fails_the_command_with_the_resume_hint(
