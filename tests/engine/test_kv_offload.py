@@ -13,18 +13,7 @@ from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.cost_model import CostModel
 from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.request import Request
-from prefixflow.engine.sampling_params import SamplingParams
-
-
-def make(index: int, tokens: list[int]) -> Request:
-    return Request(index, str(index), tokens, SamplingParams(), max_tokens=4, seed=0)
-
-
-def compute_all(kv: KVCacheManager, req: Request) -> None:
-    prefix = kv.cached_prefix(req)
-    assert kv.admit(req, prefix, req.num_tokens - len(prefix) * kv.block_size)
-    req.num_computed_tokens = req.num_tokens
-    kv.commit_computed(req)
+from tests.engine.test_kv_cache import compute_all, make
 
 
 def test_evicted_blocks_go_to_the_host_and_come_back_by_hash():
