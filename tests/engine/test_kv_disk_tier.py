@@ -12,6 +12,7 @@ import pytest
 from prefixflow.engine import LLM, SamplingParams
 from prefixflow.engine.kv_offload import cost_model, disk_files
 from tests.engine.hf_models import hf_greedy, make_model_dir, random_prompts
+from tests.engine.tp_support import assert_processes_gone
 
 # 48 blocks of 4 tokens: the prompts (a shared 40-token head and short tails) fit, so the first run
 # computes everything once and writes its full prompt blocks; the second finds them on disk only.
@@ -144,6 +145,23 @@ def test_two_engines_writing_and_reading_one_dir_at_once_are_both_correct(llama_
     assert not list(tmp_path.rglob("*.tmp"))
     after = LLM(str(llama_dir), kv_cache_dir=str(tmp_path), **OPTIONS)
     assert run(after, rows) == want and after.stats().kv_disk_failed_blocks == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)])
+def test_every_rank_writes_and_reads_its_own_part(llama_dir, rows, tmp_path, reads_pay, split):
+    # TP: each rank its KV heads; PP: each stage its layers. A split never reads another split's files.
+    want = run(LLM(str(llama_dir), **OPTIONS), rows)
+    run(LLM(str(llama_dir), kv_cache_dir=str(tmp_path), **OPTIONS), rows)  # one rank's namespace
+    for turn in range(2):
+        llm = LLM(str(llama_dir), kv_cache_dir=str(tmp_path), **split, **OPTIONS)
+        pids = llm.engine.runner.pool.pids
+        assert run(llm, rows) == want
+        s = llm.stats()
+        assert (s.kv_disk_hits > 0) == (turn == 1) and s.kv_disk_failed_blocks == 0
+        assert_processes_gone(pids)
+    names = [p.name for p in tmp_path.rglob("*.kv")]
+    assert sum(n.endswith(".1.kv") for n in names) == full_prompt_blocks(rows)  # rank 1's part of each block
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5])
