@@ -47,13 +47,13 @@ class _Chunk:
 
 @dataclass(frozen=True)
 class _Plan:
-    key: tuple[int, ...]
+    key: tuple[object, ...]
     tables: torch.Tensor
     starts: torch.Tensor
     lens: torch.Tensor
     chunks: list[_Chunk]
 
-    def matches(self, key: tuple[int, ...], tables: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> bool:
+    def matches(self, key: tuple[object, ...], tables: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> bool:
         return (
             key == self.key
             and torch.equal(starts, self.starts)
