@@ -19,7 +19,7 @@ from prefixflow.pipeline.errors import (
     RowError,
 )
 from prefixflow.pipeline.extract import Extraction
-from prefixflow.pipeline.labeling import score_labels
+from prefixflow.pipeline.labeling import constrained_rows, score_labels
 from prefixflow.pipeline.output_schema import error_record
 from prefixflow.pipeline.rows import Prepared, RowPreparer
 
@@ -163,6 +163,8 @@ def execute(
     single = [p for p in rows if p.prompt is not None]
     if cfg.task == "label" and cfg.label.mode == "score":
         yield from score_labels(llm, prep, single, batch, label_bias)
+    elif cfg.task == "label" and cfg.label.mode == "constrained":
+        yield from stream_generate(llm, cfg, constrained_rows(llm, prep, single, label_bias))
     else:
         yield from stream_generate(llm, cfg, single)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])
