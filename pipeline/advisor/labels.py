@@ -15,14 +15,14 @@ from typing import Any
 
 from prefixflow.pipeline.advisor.render import Rendered
 from prefixflow.pipeline.advisor.sample import Sample
-from prefixflow.pipeline.config import (
+from prefixflow.pipeline.job.config import (
     BATCH_CALIBRATIONS,
     BATCH_MIN_ROWS_PER_LABEL,
     CALIBRATED_MODES,
     JobConfig,
 )
-from prefixflow.pipeline.label_first_tokens import scored_choices
-from prefixflow.pipeline.label_scoring import label_choices
+from prefixflow.pipeline.tasks.label.first_tokens import scored_choices
+from prefixflow.pipeline.tasks.label.scoring import label_choices
 
 
 def shared_first_tokens(cfg: JobConfig, tokenizer: Any) -> list[dict[str, Any]]:
