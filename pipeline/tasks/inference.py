@@ -17,6 +17,7 @@ from prefixflow.pipeline.errors import (
     PROMPT_TOO_LONG,
     RowError,
 )
+from prefixflow.pipeline.job.config import JobConfig, LabelConfig
 from prefixflow.pipeline.run.output_schema import error_record
 from prefixflow.pipeline.tasks.extract import Extraction
 from prefixflow.pipeline.tasks.label.labeling import constrained_rows, score_labels
