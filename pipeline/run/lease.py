@@ -239,6 +239,7 @@ def hold(layout: Layout, driver: str = "", ref: str = "") -> Iterator[OutputLeas
             lease = OutputLease(layout)
             lease.driver, lease.ref = driver, ref
             lease.acquire_shared()
+        took = bool(driver) and (fresh or not lease.driver)  # this hold makes the lease a driver lease
         try:
             if driver:
                 rivals = [other for other in lease.others() if other.driver] if fresh else []
@@ -259,3 +260,6 @@ def hold(layout: Layout, driver: str = "", ref: str = "") -> Iterator[OutputLeas
             if lease.users == 0:
                 del _HELD[key]
                 lease.release()
+            elif took:  # the run is over; a lane thread still holding the lease does not keep driving it
+                lease.driver = lease.ref = ""
+                lease.write()

@@ -97,8 +97,9 @@ def worker_logs(server: PrefectServer) -> str:
     return "\n".join(f"--- {w.name}\n{w.text()[-3000:]}" for w in server.workers)
 
 
-def which_worker(server: PrefectServer, run_id: str) -> list[str]:
-    return [w.name for w in server.workers if run_id in w.text()]
+def which_worker(run: Any) -> str:
+    """The worker that ran the flow run (the label the worker gives each run it submits)."""
+    return str(run.labels.get("prefect.worker.name"))
 
 
 def write_job(path: Path, job: dict[str, Any]) -> Path:
@@ -123,8 +124,8 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     for name, run in done.items():
         assert run.state.is_completed(), f"{name}: {run.state!r}\n{worker_logs(server)}"
         assert run.work_pool_name == POOL
-    placed = {name: which_worker(server, run_id) for name, run_id in runs.items()}
-    assert sorted(sum(placed.values(), [])) == ["worker-a", "worker-b"], placed  # one run on each worker
+    placed = {name: which_worker(run) for name, run in done.items()}
+    assert sorted(placed.values()) == ["worker-a", "worker-b"], placed  # one run on each worker
     a, b = done["a"], done["b"]
     assert a.start_time < b.end_time and b.start_time < a.end_time, "the two runs did not overlap"
     for name, job in jobs.items():
@@ -170,9 +171,10 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     message = refused.state.message or ""
     assert refused.state.is_failed(), refused.state
     assert "already being written by another run" in message and first in message, message
-    owner = [w for w in workers if first in w.text()]
-    assert len(owner) == 1, worker_logs(server)
-    assert asyncio.run(read_run(server, first)).state.is_running()
+    running = asyncio.run(read_run(server, first))
+    assert running.state.is_running(), running.state
+    owner = [w for w in workers if w.name == which_worker(running)]
+    assert len(owner) == 1, (running.labels, worker_logs(server))
     before = markers(out)
     assert 1 <= len(before) < 5
     owner[0].kill_tree()

@@ -96,6 +96,12 @@ def test_one_driver_per_output_lanes_share_and_a_dead_driver_is_handed_on(tmp_pa
             with hold(layout, driver="another run in this process"):
                 pass
     assert not layout.store.list_files(layout.leases)
+    with hold(layout) as lane_still_running:  # e.g. a timed-out lane thread outlives its flow run
+        with hold(layout, driver="flow run 'one'"):
+            pass
+        assert lane_still_running.driver == ""
+        with hold(layout, driver="flow run 'two'"):  # the next run of this process is not refused
+            pass
 
 
 @pytest.mark.slow  # two CLI processes with the tiny engine: over a minute on a loaded 2-core host
