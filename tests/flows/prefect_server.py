@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.flows.ray_cluster import free_port
+from tests.flows.ray_cluster import free_port, process_tree, signal_all
 from tests.flows.support import REPO, env_with_repo_on_path
 
 STARTUP_TIMEOUT_S = float(os.environ.get("PREFIXFLOW_TEST_SERVER_TIMEOUT_S", "240"))
@@ -57,11 +57,7 @@ class Managed:
     log: Path
 
     def processes(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_tree(self.proc.pid)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -73,12 +69,7 @@ class Managed:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        return [p.pid for p in procs]
+        return [p.pid for p in signal_all(procs, sig)]
 
     def stop(self, grace_s: float = 10) -> None:
         if self.proc.poll() is None or self.processes():

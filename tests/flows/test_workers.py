@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -143,7 +144,7 @@ def wait_for_commits(out: Path, n: int, timeout_s: float = 420) -> dict[str, str
     deadline = time.monotonic() + timeout_s
     while len(found := markers(out)) < n:
         assert time.monotonic() < deadline, f"fewer than {n} shards committed in {out} after {timeout_s}s"
-        time.sleep(0.5)
+        time.sleep(0.1)
     return found
 
 
@@ -159,25 +160,29 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     pool = "pf-kill"
     made = server.cli("work-pool", "create", pool, "--type", "process")
     assert made.returncode == 0, made.stdout + made.stderr
-    slow = {"PREFIXFLOW_TEST_HOOKS": "commit_end", "PREFIXFLOW_TEST_HOOK_SLEEP": "3"}  # so the kill lands mid-run
+    # each shard pauses 2 s after its commit, so the first run is caught mid-run; leases outlive the pause
+    slow = {"PREFIXFLOW_TEST_HOOKS": "commit_end", "PREFIXFLOW_TEST_HOOK_SLEEP": "2", "PREFIXFLOW_LEASE_TTL_S": "900"}
     workers = [server.start_worker(pool, f"kill-{x}", limit=1, env=slow) for x in "ab"]
     ids = write_dataset(tmp_path / "in")
     out, job_file = tmp_path / "out", write_job(tmp_path / "job.yaml", JOB)
     for name in ("nightly", "manual"):
         register(server, name, tmp_path / "in", out, job_file, "--concurrency-limit", "none", pool=pool)
     first = trigger(server, "nightly")
+    while (picked := which_worker(asyncio.run(read_run(server, first)))) == "None":
+        time.sleep(0.5)
+    owner = [w for w in workers if w.name == picked]
+    assert len(owner) == 1, (picked, worker_logs(server))
     wait_for_commits(out, 1)
+    owner[0].kill_tree(signal.SIGSTOP)  # the first run stays mid-run (alive, its lease live) while the second tries
+    running = asyncio.run(read_run(server, first))
+    before = markers(out)
+    assert running.state.is_running() and 1 <= len(before) < 5, (running.state, before)
     refused = wait_final(server, trigger(server, "manual"))
     message = refused.state.message or ""
     assert refused.state.is_failed(), refused.state
     assert "already being written by another run" in message and first in message, message
-    running = asyncio.run(read_run(server, first))
-    assert running.state.is_running(), running.state
-    owner = [w for w in workers if w.name == which_worker(running)]
-    assert len(owner) == 1, (running.labels, worker_logs(server))
-    before = markers(out)
-    assert 1 <= len(before) < 5
-    owner[0].kill_tree()
+    assert which_worker(refused) != owner[0].name
+    owner[0].kill_tree()  # SIGKILL the worker and the flow run's process tree
     owner[0].proc.wait(timeout=30)
     resumed = wait_final(server, trigger(server, "manual"))
     assert resumed.state.is_completed(), f"{resumed.state!r}\n{worker_logs(server)}"
