@@ -192,7 +192,7 @@ def _check_credentials_refused_before_stored(api_url: str, name: str, deployment
     env = dict(os.environ, PREFECT_API_URL=api_url)
     cli = [sys.executable, "-m", "prefect", "deployment", "run", f"batch-inference/{name}"]
     refused = subprocess.run([*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
-                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert refused.returncode != 0, refused.stdout
     nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
 
