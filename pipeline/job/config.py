@@ -20,6 +20,7 @@ CHAT_MODES = ("auto", "on", "off")
 LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
 TRUNCATE_SIDES = ("head", "tail", "both")
 LABEL_MODES = ("score", "generate", "constrained")
+CALIBRATED_MODES = ("score", "constrained")  # label.calibration applies (constrained: to the first tokens)
 # how pipeline/tasks/label/scoring.py calibrates; the batch ones estimate each label's prior from a sample of the
 # job's own rows (pipeline/tasks/label/batch.py)
 LABEL_CALIBRATIONS = ("batch", "batch+contextual", "contextual", "domain", "none")
@@ -29,7 +30,7 @@ LABEL_LENGTH_NORMS = ("sum", "mean")
 SAMPLING_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
-    "structured", "presence_penalty", "frequency_penalty", "repetition_penalty", "n",
+    "structured", "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "logit_bias",
 )  # fmt: skip
 
 # Columns every output row has (pipeline/run/output_schema.py builds them); kept input columns may not reuse them.
@@ -247,6 +248,11 @@ def _label(data: Any, task: str) -> LabelConfig:
     return cfg
 
 
+def _token_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    """``{"50256": -100}`` as ``{50256: -100}``; other keys are left for the engine's check to name."""
+    return {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in bias.items()}
+
+
 def _content_free(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
         raise _fail("label.content_free", f"expected a non-empty list of strings (\"\" allowed), got {value!r}")
@@ -385,6 +391,10 @@ def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
         _opt_str(col, f"sampling_columns.{key}")
     if "structured" in columns:
         raise _fail("sampling_columns.structured", "a constraint is set for the whole job, under sampling.structured")
+    if "logit_bias" in columns:
+        raise _fail("sampling_columns.logit_bias", "a logit bias is set for the whole job, under sampling.logit_bias")
+    if isinstance(sampling.get("logit_bias"), dict):  # JSON and OpenAI write token ids as strings
+        sampling = {**sampling, "logit_bias": _token_keys(sampling["logit_bias"])}
     cfg = JobConfig(
         task=task,
         id_column=_opt_str(data.get("id_column"), "id_column"),

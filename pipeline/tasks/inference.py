@@ -20,7 +20,7 @@ from prefixflow.pipeline.errors import (
 from prefixflow.pipeline.job.config import JobConfig, LabelConfig
 from prefixflow.pipeline.run.output_schema import error_record
 from prefixflow.pipeline.tasks.extract import Extraction
-from prefixflow.pipeline.tasks.label.labeling import score_labels
+from prefixflow.pipeline.tasks.label.labeling import constrained_rows, score_labels
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
@@ -163,6 +163,8 @@ def execute(
     single = [p for p in rows if p.prompt is not None]
     if cfg.task == "label" and cfg.label.mode == "score":
         yield from score_labels(llm, prep, single, batch, label_bias)
+    elif cfg.task == "label" and cfg.label.mode == "constrained":
+        yield from stream_generate(llm, cfg, constrained_rows(llm, prep, single, label_bias))
     else:
         yield from stream_generate(llm, cfg, single)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])

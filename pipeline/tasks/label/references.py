@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.job.config import CALIBRATED_MODES, JobConfig
 from prefixflow.pipeline.prompts.render import template_columns
 from prefixflow.pipeline.prompts.sandbox import compile_template
 
@@ -37,7 +37,7 @@ def reference_texts(cfg: JobConfig) -> tuple[list[str], list[str]]:
     """(texts, problems): the user texts to score labels on, before chat wrapping, and why any of
     the configured references could not be rendered."""
     label = cfg.label
-    if cfg.task != "label" or label.mode != "score" or label.calibration == "none":
+    if cfg.task != "label" or label.mode not in CALIBRATED_MODES or label.calibration == "none":
         return [], []
     if label.calibration == "domain":
         return [domain_premise(cfg)], []
@@ -57,7 +57,7 @@ def domain_premise(cfg: JobConfig) -> str:
 
 def check_references(cfg: JobConfig) -> None:
     """Fail at load when calibration could not build a single reference prompt for this job."""
-    if cfg.task != "label" or cfg.label.mode != "score":
+    if cfg.task != "label" or cfg.label.mode not in CALIBRATED_MODES:
         return
     if cfg.label.calibration == "domain" and not domain_premise(cfg).strip() and cfg.chat == "off":
         raise JobConfigError(
