@@ -85,7 +85,7 @@ def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterat
         return
     outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
                                request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
-    extraction = Extraction(cfg.schema) if cfg.task == "extract" and cfg.schema is not None else None
+    extraction = Extraction(cfg.json_schema) if cfg.task == "extract" and isinstance(cfg.json_schema, dict) else None
     for out in outs:
         yield _finished(rows[int(out.request_id)], out, cfg, extraction)
 

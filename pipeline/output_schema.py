@@ -54,9 +54,9 @@ def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None =
                                    pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels])))  # fmt: skip
         if cfg.label.gold_column:  # the input's true label, as text (the quality report compares with it)
             fields.append(pa.field("label_gold", pa.string()))
-    if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
-        fields.append(pa.field("extracted", shape_of(cfg.schema).type))
-    if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:
+    if cfg.task == "extract" and isinstance(cfg.json_schema, dict):  # typed from the schema; `output` keeps the JSON text
+        fields.append(pa.field("extracted", shape_of(cfg.json_schema).type))
+    if cfg.sampling.n != 1 or "n" in cfg.sampling_columns:
         fields.append(pa.field("samples", pa.list_(SAMPLE)))  # every sample; `output` is the first
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:

@@ -7,11 +7,10 @@ exact and the long-document policies (truncate / map_reduce) act on the same tok
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prefixflow.pipeline import engine_access
-from prefixflow.pipeline.config import JobConfig, sampling_problem
+from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.constraints import job_constraint
 from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
@@ -32,6 +31,7 @@ from prefixflow.pipeline.prompts import (
     conversation,
     render_template,
 )
+from prefixflow.pipeline.tasks.registry import task_of
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
 FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
@@ -62,14 +62,14 @@ def max_tokens_problem(max_tokens: int, max_model_len: int) -> str:
 
 def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
     """Fail fast when the job's own max_tokens leaves no room for any prompt (every row would fail)."""
-    value = cfg.sampling.get("max_tokens")
-    if isinstance(value, int) and value >= max_model_len:
+    value = cfg.sampling.max_tokens
+    if value is not None and value >= max_model_len:
         raise JobConfigError(f"job config: sampling.max_tokens: {max_tokens_problem(value, max_model_len)}")
 
 
 def check_sampling_vocabulary(cfg: JobConfig, vocab_size: int) -> None:
     """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would fail)."""
-    problem = sampling_problem(cfg.sampling, vocab_size)
+    problem = cfg.sampling.problem(vocab_size)
     if problem:
         raise JobConfigError(f"job config: sampling: {problem}")
 
@@ -96,18 +96,17 @@ class RowPreparer:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
         self.vocab_size = int(llm.vocab_size)
-        self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
-        self.template = cfg.effective_template()
+        self.task = task_of(cfg)
+        self.constraint = job_constraint(cfg, self.task)  # built once per shard: the engine caches its grammar
+        self.base_params = cfg.sampling.params(self.constraint)  # rows without sampling columns share it
+        self.base_problem = self.base_params.validation_error(self.vocab_size)
+        self.template = self.task.template(cfg)
         self.reserve = 1
         if cfg.task == "label" and cfg.label.mode == "score":
             self.reserve = max(
                 len(self.tok.encode(choice, add_special_tokens=False))
                 for choice in label_choices(cfg).choices
             )
-
-    def constrained_labels(self) -> tuple[str, ...]:
-        """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
-        return tuple(self.cfg.label.choice_prefix + lb for lb in self.cfg.label.labels)
 
     # -- ids and sampling -------------------------------------------------------------------
     def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
@@ -129,8 +128,13 @@ class RowPreparer:
                            "so this row was not run")  # fmt: skip
 
     def params(self, row: dict[str, Any]) -> Any:
-        values = dict(self.cfg.sampling)
-        values["structured"] = self.constraint  # built once per shard: the engine caches its grammar
+        """The row's SamplingParams: the job's, with the row's own sampling columns (checked here, so a
+        bad value is this row's error, against the model's vocabulary too)."""
+        if not self.cfg.sampling_columns:
+            if self.base_problem:
+                raise RowError(BAD_SAMPLING, self.base_problem)
+            return self.base_params
+        values: dict[str, Any] = {}
         for name, col in self.cfg.sampling_columns.items():
             value = row.get(col)
             if value is None:
@@ -146,10 +150,8 @@ class RowPreparer:
                 raise RowError(
                     BAD_SAMPLING, f"column {col!r} ({name}) has a bad value {value!r}: {exc}"
                 ) from exc
-            values[name] = value
-        if isinstance(values.get("stop"), list):
-            values["stop"] = tuple(values["stop"])
-        params = engine_access.SamplingParams(**values)
+            values[name] = tuple(value) if isinstance(value, list) else value
+        params = replace(self.base_params, **values)
         problem = params.validation_error(self.vocab_size)  # vocabulary-bound values too, before the engine
         if problem:
             raise RowError(BAD_SAMPLING, problem)

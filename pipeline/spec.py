@@ -7,16 +7,20 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import yaml
 
-from prefixflow.pipeline.config import JobConfig, parse_job_config
+from prefixflow.pipeline.config import JobConfig, job_config
+from prefixflow.pipeline.constraints import check_job_constraint
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.extract import schema_beside
 from prefixflow.pipeline.prompts import template_columns
+from prefixflow.pipeline.sandbox import check_template
+from prefixflow.pipeline.tasks.base import Task
+from prefixflow.pipeline.tasks.registry import TASKS, task_of
 
 # load_job(**overrides) shortcuts: flag name -> (section, key).
 SHORTCUTS: dict[str, tuple[str, str]] = {
@@ -85,6 +89,10 @@ class JobSpec:
     model: str
     config: JobConfig
 
+    @property
+    def task(self) -> Task:
+        return task_of(self.config)
+
     def prompt_columns(self) -> set[str]:
         cfg = self.config
         cols: set[str] = set()
@@ -92,25 +100,22 @@ class JobSpec:
             cols.add(cfg.prompt_column)
         if cfg.messages_column:
             cols.add(cfg.messages_column)
-        template = cfg.effective_template()
+        template = self.task.template(cfg)
         if template:
             cols |= template_columns(template)
-        if cfg.task == "summarize":
-            cols.add(cfg.summarize.document_column)
-            cols |= template_columns(cfg.summarize.reduce_template)
+        cols |= self.task.prompt_columns(cfg)
         return cols - {"document", "summaries"}
 
     def input_columns(self) -> list[str]:
         cfg = self.config
         cols = [cfg.id_column] if cfg.id_column else []
         cols += sorted(self.prompt_columns()) + list(cfg.sampling_columns.values()) + list(cfg.keep_columns)
-        if cfg.task == "label" and cfg.label.gold_column:
-            cols.append(cfg.label.gold_column)
+        cols += list(self.task.input_columns(cfg))
         return list(dict.fromkeys(cols))
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes two runs produce the same rows; flush timing and lane settings are left out."""
-        cfg = asdict(self.config)
+        cfg = self.config.as_record()
         cfg.pop("storage")
         out = cfg.pop("output")
         cfg["shard_rows"] = out["shard_rows"]
@@ -193,7 +198,7 @@ def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    top = set(JobConfig.__dataclass_fields__)
+    top = {f.alias or name for name, f in JobConfig.model_fields.items()}
     for key, value in overrides.items():
         if value is None:
             continue
@@ -234,6 +239,24 @@ def load_job(
     return JobSpec(
         input=_normalize(input), output=_normalize(output), model=model, config=parse_job_config(data)
     )
+
+
+def parse_job_config(data: Mapping[str, Any] | None) -> JobConfig:
+    """Validate a job config mapping (as loaded from YAML) into the frozen JobConfig: its shape
+    (config.py), then what its task and the features it uses check (templates compile, the schema
+    loads, the labels can be scored, the constraint compiles)."""
+    cfg = job_config(data)
+    task = task_of(cfg)
+    if cfg.json_schema is not None and not task.takes_schema:
+        owners = " and ".join(t.name for t in TASKS.values() if t.takes_schema)
+        raise JobConfigError(f"job config: schema: applies to {owners} jobs only (this job is task: {cfg.task})")
+    if not task.several_samples and (cfg.sampling.n != 1 or "n" in cfg.sampling_columns):
+        owners = " and ".join(t.name for t in TASKS.values() if t.several_samples)
+        raise JobConfigError(f"job config: sampling.n: several samples per row apply to {owners} jobs only")
+    cfg = task.check(cfg, data or {})
+    check_job_constraint(cfg, task)
+    check_template(cfg.template, "template")
+    return cfg
 
 
 def _normalize(url: str) -> str:

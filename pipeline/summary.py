@@ -11,7 +11,7 @@ from typing import Any
 
 from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import lease
-from prefixflow.pipeline.config import StorageConfig, parse_job_config
+from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.label_batch import read_prior
 from prefixflow.pipeline.label_charts import write_label_charts
@@ -27,7 +27,7 @@ from prefixflow.pipeline.run_record import (
     read_run_record,
     sweep,
 )
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.spec import JobSpec, parse_job_config
 from prefixflow.pipeline.speculation import sum_speculation
 from prefixflow.pipeline.storage import Store
 from prefixflow.pipeline.throughput_report import usage, write_charts
@@ -235,7 +235,7 @@ def finalize(spec: JobSpec) -> RunSummary:
             layout.store.remove(layout.path(orphan))
         for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
-        job = asdict(spec.config)
+        job = spec.config.as_record()
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
                                    label_names=job_labels(job))  # fmt: skip
         summary = with_prediction(layout, summary)

@@ -91,8 +91,9 @@ def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
 
 
 def test_output_columns_match_the_reserved_names() -> None:
-    from prefixflow.pipeline.config import OUTPUT_COLUMNS, parse_job_config
+    from prefixflow.pipeline.config import OUTPUT_COLUMNS
     from prefixflow.pipeline.output_schema import output_schema
+    from prefixflow.pipeline.spec import parse_job_config
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"], "gold_column": "y"}})
     extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})

@@ -76,7 +76,7 @@ def test_overrides_and_unknown_override() -> None:
     spec = load_job(
         "in/", "out/", "tiny", {"task": "summarize"}, max_tokens=7, shard_rows=3, endpoint_url="http://x"
     )
-    assert spec.config.sampling["max_tokens"] == 7
+    assert spec.config.sampling.max_tokens == 7
     assert spec.config.output.shard_rows == 3
     assert spec.config.storage.endpoint_url == "http://x"
     assert "unknown override 'max_tokenz'" in _err({}, max_tokenz=3)

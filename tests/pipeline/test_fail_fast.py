@@ -77,9 +77,9 @@ def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_reco
 
 
 def test_rows_are_checked_against_the_vocabulary_too(tiny_llm) -> None:
-    from prefixflow.pipeline.config import parse_job_config
     from prefixflow.pipeline.errors import RowError
     from prefixflow.pipeline.rows import RowPreparer
+    from prefixflow.pipeline.spec import parse_job_config
 
     cfg = parse_job_config(job("generate", prompt_column="text", template=None,
                                   sampling={"stop_token_ids": [10**6]}))  # fmt: skip
