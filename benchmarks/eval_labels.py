@@ -112,9 +112,10 @@ def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=
     from prefixflow.pipeline.label_scoring import label_choices
     from prefixflow.pipeline.rows import RowPreparer
     from prefixflow.pipeline.spec import parse_job_config
+    from prefixflow.pipeline.tasks.registry import task_of
 
     cfg = parse_job_config(job_dict(label_set, style, order, case_variants=True))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     choices = list(label_choices(cfg).choices)
     prompts = [prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids for i, r in enumerate(rows)]
     refs = {f"cf:{v}": prep.encode_reference(content_free_text(prep.template, v)) for v in CONTENT_FREE}
@@ -276,9 +277,10 @@ def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> d
     from prefixflow.pipeline.label_scoring import label_choices
     from prefixflow.pipeline.rows import RowPreparer
     from prefixflow.pipeline.spec import parse_job_config
+    from prefixflow.pipeline.tasks.registry import task_of
 
     cfg = parse_job_config(job_dict(label_set, style))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     sampled = rows[: cfg.label.calibration_rows]
     tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
     return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}

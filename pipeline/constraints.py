@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.tasks.base import Task
+
+if TYPE_CHECKING:  # tasks call in here to check and build their constraints
+    from prefixflow.pipeline.tasks.base import Task
 
 
 def check_structured(so: Any, path: str = "sampling.structured") -> None:

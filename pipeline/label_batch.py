@@ -20,9 +20,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefixflow.pipeline.config import BATCH_CALIBRATIONS, BATCH_MIN_ROWS_PER_LABEL, JobConfig
+from prefixflow.pipeline.config import BATCH_MIN_ROWS_PER_LABEL
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import OutputStateError, RowError
 from prefixflow.pipeline.hooks import hook
@@ -30,9 +30,11 @@ from prefixflow.pipeline.label_scoring import LabelChoices, batch_bias, label_ch
 from prefixflow.pipeline.labeling import CalibrationError, calibration_bias
 from prefixflow.pipeline.layout import Layout
 from prefixflow.pipeline.output_schema import base_record
-from prefixflow.pipeline.planning import Shard
 from prefixflow.pipeline.rows import Prepared, RowPreparer, derived_id
-from prefixflow.pipeline.spec import JobSpec
+
+if TYPE_CHECKING:  # the label task (pipeline/tasks/label/) calls in here; planning and spec sit above it
+    from prefixflow.pipeline.planning import Shard
+    from prefixflow.pipeline.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,6 @@ class LabelPrior:
                 "prior": dict(self.prior), "digest": self.digest}  # fmt: skip
 
 
-def uses_batch(cfg: JobConfig) -> bool:
-    return cfg.task == "label" and cfg.label.mode == "score" and cfg.label.calibration in BATCH_CALIBRATIONS
-
-
 def _sample(spec: JobSpec, shards: list[Shard], prep: RowPreparer) -> list[Prepared]:
     from prefixflow.pipeline.advisor.sample import sample_rows
 
@@ -101,7 +99,7 @@ def estimate_prior(
     """Sample, score and estimate (on ``llm``, whose prefix cache keeps the sampled prompts)."""
     cfg = spec.config
     choices = label_choices(cfg)
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, spec.task)
     rows = _sample(spec, shards, prep)
     usage: list[dict[str, Any]] = []
     scores = llm.score_choices([p.prompt_ids for p in rows], [list(choices.choices)] * len(rows), usage=usage)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.constraints import job_constraint
@@ -22,7 +22,6 @@ from prefixflow.pipeline.errors import (
     JobConfigError,
     RowError,
 )
-from prefixflow.pipeline.label_scoring import label_choices
 from prefixflow.pipeline.prompts import (
     as_text,
     chat_renderer,
@@ -31,7 +30,9 @@ from prefixflow.pipeline.prompts import (
     conversation,
     render_template,
 )
-from prefixflow.pipeline.tasks.registry import task_of
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.tasks.base import Task
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
 FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
@@ -82,9 +83,10 @@ class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
     def __init__(
-        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None], task: Task
     ) -> None:
         self.cfg = cfg
+        self.task = task
         self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
         self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
@@ -96,17 +98,14 @@ class RowPreparer:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
         self.vocab_size = int(llm.vocab_size)
-        self.task = task_of(cfg)
-        self.constraint = job_constraint(cfg, self.task)  # built once per shard: the engine caches its grammar
+        self.constraint = job_constraint(cfg, task)  # built once per shard: the engine caches its grammar
         self.base_params = cfg.sampling.params(self.constraint)  # rows without sampling columns share it
         self.base_problem = self.base_params.validation_error(self.vocab_size)
-        self.template = self.task.template(cfg)
-        self.reserve = 1
-        if cfg.task == "label" and cfg.label.mode == "score":
-            self.reserve = max(
-                len(self.tok.encode(choice, add_special_tokens=False))
-                for choice in label_choices(cfg).choices
-            )
+        self.template = task.template(cfg)
+        self.document_column = task.document_column(cfg)
+        self.long_documents = task.long_documents(cfg)  # None: a prompt over the context is an error row
+        self.reserve = task.reserve_tokens(cfg, self.tok)
+        self.parse_output = task.output_parser(cfg)  # built once per shard (an extract job's validator)
 
     # -- ids and sampling -------------------------------------------------------------------
     def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
@@ -169,7 +168,7 @@ class RowPreparer:
         ctx = dict(row)
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
-            ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
+            ctx[self.document_column or "document"] = document
         return render_template(self.template, ctx, self.cfg.template_limits)
 
     def encode(self, user_text: str, allow_blank: bool = False) -> list[int]:
@@ -214,19 +213,18 @@ class RowPreparer:
         params = self.params(row)
         budget = self.budget(params)
         document = None
-        if self.cfg.task == "summarize":
-            col = self.cfg.prompt_column or self.cfg.summarize.document_column
-            document = self._column_text(row, col)
+        if self.document_column is not None:
+            document = self._column_text(row, self.document_column)
             check_nonempty(document)
         chat_ids = self.encode_messages(row)
         ids = chat_ids if chat_ids is not None else self.encode(self._render(row, document))
         if len(ids) <= budget:
             return Prepared(base, row, params, prompt=ids)
-        policy = self.cfg.summarize.long_document if self.cfg.task == "summarize" else "error"
+        policy = self.long_documents.long_document if self.long_documents is not None else "error"
         too_long = (
             f"prompt has {len(ids)} tokens; the limit is {budget} (context {self.max_len} minus output)"
         )
-        if policy == "error" or document is None:
+        if policy == "error" or document is None or self.long_documents is None:
             raise RowError(PROMPT_TOO_LONG, too_long)
         doc_ids = self.tok.encode(document, add_special_tokens=False)
         overhead = len(ids) - len(doc_ids)
@@ -237,14 +235,14 @@ class RowPreparer:
             prompt = self.fit(row, doc_ids, room, budget)
             base["truncated"] = True
             return Prepared(base, row, params, prompt=prompt)
-        size = min(room, self.cfg.summarize.chunk_tokens or room)
+        size = min(room, self.long_documents.chunk_tokens or room)
         pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
         return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])
 
     def fit(self, row: dict[str, Any], doc_ids: list[int], room: int, budget: int) -> list[int]:
         """Render with the document cut to ``room`` tokens (head, tail or both), shrinking until it fits:
         decode/encode round trips can change token counts slightly."""
-        side = self.cfg.summarize.truncate_side
+        side = self.long_documents.truncate_side if self.long_documents is not None else "head"
         for _ in range(6):
             if len(doc_ids) <= room:
                 kept = doc_ids
@@ -266,7 +264,9 @@ class RowPreparer:
 
     def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
         """The reduce step's prompt, or None when the joined summaries are still too long."""
-        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)},
-                               self.cfg.template_limits)  # fmt: skip
+        template = self.long_documents.reduce_template if self.long_documents is not None else None
+        if template is None:
+            raise RowError(TEMPLATE_ERROR, "summarize.reduce_template is not set")
+        text = render_template(template, {**row, "summaries": "\n".join(summaries)}, self.cfg.template_limits)
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None

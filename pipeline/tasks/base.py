@@ -1,18 +1,41 @@
 """The Task interface: everything the pipeline asks of a kind of job.
 
-A task validates its part of the job, renders a row into what the engine gets, names its output
-columns and their Arrow types, turns engine outputs into row values, watches rows as they finish, and
-finishes a run (label counts, the collapse warning). The defaults are plain generation, so a task
-overrides only what it does differently. See docs/architecture.md, "Adding a task".
+A task validates its part of the job, renders a row into what the engine gets (its prompt template,
+the document a long-document policy may shorten), names its output columns and their Arrow types,
+runs prepared rows on the engine and turns the outputs into row values, watches rows as they finish
+(progress), and finishes a run (label counts, the collapse warning). The defaults are plain
+generation, so a task overrides only what it does differently. ``registry.py`` lists the tasks; see
+docs/architecture.md, "Adding a task".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from prefixflow.pipeline.config import JobConfig
+import pyarrow as pa
+
+from prefixflow.pipeline.config import JobConfig, SummarizeConfig
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.inference import stream_generate
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.engine_access import Engine, Tokenizer
+    from prefixflow.pipeline.layout import Layout
+    from prefixflow.pipeline.planning import Shard
+    from prefixflow.pipeline.rows import Prepared, RowPreparer
+    from prefixflow.pipeline.spec import JobSpec
+
+# a finished record in, the row's values out: the same record with the task's columns, or an error row
+OutputParser = Callable[[dict[str, Any], str, str], dict[str, Any]]
+
+
+class RowWatch(Protocol):
+    """Sees every finished row of a shard loop (one engine lane) and warns about the rows as a whole."""
+
+    def observe(self, record: Mapping[str, Any]) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 class Task:
@@ -32,7 +55,7 @@ class Task:
         """(what it is, the ``StructuredOutputs``) when the task itself constrains every row's output."""
         return None
 
-    # -- prompts --------------------------------------------------------------------------------------
+    # -- input and prompts ----------------------------------------------------------------------------
     def template(self, cfg: JobConfig) -> str | None:
         """The prompt template rows are rendered with (None: a column is the prompt)."""
         return cfg.template
@@ -52,6 +75,51 @@ class Task:
     def document_column(self, cfg: JobConfig) -> str | None:
         """The column a long-document policy may shorten (None: prompts too long are error rows)."""
         return None
+
+    def long_documents(self, cfg: JobConfig) -> SummarizeConfig | None:
+        """How a document over the context is shortened (truncate, map_reduce); None: an error row."""
+        return None
+
+    def reserve_tokens(self, cfg: JobConfig, tokenizer: Tokenizer) -> int:
+        """Tokens after the prompt the context must hold besides ``max_tokens`` (a scored label's)."""
+        return 1
+
+    # -- output ---------------------------------------------------------------------------------------
+    def output_fields(self, cfg: JobConfig) -> list[pa.Field]:
+        """The task's own output columns, after the columns every row has."""
+        return []
+
+    def kept_values(self, cfg: JobConfig, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Values the task copies from the input row into its output row (a label job's gold label)."""
+        return {}
+
+    def output_parser(self, cfg: JobConfig) -> OutputParser | None:
+        """Built once per shard: turns each finished generation into the row's values (None: the text is
+        the value)."""
+        return None
+
+    # -- running --------------------------------------------------------------------------------------
+    def keeps_run_state(self, cfg: JobConfig) -> bool:
+        """Whether ``run_state`` makes anything (a run made before its first shard can make it early)."""
+        return False
+
+    def run_state(self, spec: JobSpec, layout: Layout, fingerprint: str, llm: Engine,
+                  shards: list[Shard] | None = None, warn: Callable[[str], None] | None = None) -> Any:  # fmt: skip
+        """State every shard of a run shares, made once per run and stored beside it (the label task's
+        batch-calibration prior); None when the task keeps none."""
+        return None
+
+    def run(self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
+        """Finished records of ``rows`` (each one prompt) in completion order."""
+        return stream_generate(llm, prep, rows)
+
+    def watch(self, cfg: JobConfig, warn: Callable[[str], None]) -> RowWatch | None:
+        """What watches a shard loop's finished rows (the label collapse check); None: nothing."""
+        return None
+
+    def scored_choices(self, cfg: JobConfig) -> Sequence[str]:
+        """Continuations each row's prompt is scored with instead of generating (empty: it generates)."""
+        return ()
 
 
 def require_prompt(cfg: JobConfig) -> None:

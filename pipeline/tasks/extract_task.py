@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pyarrow as pa
+
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.extract import check_schema, load_schema
-from prefixflow.pipeline.tasks.base import Task, require_prompt
+from prefixflow.pipeline.extract import Extraction, check_schema, load_schema
+from prefixflow.pipeline.json_columns import shape_of
+from prefixflow.pipeline.tasks.base import OutputParser, Task, require_prompt
 
 
 def job_schema(cfg: JobConfig) -> dict[str, Any]:
@@ -35,3 +38,17 @@ class ExtractTask(Task):
 
     def own_constraint(self, cfg: JobConfig) -> tuple[str, Any] | None:
         return "its schema", engine_access.StructuredOutputs(json_schema=job_schema(cfg))
+
+    def output_fields(self, cfg: JobConfig) -> list[pa.Field]:
+        return [pa.field("extracted", shape_of(job_schema(cfg)).type)]  # typed; `output` keeps the JSON text
+
+    def output_parser(self, cfg: JobConfig) -> OutputParser | None:
+        extraction = Extraction(job_schema(cfg))
+
+        def parse(rec: dict[str, Any], text: str, finish_reason: str) -> dict[str, Any]:
+            value, error_class, problem = extraction.parse(text, finish_reason)
+            if error_class is not None:
+                return {**rec, "finish_reason": "error", "error_class": error_class, "error": problem}
+            return {**rec, "extracted": value}
+
+        return parse

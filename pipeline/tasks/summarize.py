@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.config import JobConfig, SummarizeConfig
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.prompts import template_columns
 from prefixflow.pipeline.sandbox import check_template
@@ -40,3 +40,6 @@ class SummarizeTask(Task):
 
     def document_column(self, cfg: JobConfig) -> str | None:
         return cfg.prompt_column or cfg.summarize.document_column
+
+    def long_documents(self, cfg: JobConfig) -> SummarizeConfig | None:
+        return cfg.summarize

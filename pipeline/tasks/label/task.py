@@ -3,20 +3,54 @@ parsing free text (``generate``) or generating under a constraint (``constrained
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from prefixflow.pipeline import engine_access
-from prefixflow.pipeline.config import JobConfig
-from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.config import BATCH_CALIBRATIONS, JobConfig
+from prefixflow.pipeline.errors import LABEL_PARSE_ERROR, JobConfigError
+from prefixflow.pipeline.label_batch import LabelPrior, run_prior
+from prefixflow.pipeline.label_quality import gold_text
 from prefixflow.pipeline.label_references import check_references
-from prefixflow.pipeline.label_scoring import check_distinct_forms
-from prefixflow.pipeline.tasks.base import Task, require_prompt
+from prefixflow.pipeline.label_scoring import check_distinct_forms, label_choices
+from prefixflow.pipeline.label_watch import LabelWatch
+from prefixflow.pipeline.labeling import score_labels
+from prefixflow.pipeline.tasks.base import OutputParser, RowWatch, Task, require_prompt
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.engine_access import Engine, Tokenizer
+    from prefixflow.pipeline.layout import Layout
+    from prefixflow.pipeline.planning import Shard
+    from prefixflow.pipeline.rows import Prepared, RowPreparer
+    from prefixflow.pipeline.spec import JobSpec
 
 
 def constrained_choices(cfg: JobConfig) -> tuple[str, ...]:
     """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
     return tuple(cfg.label.choice_prefix + lb for lb in cfg.label.labels)
+
+
+def constrained_label(text: str, cfg: JobConfig) -> str | None:
+    """The label a constrained generation produced (exactly ``choice_prefix + label``), if it finished."""
+    return next((lb for lb in cfg.label.labels if text == cfg.label.choice_prefix + lb), None)
+
+
+def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
+    """The label named earliest in the text (whole word, case-insensitive; longer labels win ties)."""
+    best: tuple[int, int, str] | None = None
+    for label in labels:
+        m = re.search(rf"(?<!\w){re.escape(label)}(?!\w)", text, flags=re.IGNORECASE)
+        if m and (best is None or (m.start(), -len(label)) < best[:2]):
+            best = (m.start(), -len(label), label)
+    return best[2] if best else None
+
+
+def uses_batch(cfg: JobConfig) -> bool:
+    """Batch calibration: the run estimates the label prior once, from a sample of its rows."""
+    return cfg.label.mode == "score" and cfg.label.calibration in BATCH_CALIBRATIONS
 
 
 class LabelTask(Task):
@@ -38,13 +72,69 @@ class LabelTask(Task):
             check_references(cfg, self.template(cfg))
         return cfg
 
+    def own_constraint(self, cfg: JobConfig) -> tuple[str, Any] | None:
+        if cfg.label.mode != "constrained":
+            return None
+        return "the label set", engine_access.StructuredOutputs(choice=constrained_choices(cfg))
+
     def input_columns(self, cfg: JobConfig) -> tuple[str, ...]:
         return (cfg.label.gold_column,) if cfg.label.gold_column else ()
 
     def named_columns(self, cfg: JobConfig) -> dict[str, str]:
         return {cfg.label.gold_column: "label.gold_column"} if cfg.label.gold_column else {}
 
-    def own_constraint(self, cfg: JobConfig) -> tuple[str, Any] | None:
-        if cfg.label.mode != "constrained":
+    def reserve_tokens(self, cfg: JobConfig, tokenizer: Tokenizer) -> int:
+        if cfg.label.mode != "score":
+            return 1
+        return max(len(tokenizer.encode(choice, add_special_tokens=False)) for choice in label_choices(cfg).choices)
+
+    def scored_choices(self, cfg: JobConfig) -> Sequence[str]:
+        return [cfg.label.choice_prefix + lb for lb in cfg.label.labels] if cfg.label.mode == "score" else ()
+
+    # -- output ---------------------------------------------------------------------------------------
+    def output_fields(self, cfg: JobConfig) -> list[pa.Field]:
+        per_label = pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels])
+        fields = [pa.field("label", pa.string()), pa.field("label_probs", per_label)]
+        if cfg.label.mode == "score":  # each label's log-score before calibration: recalibrate without rerunning
+            fields.append(pa.field("label_logprobs_raw", per_label))
+        if cfg.label.gold_column:  # the input's true label, as text (the quality report compares with it)
+            fields.append(pa.field("label_gold", pa.string()))
+        return fields
+
+    def kept_values(self, cfg: JobConfig, row: Mapping[str, Any]) -> dict[str, Any]:
+        gold = cfg.label.gold_column
+        return {"label_gold": gold_text(row.get(gold))} if gold else {}
+
+    def output_parser(self, cfg: JobConfig) -> OutputParser | None:
+        labels = cfg.label.labels
+        constrained = cfg.label.mode == "constrained"
+
+        def parse(rec: dict[str, Any], text: str, finish_reason: str) -> dict[str, Any]:
+            label = constrained_label(text, cfg) if constrained else parse_label(text, labels)
+            if label is not None:
+                return {**rec, "label": label}
+            why = (f"output is not one of the labels (finish_reason {finish_reason})" if constrained
+                   else f"no label found in the output; expected one of: {', '.join(labels)}")  # fmt: skip
+            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR, "error": why}
+
+        return parse
+
+    # -- running --------------------------------------------------------------------------------------
+    def keeps_run_state(self, cfg: JobConfig) -> bool:
+        return uses_batch(cfg)
+
+    def run_state(self, spec: JobSpec, layout: Layout, fingerprint: str, llm: Engine,
+                  shards: list[Shard] | None = None, warn: Callable[[str], None] | None = None) -> LabelPrior | None:  # fmt: skip
+        """Batch calibration's stored prior (estimated now when this is the run's first shard)."""
+        if not uses_batch(spec.config):
             return None
-        return "the label set", engine_access.StructuredOutputs(choice=constrained_choices(cfg))
+        return run_prior(spec, layout, fingerprint, llm, shards, warn=warn)
+
+    def run(self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
+        if prep.cfg.label.mode != "score":
+            return super().run(llm, prep, rows, batch, state)
+        bias = state.bias if isinstance(state, LabelPrior) else "shard"  # "shard": reference prompts, per shard
+        return score_labels(llm, prep, rows, batch, bias)
+
+    def watch(self, cfg: JobConfig, warn: Callable[[str], None]) -> RowWatch | None:
+        return LabelWatch(len(cfg.label.labels), warn)
