@@ -42,7 +42,7 @@ from prefixflow.pipeline import (
     prepare_output,
     record_prediction,
 )
-from prefixflow.pipeline.job_flags import job_overrides
+from prefixflow.pipeline.job.flags import job_overrides
 
 
 class ShardsFailed(RuntimeError):

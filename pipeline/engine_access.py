@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         inspect_model,
         structured_outputs_error,
     )
-    from prefixflow.pipeline.spec import JobSpec
+    from prefixflow.pipeline.job.spec import JobSpec
 
 __all__ = ["Engine", "EngineConfig", "NgramIndex", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
            "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip

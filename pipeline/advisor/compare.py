@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from prefixflow.pipeline.advisor.memory import EngineLimits
-from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.run.layout import Layout
 
 RUN_SAMPLE_ROWS = 256  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
 
@@ -95,7 +95,7 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
 def record_prediction(spec: JobSpec, warn: Callable[[str], None] | None = None) -> None:
     """Predict the run of ``spec`` once (a resumed run keeps its first prediction). Never fails the run:
     a prediction that cannot be made is reported through ``warn`` and the run goes on without it."""
-    from prefixflow.pipeline.run_record import current_run
+    from prefixflow.pipeline.run.record import current_run
 
     try:
         layout, _ = current_run(spec)

@@ -14,8 +14,8 @@ from typing import Any
 
 from prefixflow.pipeline.advisor.render import Rendered
 from prefixflow.pipeline.advisor.sample import Sample
-from prefixflow.pipeline.config import BATCH_CALIBRATIONS, BATCH_MIN_ROWS_PER_LABEL, JobConfig
-from prefixflow.pipeline.label_scoring import label_choices
+from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, BATCH_MIN_ROWS_PER_LABEL, JobConfig
+from prefixflow.pipeline.tasks.label.scoring import label_choices
 
 
 def shared_first_tokens(cfg: JobConfig, tokenizer: Any) -> list[dict[str, Any]]:

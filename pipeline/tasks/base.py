@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
 
-from prefixflow.pipeline.config import JobConfig, SummarizeConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.inference import stream_generate
+from prefixflow.pipeline.job.config import JobConfig, SummarizeConfig
+from prefixflow.pipeline.tasks.inference import stream_generate
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.engine_access import Engine, Tokenizer
-    from prefixflow.pipeline.layout import Layout
-    from prefixflow.pipeline.planning import Shard
-    from prefixflow.pipeline.rows import Prepared, RowPreparer
-    from prefixflow.pipeline.spec import JobSpec
+    from prefixflow.pipeline.job.spec import JobSpec
+    from prefixflow.pipeline.run.layout import Layout
+    from prefixflow.pipeline.run.planning import Shard
+    from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 # a finished record in, the row's values out: the same record with the task's columns, or an error row
 OutputParser = Callable[[dict[str, Any], str, str], dict[str, Any]]

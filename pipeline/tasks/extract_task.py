@@ -1,5 +1,5 @@
 """``task: extract``: generation constrained to the job's JSON schema; each output is checked against
-it and stored typed in the ``extracted`` column (pipeline/extract.py)."""
+it and stored typed in the ``extracted`` column (pipeline/tasks/extract.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 
 from prefixflow.pipeline import engine_access
-from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.extract import Extraction, check_schema, load_schema
-from prefixflow.pipeline.json_columns import shape_of
+from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.tasks.base import OutputParser, Task, require_prompt
+from prefixflow.pipeline.tasks.extract import Extraction, check_schema, load_schema
+from prefixflow.pipeline.tasks.json_columns import shape_of
 
 
 def job_schema(cfg: JobConfig) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.tasks.base import Task
 
 

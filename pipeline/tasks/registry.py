@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.tasks.base import Task
 from prefixflow.pipeline.tasks.extract_task import ExtractTask
 from prefixflow.pipeline.tasks.generate import GenerateTask

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefixflow.pipeline.config import JobConfig, SummarizeConfig
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.prompts import template_columns
-from prefixflow.pipeline.sandbox import check_template
+from prefixflow.pipeline.job.config import JobConfig, SummarizeConfig
+from prefixflow.pipeline.prompts.render import template_columns
+from prefixflow.pipeline.prompts.sandbox import check_template
 from prefixflow.pipeline.tasks.base import Task
 
 DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"

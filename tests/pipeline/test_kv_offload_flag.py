@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from prefixflow.pipeline.cli import build_parser
-from prefixflow.pipeline.job_flags import overrides_from_args
-from prefixflow.pipeline.spec import fingerprinted_engine_fields, load_job
+from prefixflow.pipeline.job.flags import overrides_from_args
+from prefixflow.pipeline.job.spec import fingerprinted_engine_fields, load_job
 from tests.pipeline.advisor.support import write_rows
 
 JOB = {"task": "generate", "prompt_column": "prompt", "chat": "off", "sampling": {"max_tokens": 4}}

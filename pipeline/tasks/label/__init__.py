@@ -1,1 +1,2 @@
-"""Label jobs: the task, scoring, calibration, references, the collapse watch and quality reports."""
+"""Label jobs: score mode and its calibration (batch prior, contextual references), the collapse
+watch, and the quality report with its charts."""

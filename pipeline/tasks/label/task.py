@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from prefixflow.pipeline import engine_access
-from prefixflow.pipeline.config import BATCH_CALIBRATIONS, JobConfig
 from prefixflow.pipeline.errors import LABEL_PARSE_ERROR, JobConfigError
-from prefixflow.pipeline.label_batch import LabelPrior, run_prior
-from prefixflow.pipeline.label_quality import gold_text
-from prefixflow.pipeline.label_references import check_references
-from prefixflow.pipeline.label_scoring import check_distinct_forms, label_choices
-from prefixflow.pipeline.label_watch import LabelWatch
-from prefixflow.pipeline.labeling import score_labels
+from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, JobConfig
 from prefixflow.pipeline.tasks.base import OutputParser, RowWatch, Task, require_prompt
+from prefixflow.pipeline.tasks.label.batch import LabelPrior, run_prior
+from prefixflow.pipeline.tasks.label.labeling import score_labels
+from prefixflow.pipeline.tasks.label.quality import gold_text
+from prefixflow.pipeline.tasks.label.references import check_references
+from prefixflow.pipeline.tasks.label.scoring import check_distinct_forms, label_choices
+from prefixflow.pipeline.tasks.label.watch import LabelWatch
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.engine_access import Engine, Tokenizer
-    from prefixflow.pipeline.layout import Layout
-    from prefixflow.pipeline.planning import Shard
-    from prefixflow.pipeline.rows import Prepared, RowPreparer
-    from prefixflow.pipeline.spec import JobSpec
+    from prefixflow.pipeline.job.spec import JobSpec
+    from prefixflow.pipeline.run.layout import Layout
+    from prefixflow.pipeline.run.planning import Shard
+    from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 
 def constrained_choices(cfg: JobConfig) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ from rich.console import Console
 from prefixflow.engine import inspect_model
 from prefixflow.pipeline.advisor.advise import advise
 from prefixflow.pipeline.advisor.report import print_advice
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import unique_texts, write_rows
 
 LABELS = ["yes", "yes please", "no"]

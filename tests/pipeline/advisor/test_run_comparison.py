@@ -7,10 +7,10 @@ import json
 
 from prefixflow.engine import LLM
 from prefixflow.pipeline.advisor.compare import read_prediction, record_prediction
-from prefixflow.pipeline.local_run import print_summary, run_local
-from prefixflow.pipeline.run_record import current_run
-from prefixflow.pipeline.spec import load_job
-from prefixflow.pipeline.summary import status
+from prefixflow.pipeline.job.spec import load_job
+from prefixflow.pipeline.report.summary import status
+from prefixflow.pipeline.run.local_run import print_summary, run_local
+from prefixflow.pipeline.run.record import current_run
 from tests.pipeline.advisor.support import unique_texts, write_rows
 from tests.pipeline.support import ENGINE, job
 
@@ -71,7 +71,7 @@ def test_a_prediction_that_fails_never_fails_the_run(tmp_path, tiny_llm, monkeyp
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(6))])
     spec = load_job(folder, str(tmp_path / "out"), "tiny", job("generate"))
     warnings: list[str] = []
-    from prefixflow.pipeline.run_record import prepare_output
+    from prefixflow.pipeline.run.record import prepare_output
 
     prepare_output(spec)
     record_prediction(spec, warn=warnings.append)

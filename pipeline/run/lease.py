@@ -1,0 +1,209 @@
+"""Leases on an output root: which live processes write it, so `--new-run` never discards a running job.
+
+Every process that writes an output keeps one lease object ``OUTPUT/_leases/<holder>.json`` (shared by
+its threads), renewed in the background every ``ttl/4`` seconds and deleted when it is done. A lease is
+*shared* (writing the current run; any number at once) or *exclusive* (a --new-run replacing it).
+
+S3 has no rename and no lock, so the protocol uses only whole-object writes and listings (both strongly
+consistent on S3): a process first writes its own lease, then lists the others. A shared holder backs off
+if it sees a live exclusive lease; an exclusive holder backs off if it sees any other live lease. Of two
+processes that start together at least one sees the other, so a --new-run and a writer never both go on.
+
+A lease is live until ``renewed_at + ttl_s`` (writer's clock); on the holder's own machine a lease whose
+process has exited is dead at once, so a killed run does not block the next command for a whole TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from prefixflow.pipeline.errors import OutputBusy
+from prefixflow.pipeline.run.layout import Layout
+
+LEASE_TTL_S = float(os.environ.get("PREFIXFLOW_LEASE_TTL_S", "60"))
+SHARED, EXCLUSIVE = "shared", "exclusive"
+_log = logging.getLogger(__name__)
+
+
+def _machine_id() -> str:
+    """The boot and pid namespace of this process: two processes share it only if one's pid is
+    meaningful to the other (same host, same container)."""
+    parts = []
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(open(path).read().strip() if path.endswith("boot_id") else str(os.stat(path).st_ino))
+        except OSError:
+            parts.append("?")
+    return f"{socket.gethostname()}/{'/'.join(parts)}"
+
+
+MACHINE = _machine_id()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One holder's lease as stored in ``_leases/<holder>.json``."""
+
+    holder: str
+    mode: str
+    machine: str
+    host: str
+    pid: int
+    renewed_at: float
+    ttl_s: float
+    command: str = ""
+
+    def live(self, now: float) -> bool:
+        if self.machine == MACHINE and not _pid_alive(self.pid):
+            return False
+        return now < self.renewed_at + self.ttl_s
+
+    def describe(self, now: float) -> str:
+        left = max(0.0, self.renewed_at + self.ttl_s - now)
+        what = f" ({self.command})" if self.command else ""
+        return f"pid {self.pid} on {self.host}{what}, renewed {now - self.renewed_at:.0f}s ago, expires in {left:.0f}s"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutputLease:
+    """This process's lease on one output root; hold it with ``hold(layout)``."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.mode = SHARED
+        self.users = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def path(self) -> str:
+        return self.layout.path("_leases", f"{self.holder}.json")
+
+    def write(self) -> None:
+        import sys
+
+        lease = Lease(self.holder, self.mode, MACHINE, socket.gethostname(), os.getpid(), time.time(), LEASE_TTL_S,
+                      " ".join(os.path.basename(a) for a in sys.argv[:2]))  # fmt: skip
+        self.layout.store.write_atomic(self.path, json.dumps(asdict(lease)).encode())
+
+    def others(self) -> list[Lease]:
+        """The live leases of other holders; dead ones are removed on the way (harmless if repeated)."""
+        now = time.time()
+        found: list[Lease] = []
+        for path in self.layout.store.list_files(self.layout.path("_leases")):
+            if path == self.path or not path.endswith(".json"):
+                continue
+            try:
+                lease = Lease(**json.loads(self.layout.store.read_bytes(path)))
+            except (OSError, ValueError, TypeError):
+                continue  # vanished while listing, or not a lease: not a live holder
+            if lease.live(now):
+                found.append(lease)
+            elif now > lease.renewed_at + 2 * lease.ttl_s or lease.machine == MACHINE:
+                self.layout.store.remove(path)
+        return found
+
+    def acquire_shared(self) -> None:
+        self.mode = SHARED
+        self.write()
+        blocking = [lease for lease in self.others() if lease.mode == EXCLUSIVE]
+        if blocking:
+            self.release()
+            now = time.time()
+            raise OutputBusy(
+                f"output {self.layout.store.root}: a --new-run is replacing the run there "
+                f"({blocking[0].describe(now)}); run this command again once it has started"
+            )
+        self._start_renewing()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the output alone for the block (a --new-run): refuse while any other process writes it."""
+        self.mode = EXCLUSIVE
+        self.write()
+        others = self.others()
+        if others:
+            self.mode = SHARED
+            self.write()
+            now = time.time()
+            listed = "; ".join(lease.describe(now) for lease in others[:3])
+            raise OutputBusy(
+                f"output {self.layout.store.root} is in use by {len(others)} other run(s): {listed}. "
+                "--new-run would discard what they write: wait for them to finish, or stop them (a killed "
+                "run's lease expires once it is not renewed; on this machine at once)"
+            )
+        try:
+            yield
+        finally:
+            self.mode = SHARED
+            self.write()
+
+    def _start_renewing(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew, name="prefixflow-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_TTL_S / 4):
+            try:
+                self.write()
+            except Exception as exc:  # noqa: BLE001 - a missed renewal is retried; the lease may expire
+                _log.warning("could not renew the lease %s: %s", self.path, exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        try:
+            self.layout.store.remove(self.path)
+        except Exception as exc:  # noqa: BLE001 - an unremoved lease expires on its own
+            _log.warning("could not remove the lease %s: %s", self.path, exc)
+
+
+_HELD: dict[str, OutputLease] = {}
+_HELD_LOCK = threading.Lock()
+
+
+@contextmanager
+def hold(layout: Layout) -> Iterator[OutputLease]:
+    """This process's shared lease on ``layout``'s root for the block; nested and concurrent holds (threads,
+    lanes) share one lease object, released when the last one exits. Raises OutputBusy while a --new-run
+    replaces the output."""
+    key = layout.store.url(layout.store.root)
+    with _HELD_LOCK:
+        lease = _HELD.get(key)
+        if lease is None:
+            lease = OutputLease(layout)
+            lease.acquire_shared()
+            _HELD[key] = lease
+        lease.users += 1
+    try:
+        yield lease
+    finally:
+        with _HELD_LOCK:
+            lease.users -= 1
+            if lease.users == 0:
+                del _HELD[key]
+                lease.release()
