@@ -300,7 +300,7 @@ class SamplingSection(Section):
         structured = data.get("structured")
         if structured is not None and not isinstance(structured, dict):
             raise problem(f"expected a mapping such as {{regex: '...'}}, got {structured!r}", at="structured")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"}
         if values:
             error = engine_access.SamplingParams(**values).validation_error()
             if error:
