@@ -7,7 +7,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -15,6 +15,7 @@ import yaml
 
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.config import JobConfig, job_config
+from prefixflow.pipeline.job.flags import SHORTCUT_VALUES, SHORTCUTS
 from prefixflow.pipeline.prompts.render import template_columns
 from prefixflow.pipeline.prompts.sandbox import check_template
 from prefixflow.pipeline.tasks.base import Task
@@ -22,39 +23,6 @@ from prefixflow.pipeline.tasks.constraints import check_job_constraint
 from prefixflow.pipeline.tasks.extract import schema_beside
 from prefixflow.pipeline.tasks.registry import TASKS, task_of
 
-# load_job(**overrides) shortcuts: flag name -> (section, key).
-SHORTCUTS: dict[str, tuple[str, str]] = {
-    "max_tokens": ("sampling", "max_tokens"),
-    "quantization": ("engine", "quantization"),
-    "temperature": ("sampling", "temperature"),
-    "shard_rows": ("output", "shard_rows"),
-    "flush_rows": ("output", "flush_rows"),
-    "flush_seconds": ("output", "flush_seconds"),
-    "endpoint_url": ("storage", "endpoint_url"),
-    "storage_options": ("storage", "options"),
-    "document_column": ("summarize", "document_column"),
-    "long_document": ("summarize", "long_document"),
-    "truncate_side": ("summarize", "truncate_side"),
-    "labels": ("label", "labels"),
-    "label_mode": ("label", "mode"),
-    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
-    "speculative_method": ("speculative", "method"),
-    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
-    "speculative_model": ("speculative", "model"),
-    "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
-    "kv_offload_gb": ("engine", "kv_offload_bytes"),
-    "kv_cache_dir": ("engine", "kv_cache_dir"),
-    "kv_cache_dir_gb": ("engine", "kv_cache_dir_bytes"),
-}
-# shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
-def _gib_to_bytes(gib: Any) -> Any:
-    return round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib
-
-
-SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
-    "kv_offload_gb": _gib_to_bytes,
-    "kv_cache_dir_gb": _gib_to_bytes,
-}
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
 # EngineConfig fields that cannot change what a row's output is, with the reason. Every other field,
@@ -263,6 +231,10 @@ def parse_job_config(data: Mapping[str, Any] | None) -> JobConfig:
         owners = " and ".join(t.name for t in TASKS.values() if t.several_samples)
         raise JobConfigError(f"job config: sampling.n: several samples per row apply to {owners} jobs only")
     cfg = task.check(cfg, data or {})
+    clash = sorted(set(cfg.keep_columns) & {f.name for f in task.output_fields(cfg)})
+    if clash:  # the built-in tasks' columns are refused by the model already; a new task's here
+        raise JobConfigError(f"job config: keep_columns: {clash} would overwrite output columns of the {cfg.task} "
+                             "task; rename them in the input or leave them out")  # fmt: skip
     check_job_constraint(cfg, task)
     check_template(cfg.template, "template")
     return cfg
