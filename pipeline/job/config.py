@@ -36,6 +36,7 @@ from prefixflow.pipeline.errors import JobConfigError
 # how pipeline/tasks/label/scoring.py calibrates; the batch ones estimate each label's prior from a sample of the
 # job's own rows (pipeline/tasks/label/batch.py)
 BATCH_CALIBRATIONS = ("batch", "batch+contextual")
+CALIBRATED_MODES = ("score", "constrained")  # label.calibration applies (constrained: to the first tokens)
 BATCH_MIN_ROWS_PER_LABEL = 8  # fewer distinct sample rows than this x labels: batch falls back to contextual
 
 DEFAULT_REDUCE_TEMPLATE = (
@@ -288,6 +289,7 @@ class SamplingSection(Section):
     frequency_penalty: int | float = 0.0
     repetition_penalty: int | float = 1.0
     n: int = 1
+    logit_bias: dict[int, int | float] | None = None  # token id -> added to its logit each step
 
     @model_validator(mode="before")
     @classmethod
@@ -300,6 +302,8 @@ class SamplingSection(Section):
         structured = data.get("structured")
         if structured is not None and not isinstance(structured, dict):
             raise problem(f"expected a mapping such as {{regex: '...'}}, got {structured!r}", at="structured")
+        if isinstance(data.get("logit_bias"), dict):  # JSON and OpenAI write token ids as strings
+            data = {**data, "logit_bias": _token_keys(data["logit_bias"])}
         values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"}
         if values:
             error = engine_access.SamplingParams(**values).validation_error()
@@ -325,6 +329,11 @@ class SamplingSection(Section):
 SAMPLING_KEYS = tuple(SamplingSection.model_fields)
 
 
+def _token_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    """``{"50256": -100}`` as ``{50256: -100}``; other keys are left for the engine's check to name."""
+    return {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in bias.items()}
+
+
 def _sampling_columns(value: Any) -> Any:
     if not isinstance(value, dict):
         raise problem(f"expected a mapping, got {type(value).__name__}")
@@ -335,6 +344,8 @@ def _sampling_columns(value: Any) -> Any:
             raise problem(f"expected a non-empty string, got {column!r}", at=str(key))
     if "structured" in value:
         raise problem("a constraint is set for the whole job, under sampling.structured", at="structured")
+    if "logit_bias" in value:
+        raise problem("a logit bias is set for the whole job, under sampling.logit_bias", at="logit_bias")
     return value
 
 

@@ -75,6 +75,10 @@ class LabelChoices:
             per_label[k].append(lp / max(n, 1) if length_norm == "mean" else lp)
         return [logsumexp(values) for values in per_label]
 
+    def per_label(self, values: Sequence[float]) -> list[float]:
+        """Per-label values as they are (``FirstTokens`` maps its per-token ones onto the labels)."""
+        return list(values)
+
 
 def label_choices(cfg: JobConfig) -> LabelChoices:
     label = cfg.label

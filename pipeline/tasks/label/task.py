@@ -11,10 +11,11 @@ import pyarrow as pa
 
 from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.errors import LABEL_PARSE_ERROR, JobConfigError
-from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, JobConfig
+from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, CALIBRATED_MODES, JobConfig
 from prefixflow.pipeline.tasks.base import OutputParser, RowWatch, Task, require_prompt
+from prefixflow.pipeline.tasks.inference import stream_generate
 from prefixflow.pipeline.tasks.label.batch import LabelPrior, run_prior
-from prefixflow.pipeline.tasks.label.labeling import score_labels
+from prefixflow.pipeline.tasks.label.labeling import constrained_rows, score_labels
 from prefixflow.pipeline.tasks.label.quality import gold_text
 from prefixflow.pipeline.tasks.label.references import check_references
 from prefixflow.pipeline.tasks.label.scoring import check_distinct_forms, label_choices
@@ -50,7 +51,7 @@ def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
 
 def uses_batch(cfg: JobConfig) -> bool:
     """Batch calibration: the run estimates the label prior once, from a sample of its rows."""
-    return cfg.label.mode == "score" and cfg.label.calibration in BATCH_CALIBRATIONS
+    return cfg.label.mode in CALIBRATED_MODES and cfg.label.calibration in BATCH_CALIBRATIONS
 
 
 class LabelTask(Task):
@@ -68,7 +69,7 @@ class LabelTask(Task):
         require_prompt(cfg)
         if cfg.summarize.long_document == "map_reduce" and "summarize" in given:
             raise JobConfigError("job config: summarize.long_document: map_reduce applies to summarize jobs only")
-        if label.mode == "score":
+        if label.mode in CALIBRATED_MODES:
             check_references(cfg, self.template(cfg))
         return cfg
 
@@ -131,10 +132,12 @@ class LabelTask(Task):
         return run_prior(spec, layout, fingerprint, llm, shards, warn=warn)
 
     def run(self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
-        if prep.cfg.label.mode != "score":
-            return super().run(llm, prep, rows, batch, state)
         bias = state.bias if isinstance(state, LabelPrior) else "shard"  # "shard": reference prompts, per shard
-        return score_labels(llm, prep, rows, batch, bias)
+        if prep.cfg.label.mode == "score":
+            return score_labels(llm, prep, rows, batch, bias)
+        if prep.cfg.label.mode == "constrained":  # calibrated through a first-token logit bias
+            return stream_generate(llm, prep, constrained_rows(llm, prep, rows, bias))
+        return super().run(llm, prep, rows, batch, state)
 
     def watch(self, cfg: JobConfig, warn: Callable[[str], None]) -> RowWatch | None:
         return LabelWatch(len(cfg.label.labels), warn)
