@@ -45,7 +45,7 @@ def run_local(
             check_max_tokens(spec.config, llm.max_model_len)
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
-        with hold_output(spec):
+        with hold_output(spec, driver="prefixflow run"):
             prepare_output(spec, new_run=new_run)
             todo = [s for s in shards if not is_committed(spec, s)]
             console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
