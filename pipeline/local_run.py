@@ -14,15 +14,16 @@ from rich.text import Text
 from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
-from prefixflow.pipeline.errors import ShardError
+from prefixflow.pipeline.errors import PipelineError, ShardError
 from prefixflow.pipeline.label_batch import run_prior, uses_batch
 from prefixflow.pipeline.label_charts import report_lines
-from prefixflow.pipeline.planning import plan_shards
+from prefixflow.pipeline.planning import Shard, plan_shards
 from prefixflow.pipeline.progress import ProgressDisplay
 from prefixflow.pipeline.read_hint import polars_hint
 from prefixflow.pipeline.rows import check_max_tokens, check_sampling_vocabulary
-from prefixflow.pipeline.run_record import check_output, current_run, hold_output, prepare_output
-from prefixflow.pipeline.shard_execution import is_committed, run_shards
+from prefixflow.pipeline.run.handle import open_run, prepare_run
+from prefixflow.pipeline.run_record import check_output, hold_output
+from prefixflow.pipeline.shard_execution import run_shards
 from prefixflow.pipeline.spec import JobSpec
 from prefixflow.pipeline.summary import RunSummary, finalize
 
@@ -39,7 +40,7 @@ def run_local(
     shards = plan_shards(spec)
     check_output(spec, new_run)
     owned = llm is None
-    if llm is None and (new_run or any(not is_committed(spec, s) for s in shards)):
+    if llm is None and (new_run or _left_to_run(spec, shards)):
         llm = open_engine(spec)
     try:
         if llm is not None:
@@ -47,30 +48,39 @@ def run_local(
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
         with hold_output(spec):
-            prepare_output(spec, new_run=new_run)
-            todo = [s for s in shards if not is_committed(spec, s)]
+            run = prepare_run(spec, new_run=new_run, shards=shards)
+            todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
                           f"{len(shards) - len(todo)} already committed")  # fmt: skip
             if todo:
-                record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
+                record_prediction(run, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
                 if uses_batch(spec.config):  # plan time: the sample's prompts then sit in the prefix cache
-                    layout, record = current_run(spec)
-                    run_prior(spec, layout, record.fingerprint_hash, llm, shards,
-                              warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True))  # fmt: skip
+                    run.cached("label_prior", lambda: run_prior(spec, run.layout, run.fingerprint, llm, shards,
+                               warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)))  # fmt: skip
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
                                      engine_stats=getattr(llm, "stats", None), console=console,
                                      log_every_s=progress_interval) as bar:  # fmt: skip
-                    for outcome in run_shards(spec, todo, llm, progress=bar):
+                    for outcome in run_shards(run, todo, llm, progress=bar):
                         if outcome.error is not None:
                             failures.append(outcome.error)
                             console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
-            return finalize(spec), failures
+            return finalize(run), failures
     finally:
         close = getattr(llm, "close", None) if owned else None
         if close is not None:
             close()  # tensor-parallel worker processes leave with the run
+
+
+def _left_to_run(spec: JobSpec, shards: list[Shard]) -> bool:
+    """Whether a shard of the plan is not committed yet (also when the output holds no run of this job:
+    one listing of the output, before the engine is loaded for nothing)."""
+    try:
+        run = open_run(spec)
+    except PipelineError:
+        return True
+    return any(not run.is_committed(s.shard_id) for s in shards)
 
 
 def print_summary(console: Console, summary: RunSummary, storage: StorageConfig | None = None) -> None:

@@ -1,0 +1,1 @@
+"""The state of one run of a job on its output root."""
