@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks.common import environment, print_table, setup_threads, write_json
 from benchmarks.label_metrics import label_metrics
-from prefixflow.pipeline.config import LabelConfig
+from prefixflow.pipeline.job.config import LabelConfig
 
 MODEL = "smollm2-135m-instruct"
 DATA = Path(__file__).parent / "data"
@@ -108,10 +108,10 @@ def job_dict(label_set: LabelSet, style: Style, order: Sequence[str] | None = No
 def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=None) -> dict:
     """Log-probabilities of every surface form (as written and case-flipped) on the rows, on each
     content-free input and on the domain premise, with their token counts."""
-    from prefixflow.pipeline.config import parse_job_config
-    from prefixflow.pipeline.label_references import content_free_text, domain_premise
-    from prefixflow.pipeline.label_scoring import label_choices
-    from prefixflow.pipeline.rows import RowPreparer
+    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.tasks.label.references import content_free_text, domain_premise
+    from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style, order, case_variants=True))
     prep = RowPreparer(cfg, llm, {})
@@ -140,7 +140,12 @@ def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=
 def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm: str, case: bool,
                  rows: Sequence[int] | None = None) -> list[list[float]]:  # fmt: skip
     """Label distributions of ``rows`` (all when None) under one method, from the raw scores."""
-    from prefixflow.pipeline.label_scoring import LabelChoices, batch_bias, calibrated_probs, reference_bias
+    from prefixflow.pipeline.tasks.label.scoring import (
+        LabelChoices,
+        batch_bias,
+        calibrated_probs,
+        reference_bias,
+    )
 
     ch = LabelChoices.build(label_set.labels, style.choice_prefix, case)
     where = {c: i for i, c in enumerate(raw["choices"])}
@@ -273,9 +278,9 @@ def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: li
 def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
     """What batch calibration's sample adds: its rows (the default 256 cover these sets whole), their
     prompt tokens (each counted once) and the scoring requests (one per row and label choice)."""
-    from prefixflow.pipeline.config import parse_job_config
-    from prefixflow.pipeline.label_scoring import label_choices
-    from prefixflow.pipeline.rows import RowPreparer
+    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style))
     prep = RowPreparer(cfg, llm, {})
@@ -291,7 +296,7 @@ def pipeline_run(
     import polars as pl
 
     from prefixflow.pipeline import load_job
-    from prefixflow.pipeline.local_run import run_local
+    from prefixflow.pipeline.run.local_run import run_local
 
     with tempfile.TemporaryDirectory() as tmp:
         pl.DataFrame(rows).write_parquet(f"{tmp}/in.parquet")

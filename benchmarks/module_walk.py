@@ -69,7 +69,10 @@ def _module(frame: FrameType) -> str | None:
 
 
 def trace(spec: Any, llm: Any) -> dict[str, Any]:
-    from prefixflow.pipeline.local_run import run_local
+    try:
+        from prefixflow.pipeline.run.local_run import run_local
+    except ImportError:  # a checkout from before issue 23's folders (the "before" figure)
+        from prefixflow.pipeline.local_run import run_local  # type: ignore[import-not-found,no-redef]
 
     walks = {"spec walk": Walk(), "spec or run walk": Walk(), "all calls": Walk()}
 

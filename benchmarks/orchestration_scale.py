@@ -68,8 +68,8 @@ def instrumented(counters: Counters) -> Iterator[None]:
     """Count every `Store` call, every Prefect API request, and time spent in the engine."""
     import httpx
 
-    from prefixflow.pipeline import shard_execution
-    from prefixflow.pipeline.storage import Store
+    from prefixflow.pipeline.run import shard_execution
+    from prefixflow.pipeline.storage.store import Store
 
     saved: dict[str, Any] = {}
     for name in STORE_OPS:

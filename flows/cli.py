@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from prefixflow.pipeline.job_flags import add_job_flags, add_new_run_flag, overrides_from_args
+from prefixflow.pipeline.job.flags import add_job_flags, add_new_run_flag, overrides_from_args
 
 SERVE_HELP = "serve a job as a scheduled Prefect deployment (needs prefect)"
 

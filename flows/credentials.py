@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from prefixflow.pipeline import JobConfigError, JobSpec
-from prefixflow.pipeline.config import secret_name_pattern, secret_option_paths
+from prefixflow.pipeline.job.config import secret_name_pattern, secret_option_paths
 
 REDACTED = "<redacted: credentials are never stored as flow parameters>"
 

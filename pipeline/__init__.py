@@ -2,7 +2,6 @@
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
 from prefixflow.pipeline.advisor.compare import record_prediction
-from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine, open_engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
@@ -16,21 +15,22 @@ from prefixflow.pipeline.errors import (
     RunSuperseded,
     ShardError,
 )
-from prefixflow.pipeline.job_flags import DEFAULT_MODEL
-from prefixflow.pipeline.label_charts import markdown_labels
-from prefixflow.pipeline.planning import Shard, ShardInfo, describe_shards, plan_shards
-from prefixflow.pipeline.progress import ProgressDisplay
+from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.job.flags import DEFAULT_MODEL
+from prefixflow.pipeline.job.spec import JobSpec, load_job
+from prefixflow.pipeline.report.progress import ProgressDisplay
+from prefixflow.pipeline.report.summary import RunSummary, finalize, status
 from prefixflow.pipeline.run.handle import Run, open_run, prepare_run
-from prefixflow.pipeline.run_record import RunRecord, hold_output, prepare_output
-from prefixflow.pipeline.shard_execution import (
+from prefixflow.pipeline.run.planning import Shard, ShardInfo, describe_shards, plan_shards
+from prefixflow.pipeline.run.record import RunRecord, hold_output, prepare_output
+from prefixflow.pipeline.run.shard_execution import (
     ProgressSink,
     ShardOutcome,
     ShardResult,
     run_shard,
     run_shards,
 )
-from prefixflow.pipeline.spec import JobSpec, load_job
-from prefixflow.pipeline.summary import RunSummary, finalize, status
+from prefixflow.pipeline.tasks.label.charts import markdown_labels
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -76,6 +76,6 @@ __all__ = [
 
 def throughput_markdown(run: Run) -> str:
     """The run's usage and throughput over time as Markdown (for the flow's artifact)."""
-    from prefixflow.pipeline.throughput_report import markdown_report
+    from prefixflow.pipeline.report.throughput_report import markdown_report
 
     return markdown_report(run.spec.output, run.layout)

@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from prefixflow.pipeline.config import StorageConfig
 from prefixflow.pipeline.errors import JobConfigError, PipelineError, storage_problem
 from prefixflow.pipeline.interrupts import INTERRUPTED_HINT, Terminated, interruptible
-from prefixflow.pipeline.job_flags import (
+from prefixflow.pipeline.job.config import StorageConfig
+from prefixflow.pipeline.job.flags import (
     DEFAULT_MODEL,
     add_job_flags,
     add_new_run_flag,
     add_storage_flags,
     overrides_from_args,
 )
-from prefixflow.pipeline.storage_errors import RESUME_HINT, describe_storage_error, transient_problem
+from prefixflow.pipeline.storage.errors import RESUME_HINT, describe_storage_error, transient_problem
 
 if TYPE_CHECKING:
-    from prefixflow.pipeline.spec import JobSpec
+    from prefixflow.pipeline.job.spec import JobSpec
 
 EPILOG = """examples:
   prefixflow demo
@@ -115,15 +115,15 @@ def _storage(args: argparse.Namespace) -> StorageConfig:
 
 
 def _spec(args: argparse.Namespace, output: str) -> JobSpec:
-    from prefixflow.pipeline.spec import load_job
+    from prefixflow.pipeline.job.spec import load_job
 
     return load_job(args.input, output, args.model, args.job, **overrides_from_args(args))
 
 
 def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/batch_run.py)."""
-    from prefixflow.pipeline.batch_run import cleanup_inputs, prepare_batch, write_results
-    from prefixflow.pipeline.local_run import print_summary, run_local
+    """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/run/batch_run.py)."""
+    from prefixflow.pipeline.run.batch_run import cleanup_inputs, prepare_batch, write_results
+    from prefixflow.pipeline.run.local_run import print_summary, run_local
 
     overrides = {k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")}
     if args.id_column or args.prompt_column:
@@ -148,8 +148,8 @@ def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from prefixflow.pipeline.batch_run import is_batch_input
-    from prefixflow.pipeline.local_run import print_summary, run_local
+    from prefixflow.pipeline.run.batch_run import is_batch_input
+    from prefixflow.pipeline.run.local_run import print_summary, run_local
 
     if is_batch_input(args.input, _storage(args)):
         return cmd_run_batch(args, out, err)
@@ -169,8 +169,8 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     """An OpenAI Batch file: request counts and the requests that would be answered with an error."""
-    from prefixflow.pipeline.batch_run import read_batch_file
-    from prefixflow.pipeline.openai_batch import describe_requests
+    from prefixflow.pipeline.run.batch_run import read_batch_file
+    from prefixflow.pipeline.tasks.openai_batch import describe_requests
 
     info = describe_requests(read_batch_file(args.input, _storage(args)))
     if args.json:
@@ -186,8 +186,8 @@ def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
-    from prefixflow.pipeline.batch_run import is_batch_input
-    from prefixflow.pipeline.planning import describe_shards, plan_shards
+    from prefixflow.pipeline.run.batch_run import is_batch_input
+    from prefixflow.pipeline.run.planning import describe_shards, plan_shards
 
     advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
@@ -238,12 +238,12 @@ def _sizes_text(sizes: list[int]) -> str:
 
 
 def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from prefixflow.pipeline.layout import Layout
-    from prefixflow.pipeline.local_run import print_summary
-    from prefixflow.pipeline.storage import Store
-    from prefixflow.pipeline.summary import status
-    from prefixflow.pipeline.throughput_report import throughput_table, usage
-    from prefixflow.pipeline.throughput_series import load_series, summary_of
+    from prefixflow.pipeline.report.summary import status
+    from prefixflow.pipeline.report.throughput_report import throughput_table, usage
+    from prefixflow.pipeline.report.throughput_series import load_series, summary_of
+    from prefixflow.pipeline.run.layout import Layout
+    from prefixflow.pipeline.run.local_run import print_summary
+    from prefixflow.pipeline.storage.store import Store
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))
     summary, record = status(args.output.rstrip("/"), storage)

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from prefixflow.pipeline.errors import PipelineError
-from prefixflow.pipeline.local_run import print_summary, run_local
-from prefixflow.pipeline.run_record import output_layout, read_run_record
-from prefixflow.pipeline.spec import JobSpec, load_job
+from prefixflow.pipeline.job.spec import JobSpec, load_job
+from prefixflow.pipeline.run.local_run import print_summary, run_local
+from prefixflow.pipeline.run.record import output_layout, read_run_record
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"), ("extract", "demo_extract.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])

@@ -29,7 +29,7 @@ def test_top_level_names_import_lazily_and_plan_stays_torch_free(tmp_path: Path)
     )
     res = _python(code, tmp_path)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["prefixflow.pipeline.spec", "prefixflow.pipeline.planning"]
+    assert res.stdout.split() == ["prefixflow.pipeline.job.spec", "prefixflow.pipeline.run.planning"]
 
 
 def test_engine_names_come_from_the_namespace(tmp_path: Path) -> None:

@@ -33,8 +33,8 @@ from prefixflow.pipeline.advisor.sharing import Sharing, analyze
 from prefixflow.pipeline.advisor.template_order import OrderFlag, check_column, check_template
 from prefixflow.pipeline.advisor.workload import PilotResult, Workload, build_workload
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.planning import plan_shards
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.run.planning import plan_shards
 
 DEFAULT_SAMPLE_ROWS = 2000
 

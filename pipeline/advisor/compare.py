@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.advisor.memory import EngineLimits
-from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.run.layout import Layout
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.run.handle import Run

@@ -15,14 +15,14 @@ from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.advisor.speculation import replay_ngram
 from prefixflow.pipeline.advisor.workload import PilotResult
 from prefixflow.pipeline.errors import RowError
-from prefixflow.pipeline.rows import Prepared, RowPreparer
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 
 def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotResult:
     """Generate ``n`` rows spread over the sample (nothing is written); ``llm`` reuses a loaded engine."""
     from prefixflow.pipeline.engine_access import open_engine
-    from prefixflow.pipeline.inference import execute
+    from prefixflow.pipeline.tasks.inference import execute
 
     llm = llm or open_engine(spec)
     cfg = spec.config

@@ -23,7 +23,7 @@ from prefixflow.pipeline.advisor.sharing import Sharing
 from prefixflow.pipeline.advisor.speculation import REPLAY_K
 from prefixflow.pipeline.advisor.template_order import OrderFlag
 from prefixflow.pipeline.advisor.workload import Dist, Workload
-from prefixflow.pipeline.config import JobConfig
+from prefixflow.pipeline.job.config import JobConfig
 
 SHARING_YES = 0.05  # prefix hit rate worth keeping the prefix cache and ordering for
 VARIABLE_CV = 0.25  # output length spread (std / mean) that makes static batching waste slots

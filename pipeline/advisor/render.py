@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from prefixflow.pipeline.advisor.sample import Sample
-from prefixflow.pipeline.config import JobConfig
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import RowError
-from prefixflow.pipeline.rows import RowPreparer, derived_id
+from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.tasks.rows import RowPreparer, derived_id
 
 
 class TokenizerOnlyModel:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixflow.pipeline.planning import Shard
-from prefixflow.pipeline.sources import list_inputs, parquet_file
-from prefixflow.pipeline.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.run.planning import Shard
+from prefixflow.pipeline.storage.sources import list_inputs, parquet_file
 
 UNIT_READ_ROWS = 4096  # at most this many rows are read from one row group
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import nodes
 
-from prefixflow.pipeline.prompts import parse_template
+from prefixflow.pipeline.prompts.render import parse_template
 
 
 @dataclass(frozen=True)

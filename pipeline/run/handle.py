@@ -25,20 +25,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefixflow.pipeline import commit as commits
-from prefixflow.pipeline import lease
 from prefixflow.pipeline.errors import RunSuperseded
-from prefixflow.pipeline.layout import Layout
+from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.run import commit as commits
+from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
-from prefixflow.pipeline.run_record import (
+from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.record import (
     RunRecord,
     check_fingerprint,
     output_layout,
     prepare,
     read_run_record,
 )
-from prefixflow.pipeline.spec import JobSpec
-from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.storage.store import Store
 
 RETIRE_BATCH = 100  # committed shards' staged parts are deleted in batches (one S3 request per 1,000 keys)
 

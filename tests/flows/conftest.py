@@ -1,4 +1,5 @@
-"""Fixtures for the flow tests: one Prefect test server per session, a small dataset per test."""
+"""Fixtures for the flow tests: one Prefect test server per session (and a real `prefect server start` for
+the worker tests), a small dataset per test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.flows.prefect_server import PrefectServer, running_server
 from tests.flows.support import write_dataset
 
 
@@ -28,3 +30,11 @@ def dataset(tmp_path: Path) -> tuple[Path, list[str]]:
 @pytest.fixture(autouse=True)
 def _no_stray_fault(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFIXFLOW_FAULT_ONCE", raising=False)
+
+
+@pytest.fixture(scope="session")
+def real_prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """`prefect server start` on loopback (tests/flows/prefect_server.py), one per session; its workers
+    and the server are stopped, whole process groups, at the end, also after a failure."""
+    with running_server(tmp_path_factory.mktemp("prefect-server")) as server:
+        yield server

@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow as pa
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.local_run import run_local
+from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 
 LONG = " ".join(["word"] * 400)
@@ -91,8 +91,8 @@ def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
 
 
 def test_output_columns_match_the_reserved_names() -> None:
-    from prefixflow.pipeline.config import OUTPUT_COLUMNS, parse_job_config
-    from prefixflow.pipeline.output_schema import output_schema
+    from prefixflow.pipeline.job.config import OUTPUT_COLUMNS, parse_job_config
+    from prefixflow.pipeline.run.output_schema import output_schema
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"], "gold_column": "y"}})
     extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})

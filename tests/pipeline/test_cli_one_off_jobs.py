@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 
 from prefixflow.pipeline.cli import build_parser, main
-from prefixflow.pipeline.job_flags import overrides_from_args
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.flags import overrides_from_args
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.support import ENGINE, write_dataset
 
 ENGINE_FLAGS = [f"--engine={k}={v}" for k, v in ENGINE.items()]

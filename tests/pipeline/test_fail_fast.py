@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prefixflow.pipeline import commit as commits
 from prefixflow.pipeline import load_job, prepare_output
 from prefixflow.pipeline.cli import main
-from prefixflow.pipeline.local_run import run_local
-from prefixflow.pipeline.run_record import output_layout
+from prefixflow.pipeline.run import commit as commits
+from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.run.record import output_layout
 from tests.pipeline.support import job, write_dataset
 
 
@@ -77,9 +77,9 @@ def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_reco
 
 
 def test_rows_are_checked_against_the_vocabulary_too(tiny_llm) -> None:
-    from prefixflow.pipeline.config import parse_job_config
     from prefixflow.pipeline.errors import RowError
-    from prefixflow.pipeline.rows import RowPreparer
+    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job("generate", prompt_column="text", template=None,
                                   sampling={"stop_token_ids": [10**6]}))  # fmt: skip

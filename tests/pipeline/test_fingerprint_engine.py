@@ -10,7 +10,7 @@ import pytest
 
 from prefixflow.engine import EngineConfig
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.spec import ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT, fingerprinted_engine_fields
+from prefixflow.pipeline.job.spec import ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT, fingerprinted_engine_fields
 from tests.pipeline.support import job, write_dataset
 
 # The fields known to change outputs. Together with ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT this must

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prefixflow.pipeline import FingerprintMismatch, JobConfigError, load_job, prepare_output
-from prefixflow.pipeline import spec as spec_module
+from prefixflow.pipeline.job import spec as spec_module
 from tests.pipeline.support import job, write_dataset
 
 

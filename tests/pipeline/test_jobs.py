@@ -19,8 +19,8 @@ from prefixflow.pipeline import (
     run_shard,
     status,
 )
-from prefixflow.pipeline.inference import parse_label
-from prefixflow.pipeline.local_run import run_local
+from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.tasks.inference import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
 
 LONG = " ".join(f"w{i}" for i in range(300))

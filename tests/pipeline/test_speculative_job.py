@@ -11,13 +11,13 @@ import pytest
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.local_run import run_local
+from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import write_dataset
 
 
 def test_yaml_section_and_flags_set_the_engine_option() -> None:
     from prefixflow.pipeline.cli import build_parser
-    from prefixflow.pipeline.job_flags import overrides_from_args
+    from prefixflow.pipeline.job.flags import overrides_from_args
 
     spec = load_job("i", "o", "tiny", {"speculative": {"method": "ngram", "num_speculative_tokens": 3}})
     assert spec.config.engine == {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}

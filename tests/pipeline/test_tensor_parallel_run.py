@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.local_run import run_local
+from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_run_with_two_ranks_writes_every_row_once(tmp_path: Path) -> None:
 
 def test_the_flag_sets_the_engine_option() -> None:
     from prefixflow.pipeline.cli import build_parser
-    from prefixflow.pipeline.job_flags import overrides_from_args
+    from prefixflow.pipeline.job.flags import overrides_from_args
 
     args = build_parser().parse_args(["run", "--input", "i", "--output", "o", "--tensor-parallel-size", "2"])
     spec = load_job("i", "o", "tiny", None, **overrides_from_args(args))

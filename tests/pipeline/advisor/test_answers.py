@@ -8,7 +8,7 @@ import pytest
 
 from prefixflow.engine import inspect_model
 from prefixflow.pipeline.advisor.advise import advise
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import instruction, random_prompts, unique_texts, write_rows
 
 

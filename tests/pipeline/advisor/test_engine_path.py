@@ -10,7 +10,7 @@ import pytest
 from prefixflow.engine import describe_model
 from prefixflow.pipeline.advisor.advise import advise
 from prefixflow.pipeline.advisor.engine_path import from_checkpoint, from_description
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import unique_texts, write_rows
 
 SMOLLM2 = "smollm2-135m-instruct"

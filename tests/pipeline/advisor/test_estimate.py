@@ -8,7 +8,7 @@ import pytest
 from benchmarks import roofline
 from prefixflow.engine import inspect_model
 from prefixflow.pipeline.advisor.advise import advise
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import unique_texts, write_rows
 
 LLAMA_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefixflow.pipeline.advisor.advise import advise
 from prefixflow.pipeline.advisor.host_tier import GIB, host_memory_bytes, recommend_offload_bytes
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import instruction, unique_texts, write_rows
 
 KV_8B = 131072  # Llama-3.1-8B bf16 KV bytes per token

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from prefixflow.pipeline.advisor import sample as sampling
-from prefixflow.pipeline.planning import plan_shards
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
+from prefixflow.pipeline.run.planning import plan_shards
 from tests.pipeline.support import docs, write_parquet
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefixflow.pipeline.advisor.advise import advise
 from prefixflow.pipeline.advisor.template_order import check_column, check_template
-from prefixflow.pipeline.spec import load_job
+from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import instruction, unique_texts, write_rows
 
 

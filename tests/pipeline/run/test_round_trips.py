@@ -21,9 +21,9 @@ from typing import Any
 import s3fs
 
 from prefixflow.pipeline import load_job, plan_shards, prepare_run, run_shards
-from prefixflow.pipeline.local_run import run_local
-from prefixflow.pipeline.run_record import hold_output
-from prefixflow.pipeline.storage import Store
+from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.run.record import hold_output
+from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import ENGINE, write_parquet
 
 SHARDS = 8  # two files of four one-row row groups, one shard per row

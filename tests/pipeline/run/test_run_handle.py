@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import prefixflow.pipeline.lease as lease
+import prefixflow.pipeline.run.lease as lease
 from prefixflow.pipeline import RunSuperseded, load_job, plan_shards, prepare_output, prepare_run, run_shard
-from prefixflow.pipeline.layout import Layout
-from prefixflow.pipeline.run_record import hold_output
+from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.record import hold_output
 from tests.pipeline.support import ENGINE, write_parquet
 
 JOB = {"task": "generate", "id_column": "id", "template": "Say {{ text }}", "engine": dict(ENGINE),

@@ -1,0 +1,157 @@
+"""The job's command-line flags and load_job overrides, defined once for `prefixflow run`/`plan`,
+`prefixflow serve` (flows/cli.py) and the batch_inference flow's parameters (flows/flow.py).
+
+Each JobOption is one load_job override: a flag, the flow parameter of the same name, and how a parsed
+flag value becomes the override value. Adding an option here adds it everywhere (a test checks that
+the flow has a parameter for each).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MODEL_HELP = f"preset (tiny, {DEFAULT_MODEL}), HF folder or .gguf file (default: {DEFAULT_MODEL})"
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with the value read as YAML (``anon=true`` is a bool, ``max_num_seqs=8`` an int)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as exc:  # argparse turns this into one usage line, not a traceback
+        problem = str(getattr(exc, "problem", None) or exc).strip()
+        raise argparse.ArgumentTypeError(f"{key}={value!r}: the value is not valid YAML ({problem}); to pass "
+                                         f"it as a string, quote it: {key}='...'") from exc  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One load_job override and its flag (``--max-tokens`` sets ``max_tokens``)."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] = str
+    repeatable: bool = False  # KEY=VALUE pairs, collected into a dict
+    flag_name: str | None = None  # when the flag is not --<name with dashes>
+
+    @property
+    def flag(self) -> str:
+        return self.flag_name or "--" + self.name.replace("_", "-")
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        if self.repeatable:
+            parser.add_argument(self.flag, dest=self.name, type=self.type, action="append", default=[],
+                                metavar="KEY=VALUE", help=self.help)  # fmt: skip
+        else:
+            parser.add_argument(self.flag, dest=self.name, type=self.type, help=self.help)
+
+    def value(self, args: argparse.Namespace) -> Any:
+        raw = getattr(args, self.name, None)
+        return (dict(raw) if raw else None) if self.repeatable else raw
+
+
+def speculative_tokens(text: str) -> int | str:
+    """``auto`` or a number of draft tokens per step (0 turns speculation off)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
+def comma_list(text: str) -> list[str]:
+    """``a,b,c`` -> ``["a", "b", "c"]`` (spaces around the commas dropped)."""
+    items = [part.strip() for part in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list without empty items, got {text!r}")
+    return items
+
+
+JOB_OPTIONS: tuple[JobOption, ...] = (
+    JobOption("task", "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
+              "--task label --labels positive,negative --template 'Review: {{ text }}'"),  # fmt: skip
+    JobOption("id_column", "column with unique row ids (default: file path + row index)"),
+    JobOption("prompt_column", "column used verbatim as the prompt"),
+    JobOption("template", "Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'"),
+    JobOption("messages_column", "column holding the whole conversation (list of {role, content})"),
+    JobOption("system_prompt", "system prompt (chat template) or text before each prompt"),
+    JobOption("labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", type=comma_list),
+    JobOption("temperature", "sampling temperature (0 = greedy, the default)", type=float),
+    JobOption("max_tokens", "output length limit per row", type=int),
+    JobOption("shard_rows", "rows per shard (part of the job fingerprint)", type=int),
+    JobOption("flush_rows", "write a part file every N finished rows", type=int),
+    JobOption("flush_seconds", "... or every T seconds", type=float),
+    JobOption("quantization", "quantize a full-precision model while loading: int8, int4 or fp8 "
+              "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
+              "blocks packed on the CPU too; docs/models.md)"),
+    JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
+    JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
+              "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
+    JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
+              "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
+              type=float),  # fmt: skip
+    JobOption("kv_cache_dir", "local directory of computed prompt KV blocks (engine.kv_cache_dir): a later run "
+              "of the same model and prompts reloads them instead of computing them; safe to share between "
+              "concurrent runs (docs/engine.md)"),  # fmt: skip
+    JobOption("kv_cache_dir_gb", "size cap of --kv-cache-dir in GiB, least recently used files evicted "
+              "(engine.kv_cache_dir_bytes; default 16)", type=float),  # fmt: skip
+    JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
+              "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
+    JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "
+              "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
+    JobOption("speculative_model", "the draft model of --speculative-method draft_model (same tokenizer)"),
+    JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
+              "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
+              type=int),  # fmt: skip
+)
+STORAGE_OPTIONS: tuple[JobOption, ...] = (
+    JobOption("endpoint_url", "S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),
+    JobOption("storage_options", "fsspec storage option (repeatable), e.g. anon=true; credentials come from "
+              "the environment or the AWS credential chain (docs/pipeline.md#credentials)", type=key_value,
+              repeatable=True, flag_name="--storage-option"),  # fmt: skip
+)
+JOB_OPTION_NAMES = tuple(o.name for o in (*JOB_OPTIONS, *STORAGE_OPTIONS))
+
+
+def add_storage_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--endpoint-url and --storage-option (also taken by `status`)."""
+    for option in STORAGE_OPTIONS:
+        option.add_to(parser)
+
+
+def add_job_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, need_output: bool = True) -> None:
+    """--input, --output, --model, --job and every job option."""
+    parser.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
+    if need_output:
+        parser.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    parser.add_argument("--job", help="job config YAML (see configs/jobs/summarize.yaml, label.yaml)")
+    for option in JOB_OPTIONS:
+        option.add_to(parser)
+    add_storage_flags(parser)
+
+
+def add_new_run_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--new-run", action="store_true",
+                        help="discard an earlier run with a different job fingerprint in OUTPUT and start over "
+                             "(a run with the same fingerprint is resumed, not discarded)")  # fmt: skip
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The load_job overrides (the same names as the flow's job parameters) the parsed flags set."""
+    return job_overrides({o.name: o.value(args) for o in (*JOB_OPTIONS, *STORAGE_OPTIONS)})
+
+
+def job_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The load_job overrides among ``values`` (parsed flags, or a flow's parameters): every option
+    in JOB_OPTION_NAMES that is set."""
+    return {k: values[k] for k in JOB_OPTION_NAMES if values.get(k) is not None}

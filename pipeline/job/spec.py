@@ -1,0 +1,255 @@
+"""JobSpec: input + output + model + validated job config, and the job fingerprint derived from it."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import yaml
+
+from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.job.config import JobConfig, parse_job_config
+from prefixflow.pipeline.prompts.render import template_columns
+from prefixflow.pipeline.tasks.extract import schema_beside
+
+# load_job(**overrides) shortcuts: flag name -> (section, key).
+SHORTCUTS: dict[str, tuple[str, str]] = {
+    "max_tokens": ("sampling", "max_tokens"),
+    "quantization": ("engine", "quantization"),
+    "temperature": ("sampling", "temperature"),
+    "shard_rows": ("output", "shard_rows"),
+    "flush_rows": ("output", "flush_rows"),
+    "flush_seconds": ("output", "flush_seconds"),
+    "endpoint_url": ("storage", "endpoint_url"),
+    "storage_options": ("storage", "options"),
+    "document_column": ("summarize", "document_column"),
+    "long_document": ("summarize", "long_document"),
+    "truncate_side": ("summarize", "truncate_side"),
+    "labels": ("label", "labels"),
+    "label_mode": ("label", "mode"),
+    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
+    "speculative_method": ("speculative", "method"),
+    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
+    "speculative_model": ("speculative", "model"),
+    "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
+    "kv_offload_gb": ("engine", "kv_offload_bytes"),
+    "kv_cache_dir": ("engine", "kv_cache_dir"),
+    "kv_cache_dir_gb": ("engine", "kv_cache_dir_bytes"),
+}
+# shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
+def _gib_to_bytes(gib: Any) -> Any:
+    return round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib
+
+
+SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
+    "kv_offload_gb": _gib_to_bytes,
+    "kv_cache_dir_gb": _gib_to_bytes,
+}
+FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
+
+# EngineConfig fields that cannot change what a row's output is, with the reason. Every other field,
+# including any field the engine adds later, enters the job fingerprint when the job sets it: a new
+# setting is assumed to matter until someone records here why it does not.
+ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
+    "model": "the job's model argument and model_identity name the model",
+    "device": "where the model runs; the dtype it resolves to is in model_identity",
+    "max_num_seqs": "batch size: sampling noise depends on (seed, position) only",
+    "max_num_batched_tokens": "per-step token budget: scheduling only",
+    "kv_cache_memory_bytes": "KV pool size: preemption recomputes, outputs stay",
+    "num_kv_blocks": "KV pool size: preemption recomputes, outputs stay",
+    "gpu_memory_utilization": "KV pool size: preemption recomputes, outputs stay",
+    "enable_prefix_caching": "a cache hit holds the KV the prompt would compute",
+    "ordering": "admission order: scheduling only",
+    "enforce_eager": "CUDA graphs replay the same kernels",
+    "tensor_parallel_size": "how the same weights are split over devices",
+    "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
+    "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
+    "kv_cache_dir": "disk KV tier: a block file holds the KV this model computes for that prefix",
+    "kv_cache_dir_bytes": "disk KV tier's size cap: an evicted block is recomputed",
+    "speculative_config": "verification emits exactly the tokens the model samples without it",
+    "pipeline_parallel_size": "how the same layers are split over devices",
+    "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
+}
+
+
+def fingerprinted_engine_fields() -> tuple[str, ...]:
+    """EngineConfig fields that enter the job fingerprint: all but ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT."""
+    from prefixflow.pipeline.engine_access import EngineConfig
+
+    return tuple(f.name for f in fields(EngineConfig) if f.name not in ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything needed to run (or resume) a job; plain data, so it pickles across processes."""
+
+    input: str
+    output: str
+    model: str
+    config: JobConfig
+
+    def prompt_columns(self) -> set[str]:
+        cfg = self.config
+        cols: set[str] = set()
+        if cfg.prompt_column:
+            cols.add(cfg.prompt_column)
+        if cfg.messages_column:
+            cols.add(cfg.messages_column)
+        template = cfg.effective_template()
+        if template:
+            cols |= template_columns(template)
+        if cfg.task == "summarize":
+            cols.add(cfg.summarize.document_column)
+            cols |= template_columns(cfg.summarize.reduce_template)
+        return cols - {"document", "summaries"}
+
+    def input_columns(self) -> list[str]:
+        cfg = self.config
+        cols = [cfg.id_column] if cfg.id_column else []
+        cols += sorted(self.prompt_columns()) + list(cfg.sampling_columns.values()) + list(cfg.keep_columns)
+        if cfg.task == "label" and cfg.label.gold_column:
+            cols.append(cfg.label.gold_column)
+        return list(dict.fromkeys(cols))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What makes two runs produce the same rows; flush timing and lane settings are left out."""
+        cfg = asdict(self.config)
+        cfg.pop("storage")
+        out = cfg.pop("output")
+        cfg["shard_rows"] = out["shard_rows"]
+        kept = fingerprinted_engine_fields()
+        cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in kept}
+        return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model,
+                "model_identity": self.model_identity(), "job": cfg}  # fmt: skip
+
+    def model_identity(self) -> dict[str, Any]:
+        """What ``model`` refers to (weights digests, resolved dtype), from the engine without loading it.
+
+        Raises JobConfigError (naming what is accepted) when the model argument names nothing loadable.
+        """
+        engine = self.config.engine
+        return model_identity(
+            self.model, str(engine.get("dtype") or "auto"), str(engine.get("device") or "auto"),
+            engine.get("quantization"),
+        )  # fmt: skip
+
+    def fingerprint_hash(self) -> str:
+        blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_identity(
+    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
+) -> dict[str, Any]:
+    """``engine.describe_model``, memoized per model files' sizes and mtimes (a replaced checkpoint is
+    described again); a bad model argument (or quantization) becomes a JobConfigError with the engine's
+    message."""
+    return copy.deepcopy(_describe(model, dtype, device, quantization, _stat_key(model)))
+
+
+StatKey = tuple[tuple[str, int, int], ...]
+
+
+@functools.lru_cache(maxsize=32)
+def _describe(model: str, dtype: str, device: str, quantization: str | None, stat_key: StatKey) -> dict[str, Any]:
+    from prefixflow.pipeline.engine_access import describe_model
+
+    try:
+        return dict(describe_model(model, dtype=dtype, device=device, quantization=quantization))
+    except ValueError as exc:  # engine.loader.ModelNotFoundError names what is accepted
+        text = str(exc)
+        raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc
+
+
+def _stat_key(model: str) -> StatKey:
+    path = os.path.expanduser(model)
+    try:
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        stats = [os.stat(os.path.join(path, n)) if n else os.stat(path) for n in names]
+    except OSError:
+        return ()
+    return tuple((n, st.st_size, st.st_mtime_ns) for n, st in zip(names, stats))
+
+
+def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
+    if job is None:
+        return {}
+    if isinstance(job, dict):
+        return copy.deepcopy(job)
+    if not isinstance(job, (str, os.PathLike)):
+        raise JobConfigError(f"job must be a YAML path, a dict or None, got {type(job).__name__}")
+    path = os.fspath(job)
+    if not os.path.isfile(path):
+        raise JobConfigError(f"job config file {path!r} not found (see configs/jobs/ for examples)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise JobConfigError(f"job config {path!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise JobConfigError(f"job config {path!r} must be a mapping of keys, got {type(data).__name__}")
+    if isinstance(data.get("schema"), str):  # extract: a relative schema path is read beside the job file
+        data["schema"] = schema_beside(data["schema"], os.path.dirname(os.path.abspath(path)))
+    return data
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    top = set(JobConfig.__dataclass_fields__)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in SHORTCUTS:
+            section, sub = SHORTCUTS[key]
+            node = data.setdefault(section, {}) or {}
+            if not isinstance(node, dict):
+                raise JobConfigError(f"job config: {section}: expected a mapping, got {node!r}")
+            data[section] = node
+            node[sub] = SHORTCUT_VALUES.get(key, lambda v: v)(value)
+        elif key in top:
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        else:
+            allowed = ", ".join(sorted(top | set(SHORTCUTS)))
+            raise JobConfigError(f"load_job: unknown override {key!r}; allowed: {allowed}")
+    return data
+
+
+def load_job(
+    input: str, output: str, model: str, job: str | dict[str, Any] | None = None, **overrides: Any
+) -> JobSpec:
+    """Build and validate a JobSpec; raises JobConfigError naming the bad key before any work starts.
+
+    ``output`` may be "" for planning only (prepare_output refuses it).
+    """
+    if not isinstance(input, str) or not input:
+        raise JobConfigError("input: pass a Parquet file, folder, glob or s3:// URL")
+    if not isinstance(model, str) or not model:
+        raise JobConfigError(
+            "model: pass a preset name (tiny, smollm2-135m-instruct), an HF folder or a .gguf"
+        )
+    if not isinstance(output, str):
+        raise JobConfigError("output: pass a local folder or an s3:// URL")
+    data = _apply_overrides(_read_job(job), overrides)
+    return JobSpec(
+        input=_normalize(input), output=_normalize(output), model=model, config=parse_job_config(data)
+    )
+
+
+def _normalize(url: str) -> str:
+    """One spelling per location (``docs``, ``./docs/`` -> ``/abs/docs``), so a resume from another
+    working directory or with a trailing slash has the same fingerprint."""
+    if not url:
+        return url
+    if "://" in url:
+        return url.rstrip("/") if not url.endswith("://") else url
+    return os.path.abspath(os.path.expanduser(url))

@@ -1,0 +1,115 @@
+"""Where everything lives under the output root, in one place.
+
+    OUTPUT/_prefixflow.json                          the run record: run id, job fingerprint, spec, output
+                                                     schema, ids of the runs it replaced (retired runs)
+    OUTPUT/_leases/<holder>.json                     one per live process writing OUTPUT (pipeline/run/lease.py)
+    OUTPUT/_ids/<run>/duplicates.parquet             rows whose id repeats an earlier row's id
+    OUTPUT/_staging/<run>/<shard>/<attempt>/part-N.parquet   flushed, not yet committed
+    OUTPUT/_commits/<run>/<shard>.json               commit marker, created exclusively: the commit point
+    OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts only
+    OUTPUT/_predictions/<run>/prediction.json        what the advisor predicted for the run (advisor/compare.py)
+    OUTPUT/_calibration/<run>/label_prior.json       batch label calibration's estimate (label_batch.py)
+    OUTPUT/_manifest.json                            totals, written by finalize
+    OUTPUT/_batch_input/requests-<digest>.parquet    an OpenAI Batch run's requests (batch_run.py)
+    OUTPUT/_metrics/<run>/throughput/<lane>-<attempt>.json   throughput over time per lane attempt
+    OUTPUT/_throughput.svg (.png)                    tok/s over time of the current run, written by finalize
+
+Everything a run writes sits below a folder named by its run id, so a marker, a staged part or a data file
+of another run can never be taken for this run's, and a replaced run is removed folder by folder.
+Readers glob ``OUTPUT/data/**/*.parquet``: data/ only ever receives parts listed in a marker of the
+current run, under names fixed by that marker, so every input row appears there at most once, and
+exactly once after finalize.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from prefixflow.pipeline.storage.store import Store
+
+RECORD_FILE = "_prefixflow.json"
+MANIFEST_FILE = "_manifest.json"
+LEASES_DIR = "_leases"
+DATA_DIR = "data"
+BATCH_INPUT_DIR = "_batch_input"  # an OpenAI Batch run's converted requests (batch_run.py)
+RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions", "_metrics", "_calibration")  # each holds one folder per run id
+# Entries a root may hold before its run record exists: what a concurrent first start writes, and the
+# requests table an OpenAI Batch run converts into its own state folder before its run starts.
+PRE_RECORD = (RECORD_FILE, LEASES_DIR, BATCH_INPUT_DIR)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths under an output root; ``run_id`` is set (``for_run``) once the run record is known."""
+
+    store: Store
+    run_id: str = ""
+
+    def for_run(self, run_id: str) -> Layout:
+        return replace(self, run_id=run_id)
+
+    def path(self, *parts: str) -> str:
+        return self.store.join(*parts)
+
+    def _run(self, top: str, *parts: str) -> str:
+        if not self.run_id:
+            raise ValueError("internal: a run-scoped path needs Layout.for_run(run_id)")
+        return self.path(top, self.run_id, *parts)
+
+    @property
+    def record(self) -> str:
+        return self.path(RECORD_FILE)
+
+    @property
+    def manifest(self) -> str:
+        return self.path(MANIFEST_FILE)
+
+    @property
+    def leases(self) -> str:
+        return self.path(LEASES_DIR)
+
+    @property
+    def duplicates(self) -> str:
+        return self._run("_ids", "duplicates.parquet")
+
+    def staging(self, shard_id: str | None = None, attempt: str | None = None) -> str:
+        parts = [p for p in (shard_id, attempt) if p]
+        return self._run("_staging", *parts)
+
+    def staged_part(self, shard_id: str, attempt: str, n: int) -> str:
+        return self._run("_staging", shard_id, attempt, f"part-{n:05d}.parquet")
+
+    @property
+    def prediction(self) -> str:
+        return self._run("_predictions", "prediction.json")
+
+    @property
+    def label_prior(self) -> str:
+        return self._run("_calibration", "label_prior.json")
+
+    def marker(self, shard_id: str) -> str:
+        return self._run("_commits", f"{shard_id}.json")
+
+    @property
+    def commits(self) -> str:
+        return self._run("_commits")
+
+    @property
+    def data(self) -> str:
+        return self._run(DATA_DIR)
+
+    def throughput(self, name: str | None = None) -> str:
+        """The run's throughput series (throughput_series.py): one file per lane attempt."""
+        return self._run("_metrics", "throughput", *([name] if name else []))
+
+    def data_shard(self, shard_id: str) -> str:
+        return self._run(DATA_DIR, shard_id)
+
+    def data_part(self, shard_id: str, attempt: str, n: int) -> str:
+        return self._run(DATA_DIR, shard_id, f"part-{attempt}-{n:05d}.parquet")
+
+    def rel(self, path: str) -> str:
+        return path[len(self.store.root) :].lstrip("/")
+
+    def data_glob(self) -> str:
+        return self.store.url(self.path(DATA_DIR)) + "/**/*.parquet"

@@ -1,0 +1,2 @@
+"""Label jobs: score mode and its calibration (batch prior, contextual references), the collapse
+watch, and the quality report with its charts."""

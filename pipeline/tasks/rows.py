@@ -1,0 +1,270 @@
+"""Turn one input row into an engine request (token ids + sampling params) or an error row.
+
+Prompts go to the engine as token ids we counted ourselves, so the context-limit check here is
+exact and the long-document policies (truncate / map_reduce) act on the same tokens the engine sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixflow.pipeline import engine_access
+from prefixflow.pipeline.engine_access import Engine, Tokenizer
+from prefixflow.pipeline.errors import (
+    BAD_SAMPLING,
+    DUPLICATE_ID,
+    NULL_ID,
+    PROMPT_TOO_LONG,
+    TEMPLATE_ERROR,
+    JobConfigError,
+    RowError,
+)
+from prefixflow.pipeline.job.config import JobConfig, sampling_problem
+from prefixflow.pipeline.prompts.render import (
+    as_text,
+    chat_renderer,
+    chat_wrapper,
+    check_nonempty,
+    conversation,
+    render_template,
+)
+from prefixflow.pipeline.tasks.constraints import job_constraint
+from prefixflow.pipeline.tasks.label.scoring import label_choices
+
+INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
+FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+
+
+@dataclass
+class Prepared:
+    """A row ready for the engine. ``chunks`` is set instead of ``prompt`` for map_reduce rows."""
+
+    base: dict[str, Any]
+    row: dict[str, Any]
+    params: Any
+    prompt: list[int] | None = None
+    chunks: list[list[int]] = field(default_factory=list)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt of a single-request row (every row but map_reduce ones)."""
+        if self.prompt is None:
+            raise ValueError("a map_reduce row has chunks, not one prompt")
+        return self.prompt
+
+
+def max_tokens_problem(max_tokens: int, max_model_len: int) -> str:
+    return (f"max_tokens is {max_tokens} but the model's context length (max_model_len) is {max_model_len}: "
+            "prompt and output must fit in it together; set max_tokens below the context length")  # fmt: skip
+
+
+def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
+    """Fail fast when the job's own max_tokens leaves no room for any prompt (every row would fail)."""
+    value = cfg.sampling.get("max_tokens")
+    if isinstance(value, int) and value >= max_model_len:
+        raise JobConfigError(f"job config: sampling.max_tokens: {max_tokens_problem(value, max_model_len)}")
+
+
+def check_sampling_vocabulary(cfg: JobConfig, vocab_size: int) -> None:
+    """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would fail)."""
+    problem = sampling_problem(cfg.sampling, vocab_size)
+    if problem:
+        raise JobConfigError(f"job config: sampling: {problem}")
+
+
+def derived_id(relpath: str, row_index: int) -> str:
+    return f"{relpath}#{row_index}"
+
+
+class RowPreparer:
+    """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
+
+    def __init__(
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+    ) -> None:
+        self.cfg = cfg
+        self.tok: Tokenizer = llm.tokenizer
+        self.duplicates = duplicates
+        self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
+        self.render_chat: Callable[[list[dict[str, str]]], str] | None = None
+        if cfg.messages_column:
+            try:
+                self.render_chat = chat_renderer(llm, cfg.system_prompt)
+            except ValueError as exc:
+                raise JobConfigError(f"job config: messages_column: {exc}") from exc
+        self.max_len = int(llm.max_model_len)
+        self.vocab_size = int(llm.vocab_size)
+        self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
+        self.template = cfg.effective_template()
+        self.reserve = 1
+        if cfg.task == "label" and cfg.label.mode == "score":
+            self.reserve = max(
+                len(self.tok.encode(choice, add_special_tokens=False))
+                for choice in label_choices(cfg).choices
+            )
+
+    def constrained_labels(self) -> tuple[str, ...]:
+        """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
+        return tuple(self.cfg.label.choice_prefix + lb for lb in self.cfg.label.labels)
+
+    # -- ids and sampling -------------------------------------------------------------------
+    def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
+        col = self.cfg.id_column
+        if not col:
+            return derived_id(relpath, key)
+        value = row.get(col)
+        if value is None:
+            raise RowError(NULL_ID, f"id column {col!r} is null (row {derived_id(relpath, key)})")
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        return str(value)
+
+    def check_duplicate(self, relpath: str, key: int, row_id: str) -> None:
+        if (relpath, key) in self.duplicates:
+            first = self.duplicates[(relpath, key)]
+            earlier = f"row {first[1]} of {first[0]} ({derived_id(*first)})" if first else "an earlier row"
+            raise RowError(DUPLICATE_ID, f"id {row_id!r} is already used by {earlier}; ids must be unique, "
+                           "so this row was not run")  # fmt: skip
+
+    def params(self, row: dict[str, Any]) -> Any:
+        values = dict(self.cfg.sampling)
+        values["structured"] = self.constraint  # built once per shard: the engine caches its grammar
+        for name, col in self.cfg.sampling_columns.items():
+            value = row.get(col)
+            if value is None:
+                continue
+            try:
+                if name in INT_PARAMS:
+                    if isinstance(value, float) and not value.is_integer():
+                        raise ValueError(f"{value!r} is not a whole number")
+                    value = int(value)
+                elif name in FLOAT_PARAMS:
+                    value = float(value)
+            except (TypeError, ValueError) as exc:
+                raise RowError(
+                    BAD_SAMPLING, f"column {col!r} ({name}) has a bad value {value!r}: {exc}"
+                ) from exc
+            values[name] = value
+        if isinstance(values.get("stop"), list):
+            values["stop"] = tuple(values["stop"])
+        params = engine_access.SamplingParams(**values)
+        problem = params.validation_error(self.vocab_size)  # vocabulary-bound values too, before the engine
+        if problem:
+            raise RowError(BAD_SAMPLING, problem)
+        return params
+
+    # -- prompts --------------------------------------------------------------------------------
+    def _column_text(self, row: dict[str, Any], col: str) -> str:
+        if col not in row:
+            raise RowError(TEMPLATE_ERROR, f"column {col!r} is not in the input file")
+        return as_text(row[col], f"column {col!r}")
+
+    def _render(self, row: dict[str, Any], document: str | None) -> str:
+        if self.template is None:
+            return document if document is not None else self._column_text(row, self.cfg.prompt_column or "")
+        ctx = dict(row)
+        if document is not None:  # reachable as {{ document }} and by its column name, both shortened
+            ctx["document"] = document
+            ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
+        return render_template(self.template, ctx, self.cfg.template_limits)
+
+    def encode(self, user_text: str, allow_blank: bool = False) -> list[int]:
+        if not allow_blank:
+            check_nonempty(user_text)
+        if self.wrap:
+            return self.tok.encode(self.wrap(user_text), add_special_tokens=False)
+        if self.cfg.system_prompt:  # no chat template: the system prompt leads as plain text
+            user_text = f"{self.cfg.system_prompt}\n\n{user_text}"
+        return self.tok.encode(user_text, add_special_tokens=True)
+
+    def encode_reference(self, user_text: str) -> list[int]:
+        """A label-calibration reference prompt (label_references), wrapped like the rows' prompts."""
+        if self.render_chat is not None and self.template is None and not self.cfg.prompt_column:
+            return list(self.tok.encode(self.render_chat([{"role": "user", "content": user_text}]),
+                                        add_special_tokens=False))  # fmt: skip
+        return self.encode(user_text, allow_blank=True)
+
+    def encode_messages(self, row: dict[str, Any]) -> list[int] | None:
+        """The row's conversation through the chat template, or None when the row has no messages and
+        the job names a ``prompt_column`` to fall back on."""
+        col = self.cfg.messages_column
+        if col is None or self.render_chat is None:
+            return None
+        if col not in row:
+            raise RowError(TEMPLATE_ERROR, f"column {col!r} is not in the input file")
+        if row[col] is None and self.cfg.prompt_column:
+            return None
+        messages = conversation(row[col], f"column {col!r}")
+        return list(self.tok.encode(self.render_chat(messages), add_special_tokens=False))
+
+    def budget(self, params: Any) -> int:
+        """Prompt tokens left after the output: raises a bad_sampling RowError when none are left."""
+        output = int(params.max_tokens or 0)
+        if output >= self.max_len:
+            raise RowError(BAD_SAMPLING, max_tokens_problem(output, self.max_len))
+        return self.max_len - max(output, self.reserve)
+
+    def prepare(self, row: dict[str, Any], base: dict[str, Any], relpath: str, key: int) -> Prepared:
+        """Raises RowError for a bad row; otherwise returns a request (or map_reduce chunks)."""
+        self.check_duplicate(relpath, key, base["id"])
+        params = self.params(row)
+        budget = self.budget(params)
+        document = None
+        if self.cfg.task == "summarize":
+            col = self.cfg.prompt_column or self.cfg.summarize.document_column
+            document = self._column_text(row, col)
+            check_nonempty(document)
+        chat_ids = self.encode_messages(row)
+        ids = chat_ids if chat_ids is not None else self.encode(self._render(row, document))
+        if len(ids) <= budget:
+            return Prepared(base, row, params, prompt=ids)
+        policy = self.cfg.summarize.long_document if self.cfg.task == "summarize" else "error"
+        too_long = (
+            f"prompt has {len(ids)} tokens; the limit is {budget} (context {self.max_len} minus output)"
+        )
+        if policy == "error" or document is None:
+            raise RowError(PROMPT_TOO_LONG, too_long)
+        doc_ids = self.tok.encode(document, add_special_tokens=False)
+        overhead = len(ids) - len(doc_ids)
+        room = budget - overhead - 2
+        if room < 8:
+            raise RowError(PROMPT_TOO_LONG, too_long + "; the template alone leaves no room for the document")
+        if policy == "truncate":
+            prompt = self.fit(row, doc_ids, room, budget)
+            base["truncated"] = True
+            return Prepared(base, row, params, prompt=prompt)
+        size = min(room, self.cfg.summarize.chunk_tokens or room)
+        pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
+        return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])
+
+    def fit(self, row: dict[str, Any], doc_ids: list[int], room: int, budget: int) -> list[int]:
+        """Render with the document cut to ``room`` tokens (head, tail or both), shrinking until it fits:
+        decode/encode round trips can change token counts slightly."""
+        side = self.cfg.summarize.truncate_side
+        for _ in range(6):
+            if len(doc_ids) <= room:
+                kept = doc_ids
+            elif side == "head":
+                kept = doc_ids[:room]
+            elif side == "tail":
+                kept = doc_ids[-room:]
+            else:
+                kept = (
+                    doc_ids[: room // 2]
+                    + self.tok.encode(" ... ", add_special_tokens=False)
+                    + doc_ids[-(room // 2) :]
+                )
+            ids = self.encode(self._render(row, self.tok.decode(kept)))
+            if len(ids) <= budget:
+                return ids
+            room -= max(4, len(ids) - budget)
+        raise RowError(PROMPT_TOO_LONG, f"could not fit the document into {budget} tokens")
+
+    def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
+        """The reduce step's prompt, or None when the joined summaries are still too long."""
+        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)},
+                               self.cfg.template_limits)  # fmt: skip
+        ids = self.encode(text)
+        return ids if len(ids) <= self.budget(params) else None
