@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.job.config import StorageConfig, parse_job_config
-from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.job.config import StorageConfig
+from prefixflow.pipeline.job.spec import JobSpec, parse_job_config
 from prefixflow.pipeline.report.speculation import sum_speculation
 from prefixflow.pipeline.report.throughput_report import usage, write_charts
 from prefixflow.pipeline.report.throughput_series import load_series, summary_of
@@ -241,7 +241,7 @@ def finalize(run: Run) -> RunSummary:
         if layout.store.is_local:
             for shard_id in sorted(done & set(run.files.staged)):
                 layout.store.remove_tree(layout.staging(shard_id), best_effort=True)
-        job = asdict(spec.config)
+        job = spec.config.as_record()
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
                                    label_names=job_labels(job), files=run.files)  # fmt: skip
         summary = with_prediction(layout, summary, run.files)

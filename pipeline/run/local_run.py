@@ -23,7 +23,6 @@ from prefixflow.pipeline.run.planning import Shard, plan_shards
 from prefixflow.pipeline.run.record import check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage.read_hint import polars_hint
-from prefixflow.pipeline.tasks.label.batch import run_prior, uses_batch
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
 
@@ -55,9 +54,10 @@ def run_local(
             if todo:
                 record_prediction(run, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
-                if uses_batch(spec.config):  # plan time: the sample's prompts then sit in the prefix cache
-                    run.cached("label_prior", lambda: run_prior(spec, run.layout, run.fingerprint, llm, shards,
-                               warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)))  # fmt: skip
+                if spec.task.keeps_run_state(spec.config):  # a label prior: made at plan time, the sample's
+                    run.cached("task_state", lambda: spec.task.run_state(  # prompts then sit in the prefix cache
+                        spec, run.layout, run.fingerprint, llm, shards,
+                        warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)))  # fmt: skip
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
                                      engine_stats=getattr(llm, "stats", None), console=console,

@@ -20,7 +20,7 @@ from prefixflow.pipeline import (
     status,
 )
 from prefixflow.pipeline.run.local_run import run_local
-from prefixflow.pipeline.tasks.inference import parse_label
+from prefixflow.pipeline.tasks.label.task import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
 
 LONG = " ".join(f"w{i}" for i in range(300))
