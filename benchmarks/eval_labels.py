@@ -108,17 +108,18 @@ def job_dict(label_set: LabelSet, style: Style, order: Sequence[str] | None = No
 def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=None) -> dict:
     """Log-probabilities of every surface form (as written and case-flipped) on the rows, on each
     content-free input and on the domain premise, with their token counts."""
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.tasks.label.references import content_free_text, domain_premise
     from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style, order, case_variants=True))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     choices = list(label_choices(cfg).choices)
     prompts = [prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids for i, r in enumerate(rows)]
-    refs = {f"cf:{v}": prep.encode_reference(content_free_text(cfg, v)) for v in CONTENT_FREE}
-    premise = prep.encode_reference(domain_premise(cfg))
+    refs = {f"cf:{v}": prep.encode_reference(content_free_text(prep.template, v)) for v in CONTENT_FREE}
+    premise = prep.encode_reference(domain_premise(prep.template))
     if premise:
         refs["domain"] = premise
     all_prompts = prompts + list(refs.values())
@@ -278,12 +279,13 @@ def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: li
 def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
     """What batch calibration's sample adds: its rows (the default 256 cover these sets whole), their
     prompt tokens (each counted once) and the scoring requests (one per row and label choice)."""
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     sampled = rows[: cfg.label.calibration_rows]
     tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
     return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}
@@ -328,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--no-permute", action="store_true", help="skip label-order permutation averaging")
     ap.add_argument("--cost", action="store_true",
                     help="per style: the job with calibration none / contextual / batch on fresh engines")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="only the --cost runs (no method table): computed prompt tokens per calibration")
     ap.add_argument("--raw", default=None, help="also write every raw log-probability here (JSON)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -344,12 +348,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(json.dumps(result["overhead"], indent=1))
         write_json(args.json, result)
         return result
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = None if args.cost_only else LLM(model=args.model, dtype=args.dtype)
     for label_set in (s for s in SETS if s.name in args.sets.split(",")):
         rows = read_jsonl(label_set.file)[: args.limit]
         result["sets"][label_set.name] = per_style = {}
         for style in label_set.styles:
             if args.styles and style.name not in args.styles.split(","):
+                continue
+            if args.cost_only:
+                per_style[style.name] = cost = overhead(args.model, args.dtype, label_set, style, rows, 1,
+                                                        ("none", "contextual", "batch", "batch+contextual"))
+                cost.pop("runs")
+                print(f"{label_set.name}/{style.name}: computed prompt tokens (fresh engine): "
+                      + ", ".join(f"{m} {cost[m]['computed_prompt_tokens']:,} ({cost[m]['median_cpu_s']:.1f} CPU-s)"
+                                  for m in ("none", "contextual", "batch", "batch+contextual")), flush=True)
                 continue
             res = evaluate_style(llm, label_set, style, rows, permute=not args.no_permute)
             if args.cost:
@@ -372,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if "cost" in res:
                 print("  computed prompt tokens (fresh engine): "
                       + ", ".join(f"{m} {res['cost'][m]['computed_prompt_tokens']:,}" for m in ("none", "contextual", "batch")))
-    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()}
+    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()
+           if "raw" in res}
     write_json(args.raw, raw)
     write_json(args.json, result)
     return result

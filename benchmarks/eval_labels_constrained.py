@@ -48,7 +48,7 @@ def biases(llm, cfg, prep, prompts: list[list[int]]) -> dict[str, list[float] | 
     from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias, reference_bias
 
     first = FirstTokens.build(cfg, prep.tok)
-    refs = [prep.encode_reference(t) for t in reference_texts(cfg)[0]]
+    refs = [prep.encode_reference(t) for t in reference_texts(cfg, prep.template)[0]]
     group = _scores(llm, prompts + refs, first.choices, lambda s, _: list(s))
     rows, ref = group[: len(prompts)], group[len(prompts) :]
     contextual = reference_bias(ref)
@@ -64,13 +64,14 @@ def biases(llm, cfg, prep, prompts: list[list[int]]) -> dict[str, list[float] | 
 
 
 def evaluate(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict[str, Any]:
-    from prefixflow.pipeline.job.config import parse_job_config
-    from prefixflow.pipeline.tasks.inference import constrained_label
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, with_logit_bias
+    from prefixflow.pipeline.tasks.label.task import constrained_label
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style, mode="constrained"))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     prepared = [prep.prepare(r, {"id": r["id"]}, "eval", i) for i, r in enumerate(rows)]
     prompts = [p.prompt_ids for p in prepared]
     labels = label_set.labels
@@ -87,7 +88,7 @@ def evaluate(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict[s
         todo = prepared if bias is None else with_logit_bias(prepared, first.logit_bias(bias))
         cpu = time.process_time()
         outs = llm.generate([p.prompt_ids for p in todo], [p.params for p in todo])
-        found = [constrained_label(o.text, cfg.label) for o in outs]
+        found = [constrained_label(o.text, cfg) for o in outs]
         onehot = [[1.0 if lb == f else 0.0 for lb in labels] if f else [0.0] * len(labels) for f in found]
         out["methods"][method] = {**label_metrics(gold, onehot, len(labels)), "unparsed": found.count(None),
                                   "generate_cpu_s": time.process_time() - cpu}  # fmt: skip

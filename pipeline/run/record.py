@@ -209,8 +209,8 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
     fingerprint = json.loads(json.dumps(spec.fingerprint(), default=str))
     schemas = input_schemas(spec)
     check_input_columns(spec, schemas)
-    schema = output_schema(spec.config, kept_column_types(spec.config, schemas))
-    job = asdict(spec.config)
+    schema = output_schema(spec.config, spec.task, kept_column_types(spec.config, schemas))
+    job = spec.config.as_record()
     job["storage"] = {"endpoint_url": spec.config.storage.endpoint_url, "options": {}}  # no secrets on disk
     return RunRecord(
         run_id=new_run_id(),

@@ -23,25 +23,22 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import OutputStateError, RowError
 from prefixflow.pipeline.hooks import hook
-from prefixflow.pipeline.job.config import (
-    BATCH_CALIBRATIONS,
-    BATCH_MIN_ROWS_PER_LABEL,
-    CALIBRATED_MODES,
-    JobConfig,
-)
-from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.job.config import BATCH_MIN_ROWS_PER_LABEL
 from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.output_schema import base_record
-from prefixflow.pipeline.run.planning import Shard
 from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, scored_choices
 from prefixflow.pipeline.tasks.label.labeling import CalibrationError, calibration_bias
 from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
+
+if TYPE_CHECKING:  # the label task (pipeline/tasks/label/task.py) calls in here; planning and spec sit above it
+    from prefixflow.pipeline.job.spec import JobSpec
+    from prefixflow.pipeline.run.planning import Shard
 
 
 @dataclass(frozen=True)
@@ -87,10 +84,6 @@ class LabelPrior:
                 "prior": dict(self.prior), "digest": self.digest}  # fmt: skip
 
 
-def uses_batch(cfg: JobConfig) -> bool:
-    return cfg.task == "label" and cfg.label.mode in CALIBRATED_MODES and cfg.label.calibration in BATCH_CALIBRATIONS
-
-
 def _sample(spec: JobSpec, shards: list[Shard], prep: RowPreparer) -> list[Prepared]:
     from prefixflow.pipeline.advisor.sample import sample_rows
 
@@ -109,7 +102,7 @@ def estimate_prior(
 ) -> LabelPrior:
     """Sample, score and estimate (on ``llm``, whose prefix cache keeps the sampled prompts)."""
     cfg = spec.config
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, spec.task)
     choices = scored_choices(cfg, prep.tok)
     rows = _sample(spec, shards, prep)
     usage: list[dict[str, Any]] = []

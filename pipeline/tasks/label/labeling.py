@@ -39,7 +39,7 @@ def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices | Fir
     cfg = prep.cfg
     if cfg.label.calibration == "none":
         return None
-    texts, problems = reference_texts(cfg)
+    texts, problems = reference_texts(cfg, prep.template)
     prompts = [prep.encode_reference(t) for t in texts]
     usage: list[dict[str, Any]] = []
     scores = llm.score_choices(prompts, [list(choices.choices)] * len(prompts), usage=usage)

@@ -79,7 +79,7 @@ def test_overrides_and_unknown_override() -> None:
     spec = load_job(
         "in/", "out/", "tiny", {"task": "summarize"}, max_tokens=7, shard_rows=3, endpoint_url="http://x"
     )
-    assert spec.config.sampling["max_tokens"] == 7
+    assert spec.config.sampling.max_tokens == 7
     assert spec.config.output.shard_rows == 3
     assert spec.config.storage.endpoint_url == "http://x"
     assert "unknown override 'max_tokenz'" in _err({}, max_tokenz=3)
@@ -128,4 +128,4 @@ def test_job_spec_pickles_for_other_processes() -> None:
 def test_logit_bias_string_token_ids_are_read_as_ids() -> None:
     """JSON and the OpenAI API write a logit bias's token ids as strings."""
     spec = load_job("in", "out", "tiny", {"prompt_column": "p", "sampling": {"logit_bias": {"50": -100, 7: 2.5}}})
-    assert spec.config.sampling["logit_bias"] == {50: -100, 7: 2.5}
+    assert spec.config.sampling.logit_bias == {50: -100, 7: 2.5}
