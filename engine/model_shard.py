@@ -29,7 +29,7 @@ from prefixflow.engine.kv_offload.disk_store import DiskKVStore
 from prefixflow.engine.kv_offload.disk_tier import digest_of, staging_blocks
 from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.model_identity import ModelLocation
+from prefixflow.engine.model_identity import ModelLocation, resolve_dtype
 from prefixflow.engine.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
@@ -65,7 +65,7 @@ class ModelShard:
         self.pipeline_stats = PipelineStats()
         self.max_model_len = max_model_len
         self.device = device
-        self.dtype = pick_dtype(cfg.dtype, device)
+        self.dtype = pick_dtype(cfg.dtype, device, source.location)
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
         quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
@@ -330,9 +330,9 @@ def shard_context(cfg: ModelConfig, engine: EngineConfig, group: ParallelGroup) 
     return for_group(cfg, stage_group), stage
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+def pick_dtype(name: str, device: torch.device, location: ModelLocation | None = None) -> torch.dtype:
+    """``EngineConfig.dtype`` resolved as ``describe_model`` resolves it (``model_identity.resolve_dtype``)."""
+    name = resolve_dtype(name, device.type, location)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
