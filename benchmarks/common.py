@@ -84,8 +84,8 @@ def build_model(preset: str, device: str = "auto", dtype: str = "auto", seed: in
     """Random-init the preset's transformers model directly on the device (fixed seed), in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from prefixflow.engine.presets import hf_config_of, load_preset
-    from prefixflow.engine.tokenizer_train import train_tokenizer
+    from prefixflow.engine.loading.presets import hf_config_of, load_preset
+    from prefixflow.engine.loading.tokenizer_train import train_tokenizer
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)

@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any, cast
 
-from prefixflow.engine.call_streams import CallStreams
 from prefixflow.engine.config import EngineConfig
-from prefixflow.engine.llm_engine import LLMEngine
-from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.core.call_streams import CallStreams
+from prefixflow.engine.core.llm_engine import LLMEngine
+from prefixflow.engine.core.request import RequestSpec
+from prefixflow.engine.core.stats import EngineStats
+from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
-from prefixflow.engine.request import RequestSpec
-from prefixflow.engine.sample_groups import SampleGroups
-from prefixflow.engine.sampling_params import SamplingParams
-from prefixflow.engine.stats import EngineStats
+from prefixflow.engine.sampling.sample_groups import SampleGroups
+from prefixflow.engine.sampling.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 

@@ -38,7 +38,7 @@ def test_engine_names_come_from_the_namespace(tmp_path: Path) -> None:
                   tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [
-        "prefixflow.engine.llm", "prefixflow.engine.sampling_params", "prefixflow.engine.config", "batch-inference"
+        "prefixflow.engine.llm", "prefixflow.engine.sampling.sampling_params", "prefixflow.engine.config", "batch-inference"
     ]
 
 
@@ -67,7 +67,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _python("import prefixflow.engine, prefixflow.engine.presets as p; print(prefixflow.engine.__file__);"
+    where = _python("import prefixflow.engine, prefixflow.engine.loading.presets as p; print(prefixflow.engine.__file__);"
                     "print(p.configs_dir())", elsewhere, py)  # fmt: skip
     assert where.returncode == 0, where.stderr
     engine_file, configs = where.stdout.split()

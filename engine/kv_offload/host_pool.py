@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefixflow.engine.block_pool import chain_hash
+from prefixflow.engine.core.block_pool import chain_hash
 
 Key = tuple[int | None, tuple[int, ...]]
 

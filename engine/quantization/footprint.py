@@ -26,9 +26,9 @@ def describe_weights(
     """``{"quantization": {...}, "weight_bytes": n}`` for a model given by its HF-shaped config
     (``weight_bytes`` None for a config the engine cannot shape; loading it fails with the reason)."""
     from prefixflow import kernels
-    from prefixflow.engine.attention import make_attention_backend
-    from prefixflow.engine.model_config import ModelConfig
+    from prefixflow.engine.loading.model_config import ModelConfig
     from prefixflow.engine.models.llama import LlamaForCausalLM
+    from prefixflow.engine.runner.attention import make_attention_backend
 
     quant = resolve_quantization(hf_config, quantization, sparsity)  # a bad quantization fails here, before loading
     try:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.request import Request
+from prefixflow.engine.core.step_types import SchedulerOutput
 from prefixflow.engine.speculative.config import SpeculativeConfig
 from prefixflow.engine.speculative.cost_model import LinearCost
 from prefixflow.engine.speculative.ngram import NgramIndex
 from prefixflow.engine.speculative.policy import PRIOR_ACCEPTANCE, Acceptance, Candidate, plan_drafts
 from prefixflow.engine.speculative.runs import SpeculationStats
-from prefixflow.engine.step_types import SchedulerOutput
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixflow.engine.kv_cache_manager import KVCacheManager
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.kv_cache_manager import KVCacheManager
+from prefixflow.engine.core.request import Request
 
 
 @dataclass
