@@ -10,6 +10,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+if __name__ != "prefixflow.engine":  # every file has one import path (docs/architecture.md, Packaging)
+    raise ImportError(f"import prefixflow.engine, not {__name__}: engine/ is the prefixflow.engine package")
+
 _EXPORTS = {
     "LLM": "prefixflow.engine.llm",
     "Logprob": "prefixflow.engine.outputs",
