@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-_REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "models"
+_REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 
 def configs_dir() -> Path:
