@@ -303,12 +303,3 @@ class LLM:
         """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
         model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
         return dict(self.engine.model_identity)
-
-
-def _as_batch(prompts: Sequence[Prompt] | Prompt) -> list[Prompt]:
-    """One prompt (a string or a list of token ids) or a sequence of prompts, as a list of prompts."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if len(prompts) and isinstance(prompts[0], int):
-        return [cast(Sequence[int], prompts)]
-    return list(cast(Sequence[Prompt], prompts))

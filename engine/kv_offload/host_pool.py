@@ -43,9 +43,6 @@ class HostBlockPool:
         block = self.blocks[block_id]
         return block if block.key == (parent, tuple(token_ids)) else None
 
-    def holds(self, block_hash: int) -> bool:
-        return block_hash in self.cached
-
     def touch(self, block: HostBlock) -> None:
         if block.pins == 0:
             self.lru.move_to_end(block.host_id)
