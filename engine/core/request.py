@@ -33,8 +33,8 @@ class Request:
     asks for the log-probabilities of the prompt tokens from that position on, summed into
     ``prompt_logprob_sum`` (label scoring is such a prefill-only request).
 
-    State that must survive preemption (everything except the KV it held) lives here; a future
-    per-request sampling state (e.g. a grammar matcher) belongs beside ``token_ids``, and
+    State that must survive preemption (everything except the KV it held) lives here: per-request
+    sampling state sits beside ``token_ids`` (the structured-output matcher is ``grammar``), and
     ``reset_computed`` is where anything derived from computed KV is forgotten.
     """
 
