@@ -3,11 +3,8 @@
 Importing this package never imports triton; see kernels.backend.
 """
 
-if __name__ != "prefixflow.kernels":  # every file has one import path (docs/architecture.md, Packaging)
-    raise ImportError(f"import prefixflow.kernels, not {__name__}: kernels/ is the prefixflow.kernels package")
-
-from prefixflow.kernels.backend import KernelBackend, select  # noqa: E402
-from prefixflow.kernels.reference import (  # noqa: E402
+from prefixflow.kernels.backend import KernelBackend, select
+from prefixflow.kernels.reference import (
     build_rope_cache,
     paged_attention,
     rms_norm,
