@@ -124,3 +124,21 @@ def test_merged_projections_must_be_quantized_alike():
         config.linear_method(names)
     assert config.linear_method(["lm_head"]).name == "dense"
     assert config.linear_method(["model.layers.0.mlp.down_proj"]).name.startswith("gptq")
+
+
+def test_every_checkpoint_method_the_config_accepts_has_a_reader() -> None:
+    """``EngineConfig(quantization=...)`` accepts the checkpoint methods; each is a registry entry (GGUF's
+    own blocks are read by the GGUF loader) and resolves to a config of that method."""
+    from prefixflow.engine.config import CHECKPOINT_QUANTIZATION
+    from prefixflow.engine.quantization.config import CHECKPOINT_FORMATS
+
+    assert set(CHECKPOINT_FORMATS) | {"gguf"} == set(CHECKPOINT_QUANTIZATION)
+    minimal = {
+        "gptq": {"bits": 4, "group_size": 128},
+        "awq": {"bits": 4, "group_size": 128, "version": "gemm"},
+        "compressed-tensors": {"config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}}}},
+    }  # fmt: skip
+    for method, fields in minimal.items():
+        qc = {"quant_method": method, **fields}
+        assert resolve_quantization({"quantization_config": qc}, method).method == method
