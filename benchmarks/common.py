@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from prefixflow.engine.dtypes import resolve_dtype_name, torch_dtype
 
 
 def add_common_args(ap, preset: str = "tiny") -> None:
@@ -50,10 +50,8 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bf16 on CUDA and float32 on CPU (the engine's own default)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    """The engine's own rule (``auto``: bf16 on CUDA, float32 on CPU)."""
+    return torch_dtype(resolve_dtype_name(name, device.type == "cuda"))
 
 
 @dataclass
@@ -123,7 +121,7 @@ def model_source(bm: BenchModel):
 
 def engine_options(bm: BenchModel, **overrides) -> dict:
     """EngineConfig keywords matching the benchmark model's device and dtype."""
-    dtype_name = {v: k for k, v in DTYPES.items()}[bm.dtype]
+    dtype_name = str(bm.dtype).removeprefix("torch.")
     return {"device": bm.device.type, "dtype": dtype_name, **overrides}
 
 

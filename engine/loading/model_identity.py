@@ -108,8 +108,9 @@ def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
     """The dtype ``EngineConfig(dtype, device)`` runs in: bf16 on CUDA and float32 on CPU for auto."""
     import torch
 
-    on_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    return ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
+    from prefixflow.engine.dtypes import resolve_dtype_name
+
+    return resolve_dtype_name(dtype, device == "cuda" or (device == "auto" and torch.cuda.is_available()))
 
 
 def describe_model(
@@ -180,11 +181,11 @@ def _add_sparse_kernel(out: dict[str, Any], device: str, dtype: str) -> None:
         return
     import torch
 
-    from prefixflow.engine.quantization.footprint import DTYPES
+    from prefixflow.engine.dtypes import torch_dtype
     from prefixflow.engine.quantization.sparse24 import sparse_kernel
 
     quantized = out["quantization"].get("method") not in ("none", "gguf")
-    sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(torch.device(device), DTYPES[dtype], quantized)
+    sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(torch.device(device), torch_dtype(dtype), quantized)
 
 
 def _weights(

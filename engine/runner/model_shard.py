@@ -21,6 +21,7 @@ from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
 from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
 from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
+from prefixflow.engine.dtypes import resolve_dtype_name, torch_dtype
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.loading.model_config import ModelConfig
@@ -59,7 +60,7 @@ class ModelShard:
         self.pipeline_stats = PipelineStats()
         self.max_model_len = max_model_len
         self.device = device
-        self.dtype = pick_dtype(cfg.dtype, device)
+        self.dtype = torch_dtype(resolve_dtype_name(cfg.dtype, device.type == "cuda"))
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
         quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
@@ -290,12 +291,6 @@ def shard_context(cfg: ModelConfig, engine: EngineConfig, group: ParallelGroup) 
     stage_group, stage = stage_of(group, cfg, engine.pipeline_parallel_size, engine.tensor_parallel_size,
                                   engine.distributed_timeout_s)  # fmt: skip
     return for_group(cfg, stage_group), stage
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def _dtype_size(dtype: torch.dtype) -> int:
