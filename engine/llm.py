@@ -279,7 +279,8 @@ class LLM:
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes now (garbage collection and interpreter exit do it
-        too). The LLM cannot generate afterwards. A no-op without tensor parallelism; idempotent."""
+        too), after every block file the disk tier (``kv_cache_dir``) still has to write. The LLM cannot
+        generate afterwards. Idempotent."""
         self.engine.close()
 
     def __enter__(self) -> LLM:

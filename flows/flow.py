@@ -126,6 +126,8 @@ def batch_inference(
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     kv_offload_gb: float | None = None,
+    kv_cache_dir: str | None = None,
+    kv_cache_dir_gb: float | None = None,
     speculative_method: str | None = None,
     num_speculative_tokens: int | str | None = None,
     speculative_model: str | None = None,

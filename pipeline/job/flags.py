@@ -99,6 +99,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
               "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
               type=float),  # fmt: skip
+    JobOption("kv_cache_dir", "local directory of computed prompt KV blocks (engine.kv_cache_dir): a later run "
+              "of the same model and prompts reloads them instead of computing them; safe to share between "
+              "concurrent runs (docs/engine.md)"),  # fmt: skip
+    JobOption("kv_cache_dir_gb", "size cap of --kv-cache-dir in GiB, least recently used files evicted "
+              "(engine.kv_cache_dir_bytes; default 16)", type=float),  # fmt: skip
     JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
               "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
     JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "

@@ -39,10 +39,17 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "speculative_model": ("speculative", "model"),
     "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
     "kv_offload_gb": ("engine", "kv_offload_bytes"),
+    "kv_cache_dir": ("engine", "kv_cache_dir"),
+    "kv_cache_dir_gb": ("engine", "kv_cache_dir_bytes"),
 }
 # shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
+def _gib_to_bytes(gib: Any) -> Any:
+    return round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib
+
+
 SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
-    "kv_offload_gb": lambda gib: round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib,
+    "kv_offload_gb": _gib_to_bytes,
+    "kv_cache_dir_gb": _gib_to_bytes,
 }
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
@@ -63,6 +70,8 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
     "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
+    "kv_cache_dir": "disk KV tier: a block file holds the KV this model computes for that prefix",
+    "kv_cache_dir_bytes": "disk KV tier's size cap: an evicted block is recomputed",
     "speculative_config": "verification emits exactly the tokens the model samples without it",
     "pipeline_parallel_size": "how the same layers are split over devices",
     "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
