@@ -28,12 +28,13 @@ from prefixflow.engine.kv_offload.cost_model import CostModel
 from prefixflow.engine.loading.model_config import ModelConfig
 
 RECENT = 1 << 16  # digests this engine wrote lately: not looked up on disk again
-STAGING_STEPS = 2
+STAGING_BYTES = 1 << 30  # kv_cache_dir without kv_offload_bytes: host memory to read blocks into
 
 
-def staging_blocks(max_num_batched_tokens: int, block_size: int) -> int:
-    """Host blocks ``kv_cache_dir`` reads into when ``kv_offload_bytes`` is 0: two steps' tokens."""
-    return STAGING_STEPS * -(-max_num_batched_tokens // block_size)
+def staging_blocks(device_blocks: int, block_bytes: int, ranks: int) -> int:
+    """Host blocks ``kv_cache_dir`` reads into when ``kv_offload_bytes`` is 0: as many as the device
+    pool (one step can reload no more), at most ``STAGING_BYTES`` over all ranks."""
+    return max(1, min(device_blocks, STAGING_BYTES // (block_bytes * ranks)))
 
 
 def disk_namespace(

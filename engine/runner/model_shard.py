@@ -224,11 +224,11 @@ class ModelShard:
         """Host-tier blocks: ``kv_offload_bytes`` covers every rank's share of a block (each rank keeps
         its own KV heads), and all ranks take the smallest count so host block ids agree."""
         cfg = self.cfg
+        ranks = self.tp.world * (self.pp.num_stages if self.pp is not None else 1)
         if cfg.kv_offload_bytes == 0:
             if cfg.kv_cache_dir is None or not cfg.enable_prefix_caching:
                 return 0
-            return staging_blocks(cfg.max_num_batched_tokens, cfg.block_size)
-        ranks = self.tp.world * (self.pp.num_stages if self.pp is not None else 1)
+            return self.all_ranks.all_reduce_min(staging_blocks(self.num_blocks, self.block_bytes, ranks))
         return self.all_ranks.all_reduce_min(cfg.kv_offload_bytes // (self.block_bytes * ranks))
 
     @property

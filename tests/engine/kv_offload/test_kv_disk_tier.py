@@ -62,6 +62,8 @@ def test_second_engine_on_the_same_dir_reloads_instead_of_computing(llama_dir, r
     assert s2.kv_reloaded_tokens >= s2.kv_disk_loaded_tokens  # disk -> host -> device
     assert s2.computed_prompt_tokens <= s1.computed_prompt_tokens - s2.kv_disk_loaded_tokens
     assert s2.kv_disk_written_tokens == 0  # nothing new to write
+    # without kv_offload_bytes the host tier is the staging area: as large as the device pool
+    assert second.engine.kv.host is not None and second.engine.kv.host.pool.num_blocks == OPTIONS["num_kv_blocks"]
 
 
 def test_another_model_dtype_or_block_size_never_reads_the_files(llama_dir, rows, tmp_path, tmp_path_factory, reads_pay):
