@@ -15,9 +15,9 @@ from transformers import SequenceBiasLogitsProcessor, TemperatureLogitsWarper
 
 from prefixflow.engine import LLM, SamplingParams, StructuredOutputs
 from tests.engine.hf_models import random_prompts
+from tests.engine.sampling.test_logprobs import _check_position, _engine, _hf_logits
 from tests.engine.speculative.helpers import prompts as copy_prompts
 from tests.engine.speculative.helpers import run as run_speculative
-from tests.engine.sampling.test_logprobs import _check_position, _engine, _hf_logits
 
 K = 4
 NEW = 8
