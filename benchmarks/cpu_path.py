@@ -38,6 +38,7 @@ import torch
 from benchmarks.common import environment, print_table, write_json
 
 MODEL = "smollm2-135m-instruct"
+KV_TOKEN_BYTES = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M float32: layers x (K, V) x KV heads x head dim
 ENGINES = {
     "pf-default": {},
     "pf-packed": {"quantization": "gguf"},
@@ -51,11 +52,12 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(batch)]
 
 
-def load_pf(name: str) -> Any:
+def load_pf(name: str, kv_tokens: int = 16 * 160) -> Any:
+    """The engine with a KV pool for ``kv_tokens`` float32 tokens (every sequence of a batch at once)."""
     from prefixflow.engine import LLM
 
     opts: dict[str, Any] = {"dtype": "auto", **ENGINES[name]}
-    return LLM(MODEL, device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=512 << 20, **opts)
+    return LLM(MODEL, device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20), **opts)
 
 
 def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for e in engines:
         if e.startswith("pf-"):
-            loaded[e] = load_pf(e)
+            loaded[e] = load_pf(e, max(batches) * (args.prompt_len + args.max_tokens))
             run_pf(loaded[e], [[11] * 8] * 2, 2)  # warm-up
             paths[e] = loaded[e].model_identity.get("weight_path")
         elif e == "hf":

@@ -108,17 +108,18 @@ def job_dict(label_set: LabelSet, style: Style, order: Sequence[str] | None = No
 def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=None) -> dict:
     """Log-probabilities of every surface form (as written and case-flipped) on the rows, on each
     content-free input and on the domain premise, with their token counts."""
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.tasks.label.references import content_free_text, domain_premise
     from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style, order, case_variants=True))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     choices = list(label_choices(cfg).choices)
     prompts = [prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids for i, r in enumerate(rows)]
-    refs = {f"cf:{v}": prep.encode_reference(content_free_text(cfg, v)) for v in CONTENT_FREE}
-    premise = prep.encode_reference(domain_premise(cfg))
+    refs = {f"cf:{v}": prep.encode_reference(content_free_text(prep.template, v)) for v in CONTENT_FREE}
+    premise = prep.encode_reference(domain_premise(prep.template))
     if premise:
         refs["domain"] = premise
     all_prompts = prompts + list(refs.values())
@@ -278,12 +279,13 @@ def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: li
 def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict:
     """What batch calibration's sample adds: its rows (the default 256 cover these sets whole), their
     prompt tokens (each counted once) and the scoring requests (one per row and label choice)."""
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.tasks.label.scoring import label_choices
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job_dict(label_set, style))
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     sampled = rows[: cfg.label.calibration_rows]
     tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
     return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -61,6 +62,9 @@ class EngineConfig:
     logprobs_mode: LogprobsMode = "raw"
     sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
     kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
+    # persistent KV tier: a local directory of prompt blocks, reused by later runs of the same model
+    kv_cache_dir: str | None = None
+    kv_cache_dir_bytes: int = 16 * 1024**3  # its size cap (every namespace and rank together), LRU
     # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
     speculative_config: SpeculativeConfig | None = None
 
@@ -123,5 +127,12 @@ class EngineConfig:
             raise bad("pipeline_micro_batches", "None or a positive integer")
         if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
             raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
+        if self.kv_cache_dir is not None:
+            if isinstance(self.kv_cache_dir, os.PathLike):
+                object.__setattr__(self, "kv_cache_dir", os.fspath(self.kv_cache_dir))
+            if not isinstance(self.kv_cache_dir, str) or not self.kv_cache_dir.strip():
+                raise bad("kv_cache_dir", "None or the path of a local directory for the persistent KV tier")
+        if isinstance(self.kv_cache_dir_bytes, bool) or not isinstance(self.kv_cache_dir_bytes, int) or self.kv_cache_dir_bytes < 1:
+            raise bad("kv_cache_dir_bytes", "a positive integer number of bytes (the persistent KV tier's size cap)")
         if not self.distributed_timeout_s > 0:
             raise bad("distributed_timeout_s", "a positive number of seconds")

@@ -19,6 +19,7 @@ from prefixflow.engine.sampling.sample_groups import SampleGroups
 from prefixflow.engine.sampling.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
+Choice = str | Sequence[int]  # a choice to score: text, or the exact token ids
 
 
 class LLM:
@@ -156,10 +157,11 @@ class LLM:
     def score_choices(
         self,
         prompts: Sequence[Prompt],
-        choices: Sequence[Sequence[str]],
+        choices: Sequence[Sequence[Choice]],
         usage: list[dict[str, Any]] | None = None,
     ) -> list[list[float] | str]:
-        """Total log-probability of each choice as a continuation of its prompt.
+        """Total log-probability of each choice (a string, or token ids to score exactly those
+        tokens) as a continuation of its prompt.
 
         Every choice of a prompt is one request ``prompt + choice``; with prefix ordering they run
         next to each other and share the prompt's KV blocks through the prefix cache. Pass a list as
@@ -176,7 +178,7 @@ class LLM:
         return results
 
     def score_choices_stream(
-        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[str]]
+        self, prompts: Sequence[Prompt], choices: Sequence[Sequence[Choice]]
     ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]:
         """``score_choices`` one prompt at a time: ``(prompt index, scores or error message, usage)`` as
         soon as every choice of that prompt is scored (errors first), so a caller can report each
@@ -196,12 +198,19 @@ class LLM:
             for j, choice in enumerate(opts):
                 if problem:
                     break
-                choice_ids = self.tokenizer.encode(choice, add_special_tokens=False) if choice else []
+                if isinstance(choice, str):
+                    choice_ids = self.tokenizer.encode(choice, add_special_tokens=False) if choice else []
+                else:
+                    choice_ids, problem = self._tokenize(choice)
+                    if problem:
+                        problem = f"choice {choice!r}: {problem}"
+                        break
                 if not choice_ids:
                     problem = f"choice {choice!r} tokenizes to nothing"
                     break
                 full = prompt_ids + choice_ids
-                problem = self.engine.validate(prompt_ids, greedy) or (
+                checked = prompt_ids if isinstance(choice, str) else full  # given ids: in the vocabulary?
+                problem = self.engine.validate(checked, greedy) or (
                     f"prompt + choice has {len(full)} tokens; max_model_len is {self.max_model_len}"
                     if len(full) >= self.max_model_len
                     else None
@@ -279,7 +288,8 @@ class LLM:
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes now (garbage collection and interpreter exit do it
-        too). The LLM cannot generate afterwards. A no-op without tensor parallelism; idempotent."""
+        too), after every block file the disk tier (``kv_cache_dir``) still has to write. The LLM cannot
+        generate afterwards. Idempotent."""
         self.engine.close()
 
     def __enter__(self) -> LLM:

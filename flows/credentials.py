@@ -128,4 +128,4 @@ def with_credentials(spec: JobSpec, block: str | None) -> JobSpec:
         return spec
     storage = spec.config.storage
     merged = {**storage.options, **block_options(block)}
-    return replace(spec, config=replace(spec.config, storage=replace(storage, options=merged)))
+    return replace(spec, config=spec.config.replaced(storage=storage.model_copy(update={"options": merged})))

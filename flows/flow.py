@@ -19,6 +19,7 @@ from prefixflow.flows.credentials import (
     with_credentials,
 )
 from prefixflow.flows.dealing import deal_shards
+from prefixflow.flows.driver import drive_output
 from prefixflow.flows.lanes import LaneReport, run_lane
 from prefixflow.flows.reporting import (
     ShardProgress,
@@ -126,6 +127,8 @@ def batch_inference(
     engine: dict[str, Any] | None = None,
     tensor_parallel_size: int | None = None,
     kv_offload_gb: float | None = None,
+    kv_cache_dir: str | None = None,
+    kv_cache_dir_gb: float | None = None,
     speculative_method: str | None = None,
     num_speculative_tokens: int | str | None = None,
     speculative_model: str | None = None,
@@ -173,7 +176,9 @@ def batch_inference(
     logger = get_run_logger()
     started = time.time()
     tp = engine_tensor_parallel_size(input, model, job, overrides)
-    with make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
+    # one run per output: a second run of the job into it is refused here, before it plans or writes
+    driving = drive_output(with_credentials(load_job(input, output, model, job, **overrides), credentials_block), logger)
+    with driving, make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
         layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp,
                              lane_resources=lane_resources)  # fmt: skip
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
@@ -199,19 +204,19 @@ def batch_inference(
                                  lane_resources)  # fmt: skip
         lanes_done = supervise_lanes(submit, len(groups), progress, progress_poll_s, lane_retries, logger)
         reports, lane_errors = lanes_done.reports, lanes_done.errors
-    for message in lane_errors:
-        logger.error(message)
+        for message in lane_errors:
+            logger.error(message)
 
-    progress.finish()
-    metrics = summarize_run(spec, reports, time.time() - started, credentials_block, lanes_done.resubmits)
-    failed = progress.uncommitted()
-    if failed:
-        raise ShardsFailed(
-            f"{len(failed)} of {progress.total} shards not committed after {lane_retries} "
-            f"retries: {', '.join(failed)}. Lane errors: {' | '.join(lane_errors)}. "
-            "Run the flow again with the same output to resume; committed shards are kept."
-        )
-    return {**metrics, "lanes": [_lane_row(report) for report in reports]}
+        progress.finish()
+        metrics = summarize_run(spec, reports, time.time() - started, credentials_block, lanes_done.resubmits)
+        failed = progress.uncommitted()
+        if failed:
+            raise ShardsFailed(
+                f"{len(failed)} of {progress.total} shards not committed after {lane_retries} "
+                f"retries: {', '.join(failed)}. Lane errors: {' | '.join(lane_errors)}. "
+                "Run the flow again with the same output to resume; committed shards are kept."
+            )
+        return {**metrics, "lanes": [_lane_row(report) for report in reports]}
 
 
 def engine_tensor_parallel_size(

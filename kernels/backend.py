@@ -35,13 +35,14 @@ def triton_available() -> bool:
 
 
 def _torch_backend() -> KernelBackend:
-    """The torch kernels; attention is the batched path (kernels/cpu_attention.py), whose oracle
-    ``reference.paged_attention`` stays the test reference."""
-    from prefixflow.kernels import cpu_attention
+    """The torch kernels: attention is the batched SDPA path (kernels/cpu_attention.py), norm, rotary
+    and activation the fewer-pass versions (kernels/cpu_ops.py); ``kernels/reference.py`` stays the
+    test oracle of all of them."""
+    from prefixflow.kernels import cpu_attention, cpu_ops
     from prefixflow.kernels import reference as ref
 
     return KernelBackend(
-        "torch", ref.store_kv, cpu_attention.paged_attention, ref.rms_norm, ref.rotary, ref.silu_and_mul
+        "torch", ref.store_kv, cpu_attention.paged_attention, cpu_ops.rms_norm, cpu_ops.rotary, cpu_ops.silu_and_mul
     )
 
 

@@ -1,33 +1,77 @@
-"""Batched paged attention for the CPU: a few padded calls per step instead of a loop over requests.
+"""Batched paged attention for the CPU: torch's fused SDPA over gathered blocks, planned once per step.
 
-Same contract as ``reference.paged_attention`` (the oracle). The reference attends request by
-request (batching only decodes over short contexts), a dozen torch ops each, once per layer. Here
-requests are sorted by (query length, context length) and cut into chunks whose padded scores and
-gathered K/V fit a cache-sized budget (so short and long requests do not pad each other); a chunk is
-one gather of its K/V blocks, one grouped-query bmm for the scores of all its heads, a mask that is
-causal and hides the padding, a softmax and one bmm for the output. Every temporary lives in a
-reused per-thread scratch buffer (``kernels/scratch.py``): fresh multi-MiB tensors page-fault on
-every call, which on a loaded host costs more than the arithmetic. Padded V rows are zeroed, so
-stale cache contents (even NaN) cannot leak through a masked position. Float32 inside.
+Same contract as ``reference.paged_attention`` (the oracle). Requests are sorted by (query length,
+context length) and cut into chunks whose gathered K/V fit a cache-sized budget (so short and long
+requests do not pad each other). A chunk is one ``index_select`` of its K and of its V blocks into
+reused scratch buffers, then one ``scaled_dot_product_attention`` call on strided views of them (the
+CPU flash kernel: no score matrix, no permuted copy of K/V, grouped-query heads without repeating
+K/V), with a mask that is causal and hides the padding (``is_causal`` when a chunk has none).
+
+Why a plan: the chunking, block ids, masks and row indices depend only on the step's block tables,
+query starts and context lengths, which every layer of a step shares. They are built once and
+reused while those three tensors keep the same contents (checked by value, so a caller that refills
+the same tensors in place gets a new plan). Before: ~25 small tensor ops per layer per step, and a
+gather + permute copy + two bmm + mask + softmax passes, 3-8x slower at 144-1024-token contexts
+(benchmarks/RESULTS.md, issue 24).
+
+Padded K and V positions are zeroed, so stale cache contents (even NaN) cannot leak through a masked
+position (a masked score is ``-inf`` added, and ``NaN - inf`` is NaN). Computes in the cache dtype.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from prefixflow.kernels.scratch import scratch
 
-_SCORE_BUDGET = 1 << 20  # padded float32 score elements per chunk (n x Hq x Qmax x Lmax)
-_KV_BUDGET = 4 << 20  # bytes of gathered float32 K plus V per chunk
+_KV_BUDGET = 8 << 20  # bytes of gathered K plus V per chunk
+_MASK_BUDGET = 1 << 22  # mask elements per chunk (n x Qmax x L)
 
 
-def _chunks(order: list[int], qlens: list[int], lens: list[int], heads: int, kv_token_bytes: int) -> list[list[int]]:
+@dataclass(frozen=True)
+class _Chunk:
+    ids: torch.Tensor  # [n * blocks] block ids to gather (unused table entries -> block 0)
+    n: int
+    q_max: int
+    length: int  # blocks * block_size: the gathered (padded) context
+    pad: torch.Tensor | None  # flat positions of [n * length] that hold no context token (zeroed)
+    mask: torch.Tensor | None  # [n, 1, q_max, length] bool, True = attend; None with ``causal``
+    causal: bool  # every request: q_max queries over exactly q_max tokens, no padding
+    rows: torch.Tensor  # [n * q_max] query rows (padding repeats the request's first row)
+    keep: torch.Tensor | None  # [n * q_max] rows that are real (None: all)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    key: tuple[object, ...]
+    tables: torch.Tensor
+    starts: torch.Tensor
+    lens: torch.Tensor
+    chunks: list[_Chunk]
+
+    def matches(self, key: tuple[object, ...], tables: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> bool:
+        return (
+            key == self.key
+            and torch.equal(starts, self.starts)
+            and torch.equal(lens, self.lens)
+            and torch.equal(tables, self.tables)
+        )
+
+
+_local = threading.local()
+
+
+def _split(order: list[int], qlens: list[int], lens: list[int], kv_token_bytes: int) -> list[list[int]]:
     chunks: list[list[int]] = []
     q_max = l_max = 0
     for b in order:
         if chunks:
             n, qm, lm = len(chunks[-1]) + 1, max(q_max, qlens[b]), max(l_max, lens[b])
-            if n * heads * qm * lm <= _SCORE_BUDGET and n * lm * kv_token_bytes <= _KV_BUDGET:
+            if n * lm * kv_token_bytes <= _KV_BUDGET and n * qm * lm <= _MASK_BUDGET:
                 chunks[-1].append(b)
                 q_max, l_max = qm, lm
                 continue
@@ -36,60 +80,81 @@ def _chunks(order: list[int], qlens: list[int], lens: list[int], heads: int, kv_
     return chunks
 
 
-def _gather(cache: torch.Tensor, ids: torch.Tensor, n: int, length: int, name: str) -> torch.Tensor:
-    """Blocks ``ids`` of ``cache`` as float32 ``[n, Hkv, length, D]`` (contiguous, in scratch)."""
-    block_size, heads, dim = cache.shape[1:]
-    raw = torch.index_select(cache, 0, ids, out=scratch(f"{name}-raw", (ids.numel(), block_size, heads, dim), cache.dtype, cache.device))
-    raw = raw.view(n, -1, heads, dim)[:, :length]
-    out = scratch(name, (n, heads, length, dim), torch.float32, cache.device)
-    out.copy_(raw.permute(0, 2, 1, 3))
-    return out
-
-
-def _attend_chunk(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-    starts: list[int], qlens: list[int], lens: list[int], chunk: list[int], scale: float, out: torch.Tensor,
-) -> None:  # fmt: skip
-    dev = q.device
-    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
-    num_q_heads = q.shape[1]
-    group = num_q_heads // num_kv_heads
+def _chunk(chunk: list[int], tables: torch.Tensor, starts: list[int], qlens: list[int], lens: list[int],
+           block_size: int) -> _Chunk:  # fmt: skip
+    dev = tables.device
     n = len(chunk)
     q_max, l_max = max(qlens[b] for b in chunk), max(lens[b] for b in chunk)
     blocks = -(-l_max // block_size)
+    length = blocks * block_size
     idx = torch.tensor(chunk, device=dev)
     seq = torch.tensor([lens[b] for b in chunk], device=dev)
     ql = torch.tensor([qlens[b] for b in chunk], device=dev)
     used = torch.arange(blocks, device=dev)[None, :] * block_size < seq[:, None]
     ids = torch.where(used, tables[idx, :blocks], 0).flatten()
-    k = _gather(k_cache, ids, n, l_max, "k")  # [n, Hkv, L, D]
-    v = _gather(v_cache, ids, n, l_max, "v")
-    valid = torch.arange(l_max, device=dev)[None, :] < seq[:, None]  # [n, L]
-    v.masked_fill_(~valid[:, None, :, None], 0.0)
-
+    valid = torch.arange(length, device=dev)[None, :] < seq[:, None]  # [n, L]
+    pad = (~valid).flatten().nonzero()[:, 0]
     offs = torch.arange(q_max, device=dev)
     q_ok = offs[None, :] < ql[:, None]  # [n, Qmax]
     first = torch.tensor([starts[b] for b in chunk], device=dev)
-    rows = torch.where(q_ok, first[:, None] + offs[None, :], first[:, None]).flatten()  # padding repeats row 0
-    qb = scratch("q", (n, q_max, num_kv_heads, group, head_dim), torch.float32, dev)
-    qb.copy_(q.index_select(0, rows).view(n, q_max, num_kv_heads, group, head_dim))
-    qh = scratch("qh", (n, num_kv_heads, group, q_max, head_dim), torch.float32, dev)
-    qh.copy_(qb.permute(0, 2, 3, 1, 4))  # rows of one KV head together: (query head, query position)
-    flat = n * num_kv_heads
-    scores = scratch("scores", (flat, group * q_max, l_max), torch.float32, dev)
-    torch.bmm(qh.view(flat, group * q_max, head_dim), k.view(flat, l_max, head_dim).transpose(1, 2), out=scores)
-    q_pos = (seq - ql)[:, None] + offs[None, :]  # [n, Qmax] context position of each query row
-    hidden = (torch.arange(l_max, device=dev)[None, None, :] > q_pos[:, :, None]) | ~valid[:, None, :]
-    scores4 = scores.view(n, num_kv_heads, group, q_max, l_max)
-    scores4.masked_fill_(hidden[:, None, None], float("-inf"))
-    scores.mul_(scale)
-    scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-    scores.div_(scores.sum(-1, keepdim=True))
-    o = scratch("o", (flat, group * q_max, head_dim), torch.float32, dev)
-    torch.bmm(scores, v.view(flat, l_max, head_dim), out=o)
-    o5 = o.view(n, num_kv_heads, group, q_max, head_dim).permute(0, 3, 1, 2, 4)  # [n, Qmax, Hkv, G, D]
-    keep = q_ok.flatten()
-    out[rows[keep]] = o5.reshape(n * q_max, num_q_heads, head_dim)[keep].to(out.dtype)
+    rows = torch.where(q_ok, first[:, None] + offs[None, :], first[:, None]).flatten()
+    causal = all(qlens[b] == lens[b] == q_max for b in chunk) and length == q_max
+    mask = None
+    if not causal:
+        q_pos = (seq - ql)[:, None] + offs[None, :]  # [n, Qmax] context position of each query row
+        seen = torch.arange(length, device=dev)[None, None, :] <= q_pos[:, :, None]
+        mask = (seen & valid[:, None, :])[:, None]
+    all_real = bool(q_ok.all())
+    return _Chunk(ids, n, q_max, length, pad if pad.numel() else None, mask, causal, rows,
+                  None if all_real else q_ok.flatten())  # fmt: skip
+
+
+def _plan(block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+          block_size: int, kv_token_bytes: int, device: torch.device) -> list[_Chunk]:  # fmt: skip
+    key = (block_size, kv_token_bytes, device.type, device.index or 0, _KV_BUDGET, _MASK_BUDGET)
+    last: _Plan | None = getattr(_local, "plan", None)
+    if last is not None and last.matches(key, block_tables, query_start_loc, seq_lens):
+        return last.chunks
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    qlens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+    for b, (query_len, seq_len) in enumerate(zip(qlens, lens)):
+        if query_len > seq_len:
+            raise ValueError(f"request {b}: {query_len} queries but only {seq_len} context tokens")
+    order = sorted((b for b in range(len(lens)) if qlens[b] > 0), key=lambda b: (qlens[b], lens[b]))
+    tables = block_tables.to(device=device, dtype=torch.long)
+    chunks = [_chunk(c, tables, starts, qlens, lens, block_size) for c in _split(order, qlens, lens, kv_token_bytes)]
+    _local.plan = _Plan(key, block_tables.clone(), query_start_loc.clone(), seq_lens.clone(), chunks)
+    return chunks
+
+
+def _gather(cache: torch.Tensor, c: _Chunk, name: str) -> torch.Tensor:
+    """Chunk ``c``'s blocks of ``cache`` as a ``[n, Hkv, L, D]`` strided view of a scratch buffer."""
+    block_size, heads, dim = cache.shape[1:]
+    raw = scratch(name, (c.ids.numel(), block_size, heads, dim), cache.dtype, cache.device)
+    torch.index_select(cache, 0, c.ids, out=raw)
+    flat = raw.view(c.n * c.length, heads, dim)
+    if c.pad is not None:
+        flat.index_fill_(0, c.pad, 0.0)
+    return flat.view(c.n, c.length, heads, dim).transpose(1, 2)
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: _Chunk, scale: float,
+            out: torch.Tensor) -> None:  # fmt: skip
+    num_q_heads, head_dim = q.shape[1:]
+    k = _gather(k_cache, c, "k")
+    v = _gather(v_cache, c, "v")
+    qc = q.index_select(0, c.rows).view(c.n, c.q_max, num_q_heads, head_dim).transpose(1, 2)
+    if qc.dtype != k.dtype:
+        qc = qc.to(k.dtype)
+    o = F.scaled_dot_product_attention(
+        qc, k, v, attn_mask=c.mask, is_causal=c.causal, scale=scale, enable_gqa=num_q_heads != k.shape[1]
+    )
+    flat = o.transpose(1, 2).reshape(c.n * c.q_max, num_q_heads, head_dim).to(out.dtype)
+    if c.keep is None:
+        out.index_copy_(0, c.rows, flat)
+    else:
+        out[c.rows[c.keep]] = flat[c.keep]
 
 
 def paged_attention(
@@ -103,19 +168,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """The contract of ``reference.paged_attention``, computed chunk-wise."""
     num_q_heads = q.shape[1]
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"query heads {num_q_heads} not a multiple of kv heads {num_kv_heads}")
+    kv_token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+    chunks = _plan(block_tables, query_start_loc, seq_lens, block_size, kv_token_bytes, k_cache.device)
     out = torch.empty_like(q)
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    qlens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    for b, (query_len, seq_len) in enumerate(zip(qlens, lens)):
-        if query_len > seq_len:
-            raise ValueError(f"request {b}: {query_len} queries but only {seq_len} context tokens")
-    order = sorted((b for b in range(len(lens)) if qlens[b] > 0), key=lambda b: (qlens[b], lens[b]))
-    tables = block_tables.to(device=k_cache.device, dtype=torch.long)
-    kv_token_bytes = 2 * num_kv_heads * head_dim * 4
-    for chunk in _chunks(order, qlens, lens, num_q_heads, kv_token_bytes):
-        _attend_chunk(q, k_cache, v_cache, tables, starts, qlens, lens, chunk, scale, out)
+    for c in chunks:
+        _attend(q, k_cache, v_cache, c, scale, out)
     return out

@@ -116,7 +116,7 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
 
 
 def _storage(args: argparse.Namespace) -> StorageConfig:
-    return StorageConfig(args.endpoint_url, dict(args.storage_options or []))
+    return StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options or []))
 
 
 def _spec(args: argparse.Namespace, output: str) -> JobSpec:

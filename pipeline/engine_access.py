@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "EngineConfig", "NgramIndex", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
            "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip
 
+Choice = str | Sequence[int]  # a label choice to score: its text, or exact token ids
+
 FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
           "structured_outputs_error", "inspect_model", "NgramIndex")  # fmt: skip
 
@@ -92,11 +94,11 @@ class Engine(Protocol):
     ) -> Iterator[Output]: ...
 
     def score_choices(
-        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]], usage: list[Any] | None = None
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[Choice]], usage: list[Any] | None = None
     ) -> list[list[float] | str]: ...
 
     def score_choices_stream(
-        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[str]]
+        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[Choice]]
     ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]: ...
 
 

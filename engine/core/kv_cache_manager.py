@@ -23,6 +23,7 @@ class BlockTable:
 
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
+    disk_digests: list[bytes] = field(default_factory=list)  # the disk tier's chain (kv_offload/disk_tier.py)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class CachedPrefix:
     host: list[HostBlock] = field(default_factory=list)
     partial_block: int | None = None  # a device block whose first ``partial_tokens`` tokens continue the run
     partial_tokens: int = 0
+    disk_digests: list[bytes] = field(default_factory=list)  # computed by a disk-tier lookup, reused on admission
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -119,19 +121,20 @@ class KVCacheManager:
             assert parent is not None  # a block found by lookup is hashed
             hashes.append(parent)
         host: list[HostBlock] = []
+        digests: list[bytes] = []
         limit = req.max_cache_hit_tokens // bs
         if self.host is not None and len(hits) < limit:
-            host = self.host.continue_prefix(req.token_ids, parent, len(hits), limit, bs)
+            host = self.host.continue_prefix(req.token_ids, parent, len(hits), limit, bs, self._plan, digests)
             hashes.extend(h.block_hash for h in host if h.block_hash is not None)
         start = len(hashes) * bs
         if not self.share_partial_blocks:
-            return CachedPrefix(hits, hashes, host)
+            return CachedPrefix(hits, hashes, host, disk_digests=digests)
         shared = self.pool.partial.best(
             hashes[-1] if hashes else None, req.token_ids[start : start + bs], req.max_cache_hit_tokens - start
         )
         if shared is None or shared[1] == 0:
-            return CachedPrefix(hits, hashes, host)
-        return CachedPrefix(hits, hashes, host, shared[0], shared[1])
+            return CachedPrefix(hits, hashes, host, disk_digests=digests)
+        return CachedPrefix(hits, hashes, host, shared[0], shared[1], digests)
 
     def blocks_reserved(self, req: Request) -> int:
         """Blocks a running request is still promised (see ``reservation_tokens``) but does not hold."""
@@ -184,7 +187,7 @@ class KVCacheManager:
             # copy-on-write: the shared tokens' KV into the request's own block (it writes the rest); the
             # source is held by a running request, so nothing this step overwrites it before the copy
             self._plan.local.append((source.block_id, own[0]))
-        self._tables[req.key] = BlockTable(ids + own, list(prefix.hashes))
+        self._tables[req.key] = BlockTable(ids + own, list(prefix.hashes), list(prefix.disk_digests))
         return True
 
     def _reload(self, prefix: CachedPrefix) -> list[int]:
@@ -220,6 +223,9 @@ class KVCacheManager:
             table.block_hashes.append(self.pool.register(block, parent, tokens))
             if self.pool.enable_caching:
                 self.pool.partial.set(block.block_id, parent, tokens)
+            disk = self.host.disk if self.host is not None else None
+            if disk is not None and (i + 1) * bs <= req.num_prompt_tokens:
+                disk.persist(disk.digests(table.disk_digests, req.token_ids, i + 1, bs), i, block.block_id, self._plan)
         i, extra = divmod(req.num_computed_tokens, bs)
         if extra and self.pool.enable_caching and i < len(table.block_ids):
             # the partial last block: findable for token-granular sharing, also after this request ends

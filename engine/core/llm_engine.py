@@ -7,8 +7,10 @@ requests into ``RequestOutput``s.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.core.kv_cache_manager import KVCacheManager
@@ -16,8 +18,11 @@ from prefixflow.engine.core.request import Request, RequestSpec, Status
 from prefixflow.engine.core.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.core.stats import EngineStats
 from prefixflow.engine.core.step_types import ModelOutput, SchedulerOutput
+from prefixflow.engine.distributed.pipeline import split_for
 from prefixflow.engine.distributed.pool import TensorParallelError
 from prefixflow.engine.kv_offload.cost_model import CostModel
+from prefixflow.engine.kv_offload.disk_files import write_atomic
+from prefixflow.engine.kv_offload.disk_tier import DiskTier, disk_namespace
 from prefixflow.engine.loading.loader import resolve_model
 from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.loading.model_identity import identity_of, memory_identity
@@ -50,6 +55,8 @@ class LLMEngine:
             host_blocks=self.runner.num_host_blocks, cost=cost,
         )  # fmt: skip
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
+        self.kv_bytes_per_block = self.model_cfg.kv_bytes_per_token * self.runner.dtype.itemsize * cfg.block_size
+        self.disk_namespace: dict[str, object] = {}
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
         self.logprob_view = LogprobView(self.tokenizer)
@@ -71,6 +78,7 @@ class LLMEngine:
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
                                  cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
         )
+        self._open_disk_tier(cost, dtype)
         self.speculator = build_speculator(
             cfg, self.source, self.max_model_len, self.scheduler.speculation, self.runner.num_blocks
         )
@@ -80,6 +88,24 @@ class LLMEngine:
         self._seed_counter = 0
         self._stepping = False
         self._deferred_aborts: set[int] = set()
+
+    def _open_disk_tier(self, cost: CostModel, dtype: str) -> None:
+        """``kv_cache_dir``: every rank opens its store under the namespace of this model run the way it
+        runs here (kv_offload/disk_tier.py); the host tier is its staging area."""
+        cfg, host = self.cfg, self.kv.host
+        if cfg.kv_cache_dir is None or host is None:
+            return
+        pp = cfg.pipeline_parallel_size
+        stages = split_for(self.model_cfg, pp) if pp > 1 else [(0, self.model_cfg.num_layers)]
+        namespace, self.disk_namespace = disk_namespace(
+            str(self.model_identity["digest"]), self.model_cfg, dtype, cfg.block_size, cfg.tensor_parallel_size,
+            pp, stages, self.runner.ops.name, self.runner.device.type,
+        )  # fmt: skip
+        self.runner.open_disk(namespace)
+        host.disk = DiskTier(Path(cfg.kv_cache_dir), namespace, cost, self.runner.load_from_disk)
+        about = host.disk.folder / "namespace.json"
+        if not about.exists():  # what the files were made by, for whoever finds the directory
+            write_atomic(about, [json.dumps(self.disk_namespace, indent=1, sort_keys=True, default=str).encode()])
 
     def validate(self, prompt_ids: list[int], params: object) -> str | None:
         """Why this request can never run, or None. Checked before it joins the queue, against this
@@ -146,8 +172,20 @@ class LLMEngine:
         return self.scheduler.abort_all()
 
     def close(self) -> None:
-        """Release the tensor-parallel workers; the engine cannot step afterwards. Idempotent."""
-        self.runner.close()
+        """Release the tensor-parallel workers, after the disk tier's pending writes; the engine cannot
+        step afterwards. Idempotent."""
+        try:
+            self._drain_copies()
+        finally:
+            self.runner.close()
+
+    def _drain_copies(self) -> None:
+        """Run copies planned after the last step (the disk tier's writes of its last computed blocks)."""
+        if self.runner.shard.host_kv.disk is None:
+            return
+        copies = self.kv.take_copies()
+        if copies:
+            self.runner.copy_blocks(copies)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -185,6 +223,8 @@ class LLMEngine:
             if self._deferred_aborts:
                 self.scheduler.abort(self._deferred_aborts)
                 self._deferred_aborts.clear()
+        if not self.scheduler.has_work():
+            self._drain_copies()  # no next step would run them
         self.stats.steps += 1
         self.stats.preemptions = self.scheduler.num_preemptions
         self._count_tier_work()
@@ -232,6 +272,15 @@ class LLMEngine:
         self.stats.kv_host_blocks = host.pool.num_blocks
         self.stats.kv_offloaded_tokens, self.stats.kv_reloaded_tokens = c.offloaded_blocks * bs, c.reloaded_blocks * bs
         self.stats.kv_host_lookups, self.stats.kv_host_hits = c.host_lookups, c.host_hits
+        if host.disk is not None:
+            d, kv_bytes = host.disk.counters, self.kv_bytes_per_block
+            store = self.runner.shard.host_kv.disk
+            self.stats.kv_disk_lookups, self.stats.kv_disk_hits = d.lookups, d.loaded_blocks
+            self.stats.kv_disk_loaded_tokens, self.stats.kv_disk_read_bytes = d.loaded_blocks * bs, d.loaded_blocks * kv_bytes
+            self.stats.kv_disk_declined_tokens, self.stats.kv_disk_failed_blocks = d.declined_blocks * bs, d.failed_blocks
+            self.stats.kv_disk_written_tokens, self.stats.kv_disk_written_bytes = d.written_blocks * bs, d.written_blocks * kv_bytes
+            if store is not None:
+                self.stats.kv_disk_corrupt_files = store.counters.corrupt_blocks
 
     def _count_prompt_work(self, scheduled: SchedulerOutput) -> None:
         for chunk in scheduled:

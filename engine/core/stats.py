@@ -29,6 +29,16 @@ class EngineStats:
     kv_recomputed_tokens: int = 0  # tokens computed again after a preemption dropped their KV
     kv_host_lookups: int = 0  # host-tier probes after a device miss
     kv_host_hits: int = 0
+    # the persistent tier (kv_cache_dir): blocks looked for, read, written (bytes: KV of every rank)
+    kv_disk_lookups: int = 0  # prefixes that continued past the host tier and were looked for on disk
+    kv_disk_hits: int = 0  # blocks read from disk (checked on every rank) instead of recomputed
+    kv_disk_loaded_tokens: int = 0
+    kv_disk_read_bytes: int = 0
+    kv_disk_written_tokens: int = 0  # computed prompt tokens whose blocks were handed to the writers
+    kv_disk_written_bytes: int = 0
+    kv_disk_declined_tokens: int = 0  # found on disk, but the cost model chose recompute
+    kv_disk_failed_blocks: int = 0  # found, then not read: corrupt, evicted meanwhile, missing on a rank
+    kv_disk_corrupt_files: int = 0  # rank 0's files that failed the checksum or header (removed)
     weight_bytes: int = 0  # parameters and buffers the model holds on its device (after repacking)
     quantization: str = "none"  # the model's quantization method (docs/models.md "Quantized models")
     # speculative decoding, per method: proposed, accepted, runs, acceptance_rate, mean_accepted_length

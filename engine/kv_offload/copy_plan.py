@@ -1,6 +1,6 @@
 """The block copies one step needs before its forward pass, in the order they must run.
 
-Offloads (device -> host) go first: a device block evicted this step may be handed out again, in
+Persists (device -> disk writer, ``kv_cache_dir``) and offloads (device -> host) go first: a device block evicted this step may be handed out again, in
 the same step, as the target of a reload or a partial-block copy. Reloads (host -> device) go next: a
 block reloaded this step may be the source of a partial-block copy. Partial-block copies (device ->
 device, copy-on-write of a shared last block) go last; their sources are held through the step, so
@@ -20,23 +20,25 @@ class CopyPlan:
     offload: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block)
     local: list[tuple[int, int]] = field(default_factory=list)  # (source device block, target device block)
     reload: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block)
+    # (device block, digest high, digest low): a computed prompt block for the disk tier's writer
+    persist: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.offload or self.local or self.reload)
+        return bool(self.offload or self.local or self.reload or self.persist)
 
     def pack(self) -> torch.Tensor:
-        flat = [len(self.offload), len(self.local), len(self.reload)]
-        for pairs in (self.offload, self.local, self.reload):
-            flat.extend(x for pair in pairs for x in pair)
+        flat = [len(self.offload), len(self.local), len(self.reload), len(self.persist)]
+        for entries in (self.offload, self.local, self.reload, self.persist):
+            flat.extend(x for entry in entries for x in entry)
         return torch.tensor(flat, dtype=torch.int64)
 
     @classmethod
     def unpack(cls, payload: torch.Tensor) -> CopyPlan:
         values = payload.tolist()
-        counts, rest = values[:3], values[3:]
-        lists: list[list[tuple[int, int]]] = []
+        counts, rest = values[:4], values[4:]
+        lists: list[list[tuple[int, ...]]] = []
         pos = 0
-        for n in counts:
-            lists.append([(rest[pos + 2 * i], rest[pos + 2 * i + 1]) for i in range(n)])
-            pos += 2 * n
-        return cls(lists[0], lists[1], lists[2])
+        for n, width in zip(counts, (2, 2, 2, 3)):
+            lists.append([tuple(rest[pos + width * i : pos + width * (i + 1)]) for i in range(n)])
+            pos += width * n
+        return cls(*lists)  # type: ignore[arg-type]

@@ -72,6 +72,15 @@ class HostBlockPool:
             del self.lru[block.host_id]
         block.pins += 1
 
+    def forget(self, block: HostBlock) -> None:
+        """A pinned block ``store`` handed out whose contents never arrived (a failed disk read):
+        unindex it and make it the next one reused."""
+        if block.block_hash is not None:
+            self.cached.pop(block.block_hash, None)
+        block.block_hash, block.key = None, None
+        self.unpin(block)
+        self.lru.move_to_end(block.host_id, last=False)
+
     def unpin(self, block: HostBlock) -> None:
         if block.pins <= 0:
             raise RuntimeError(f"host block {block.host_id} unpinned more often than pinned")

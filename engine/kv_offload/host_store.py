@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.disk_store import DiskKVStore
+from prefixflow.engine.kv_offload.disk_tier import digest_of
 
 CHUNK_BLOCKS = 64  # staging bound: at most this many blocks' bytes of extra device memory per copy
 
@@ -33,6 +35,7 @@ class HostKVStore:
         )
         self.stream = torch.cuda.Stream(self.device) if cuda else None  # type: ignore[no-untyped-call]
         self.copies = 0  # contiguous block transfers issued (for tests and the bandwidth check)
+        self.disk: DiskKVStore | None = None  # kv_cache_dir: the writer of a plan's persists
 
     @property
     def num_blocks(self) -> int:
@@ -51,7 +54,15 @@ class HostKVStore:
             done.record(self.stream)
         main.wait_event(done)  # this step's forward reads (reloads) or overwrites (offloads) them
 
+    def quiesce(self) -> None:
+        """Wait for the side stream's copies: the host memory is about to be written from the CPU."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
     def _run(self, plan: CopyPlan) -> None:
+        if self.disk is not None:
+            for start in range(0, len(plan.persist), CHUNK_BLOCKS):
+                self._persist(plan.persist[start : start + CHUNK_BLOCKS])
         for part in _chunks(plan.offload):
             self._offload(part)
         for part in _chunks(plan.reload):
@@ -70,6 +81,21 @@ class HostKVStore:
             self.copies += 1
         if self.stream is not None:
             staged.record_stream(self.stream)
+
+    def _persist(self, entries: list[tuple[int, int, int]]) -> None:
+        """Stage computed prompt blocks for the disk writer, block-major like the host store."""
+        assert self.disk is not None
+        dev = self._ids([d for d, _, _ in entries])
+        staged = self.kv_cache.index_select(2, dev).permute(2, 0, 1, 3, 4, 5).contiguous()
+        ready = None
+        if self.stream is not None:
+            cpu = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+            cpu.copy_(staged, non_blocking=True)
+            staged.record_stream(self.stream)
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record(self.stream)
+            staged = cpu
+        self.disk.persist([digest_of(hi, lo) for _, hi, lo in entries], staged, ready)
 
     def _reload(self, pairs: list[tuple[int, int]]) -> None:
         dev = self._ids([d for _, d in pairs])

@@ -20,12 +20,16 @@ from prefixflow.engine.distributed.pipeline import split_for
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.disk_tier import digest_words
 from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
 from prefixflow.engine.runner.decode_graphs import DecodeGraphs
 from prefixflow.engine.runner.model_shard import (
     COLLECTIVE_STATS,
+    DISK_FLUSH,
+    DISK_INIT,
+    DISK_LOAD,
     INIT_CACHE,
     KV_COPY,
     PIPELINE_STATS,
@@ -140,6 +144,26 @@ class ModelRunner:
         else:
             self.pool.run(self.shard, KV_COPY, plan.pack())
 
+    def _command(self, command: int, payload: torch.Tensor) -> object:
+        """Run a command on every rank (rank 0's shard alone without workers)."""
+        if self.pool is None:
+            return self.shard.handle(command, payload)
+        return self.pool.run(self.shard, command, payload)
+
+    def open_disk(self, namespace: bytes) -> None:
+        """Every rank opens its part of ``kv_cache_dir`` under ``namespace`` (disk_tier.py)."""
+        self._command(DISK_INIT, torch.tensor(digest_words(namespace), dtype=torch.int64))
+
+    def load_from_disk(self, entries: list[tuple[bytes, int]]) -> int:
+        """Every rank reads ``(digest, host block)`` pairs into its host store; the leading run all read."""
+        rows = [[*digest_words(digest), host] for digest, host in entries]
+        loaded = self._command(DISK_LOAD, torch.tensor(rows, dtype=torch.int64).view(-1))
+        assert isinstance(loaded, int)
+        return loaded
+
+    def flush_disk(self) -> None:
+        self._command(DISK_FLUSH, torch.empty(0, dtype=torch.int64))
+
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput, masks: TokenMasks | None = None) -> ModelOutput:
         """Run the step's forward pass, sample the rows that reached their last token and sum the
@@ -200,7 +224,13 @@ class ModelRunner:
         return self.pool.run(self.shard, PIPELINE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do without them). Idempotent."""
+        """Stop the tensor-parallel workers, after every rank's pending block files are written. Idempotent."""
+        if self.shard.host_kv.disk is not None:
+            try:
+                if self.pool is not None and self.pool.failure is None:
+                    self.flush_disk()  # the workers' writers (rank 0's own is closed below)
+            finally:
+                self.shard.close_disk()
         if self.pool is not None:
             self.pool.close()
 

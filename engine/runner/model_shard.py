@@ -10,6 +10,7 @@ slots are the same on every rank, since they come from rank 0's one scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipel
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
 from prefixflow.engine.dtypes import resolve_dtype_name, torch_dtype
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
+from prefixflow.engine.kv_offload.disk_store import DiskKVStore
+from prefixflow.engine.kv_offload.disk_tier import digest_of, staging_blocks
 from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.loading.model_identity import ModelLocation
@@ -42,6 +45,9 @@ STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logi
 PIPELINE_STATS = 4  # rank 0 gets [world, 4]: every rank's compute s, wait s, bytes sent, steps (PP only)
 COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
 KV_COPY = 5  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
+DISK_INIT = 6  # payload: the disk tier's 16-byte namespace as 2 int64s; every rank opens its store
+DISK_LOAD = 7  # payload: [hi, lo, host block] per block; rank 0 gets how many every rank read and checked
+DISK_FLUSH = 8  # wait until every rank's pending block files are written
 
 
 class ModelShard:
@@ -112,6 +118,15 @@ class ModelShard:
         if command == KV_COPY:
             self.host_kv.apply(CopyPlan.unpack(payload))
             return None
+        if command == DISK_INIT:
+            self.open_disk(digest_of(*payload.tolist()))
+            return None
+        if command == DISK_LOAD:
+            return self.load_from_disk(payload)
+        if command == DISK_FLUSH:
+            if self.host_kv.disk is not None:
+                self.host_kv.disk.flush()
+            return None
         raise ValueError(f"unknown command {command}")
 
     @torch.inference_mode()
@@ -128,6 +143,26 @@ class ModelShard:
             max_len = min(self.max_model_len, self.num_blocks * cfg.block_size)
             self.graphs = self.make_decode_graphs(-(-max_len // cfg.block_size), capture=True)
         return self.num_blocks
+
+    def open_disk(self, namespace: bytes) -> None:
+        """This rank's store in ``kv_cache_dir`` (files named by its global rank)."""
+        assert self.cfg.kv_cache_dir is not None
+        self.host_kv.disk = DiskKVStore(Path(self.cfg.kv_cache_dir), namespace, self.all_ranks.rank,
+                                        self.cfg.kv_cache_dir_bytes, self.block_bytes)  # fmt: skip
+
+    def load_from_disk(self, payload: torch.Tensor) -> int:
+        """Read the blocks into the host store; every rank agrees on the leading run all of them read."""
+        disk = self.host_kv.disk
+        assert disk is not None
+        rows = payload.view(-1, 3).tolist()
+        self.host_kv.quiesce()
+        loaded = disk.load([(digest_of(hi, lo), host) for hi, lo, host in rows], self.host_kv.host)
+        return self.all_ranks.all_reduce_min(loaded)
+
+    def close_disk(self) -> None:
+        disk, self.host_kv.disk = self.host_kv.disk, None
+        if disk is not None:
+            disk.close()
 
     def collective_stats(self) -> torch.Tensor | None:
         """Every rank's time inside collectives, gathered on rank 0 as rows ``[all_reduce_s,
@@ -189,10 +224,13 @@ class ModelShard:
     def _host_blocks(self) -> int:
         """Host-tier blocks: ``kv_offload_bytes`` covers every rank's share of a block (each rank keeps
         its own KV heads), and all ranks take the smallest count so host block ids agree."""
-        if self.cfg.kv_offload_bytes == 0:
-            return 0
+        cfg = self.cfg
         ranks = self.tp.world * (self.pp.num_stages if self.pp is not None else 1)
-        return self.all_ranks.all_reduce_min(self.cfg.kv_offload_bytes // (self.block_bytes * ranks))
+        if cfg.kv_offload_bytes == 0:
+            if cfg.kv_cache_dir is None or not cfg.enable_prefix_caching:
+                return 0
+            return self.all_ranks.all_reduce_min(staging_blocks(self.num_blocks, self.block_bytes, ranks))
+        return self.all_ranks.all_reduce_min(cfg.kv_offload_bytes // (self.block_bytes * ranks))
 
     @property
     def all_ranks(self) -> ParallelGroup:

@@ -3,12 +3,14 @@
 
 ``sample_batch`` is what the model runner calls: it samples the whole batch at once and, should that
 fail, each row alone, so a request whose values break sampling becomes that request's error only.
-Logits masks come first: the structured-output bitmask (one batched in-place op, ``apply_bitmask_``),
-then the per-request bans of ``_apply_masks`` (no stop token before ``min_tokens``).
+Each request's ``logit_bias`` is added first (one scatter-add for the batch), then the masks: the
+structured-output bitmask (one batched in-place op, ``apply_bitmask_``), then the per-request bans of
+``_apply_masks`` (no stop token before ``min_tokens``). A biased token the grammar rules out stays out.
 
 Log-probs (``EngineConfig.logprobs_mode``, vLLM's): ``raw`` is the model's own distribution, taken
-before the bitmask, penalties, bans, temperature and filters; ``processed`` is the distribution the
-token was drawn from (all of those applied; greedy rows: bitmask, penalties and bans, no temperature).
+before the logit bias, bitmask, penalties, bans, temperature and filters; ``processed`` is the
+distribution the token was drawn from (all of those applied; greedy rows: bias, bitmask, penalties and
+bans, no temperature).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def sample(
     logits = logits.to(torch.float32, copy=True)
     wanted = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     raw = torch.log_softmax(logits[wanted], dim=-1) if wanted and logprobs_mode == "raw" else None
+    _apply_logit_bias(logits, requests)
     if bitmask is not None:
         apply_bitmask_(logits, bitmask)
     _apply_penalties(logits, requests)
@@ -117,6 +120,28 @@ def sample_seed(seed: int, sample: int) -> int:
     request's seed (so it equals the same request with ``n=1``), the others get their own stream,
     derived from (seed, sample) only, so every sample stays batch-invariant."""
     return seed if sample == 0 else position_seed(seed, (1 << 62) + sample)
+
+
+def _apply_logit_bias(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Every request's ``logit_bias`` added in place, in one op. Ids were checked against the model's
+    vocabulary; a draft model with a smaller one skips the ids it does not have (it only proposes)."""
+    rows: list[int] = []
+    ids: list[int] = []
+    values: list[float] = []
+    width = logits.shape[-1]
+    for i, req in enumerate(requests):
+        if not req.params.logit_bias:
+            continue
+        tokens, bias = req.params.logit_bias_items
+        for token, value in zip(tokens, bias):
+            if token < width:
+                rows.append(i)
+                ids.append(token)
+                values.append(value)
+    if rows:
+        dev = logits.device
+        index = (torch.tensor(rows, device=dev), torch.tensor(ids, device=dev))
+        logits.index_put_(index, torch.tensor(values, device=dev, dtype=logits.dtype), accumulate=True)
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from prefixflow.engine.structured.params import StructuredOutputs
 
@@ -53,6 +55,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     n: int = 1  # samples per prompt; they share the prompt's KV blocks (see LLM.generate)
+    # Logit bias, as vLLM and the OpenAI API define it: token id -> a value added to that token's logit at
+    # every generated position, before the structured-output mask, penalties, bans and temperature (so
+    # ``logprobs_mode="processed"`` includes it, ``"raw"`` does not). A large negative value bans a token.
+    logit_bias: Mapping[int, float] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +67,12 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @cached_property
+    def logit_bias_items(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """``logit_bias`` as (token ids, values), ordered by id: what the sampler adds each step."""
+        items = sorted((self.logit_bias or {}).items())
+        return tuple(int(t) for t, _ in items), tuple(float(v) for _, v in items)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -117,6 +129,9 @@ class SamplingParams:
         if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
             bad = next(t for t in self.stop_token_ids if t >= vocab_size)
             return f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})"
+        problem = _logit_bias_error(self.logit_bias, vocab_size)
+        if problem:
+            return problem
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 return f"{name} must be true or false, got {getattr(self, name)!r}"
@@ -136,3 +151,19 @@ class SamplingParams:
         if self.min_tokens:
             return "min_tokens cannot be combined with structured: the grammar decides where the output ends"
         return None
+
+
+def _logit_bias_error(bias: object, vocab_size: int | None) -> str | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping):
+        return f"logit_bias must be a mapping of token id -> bias, got {type(bias).__name__}"
+    for token, value in bias.items():
+        if not _integer(token) or token < 0:
+            hint = " (a string: convert the keys with int())" if isinstance(token, str) else ""
+            return f"logit_bias keys must be non-negative integer token ids, got {token!r}{hint}"
+        if vocab_size is not None and token >= vocab_size:
+            return f"logit_bias holds token id {token}, outside the vocabulary [0, {vocab_size})"
+        if not _number(value):
+            return f"logit_bias values must be finite numbers, got {value!r} for token {token}"
+    return None

@@ -77,6 +77,7 @@ class DraftProposer:
         blocks = spec.draft_kv_blocks or target_blocks
         draft_cfg = replace(
             cfg, model=spec.model, speculative_config=None, tensor_parallel_size=1, quantization=None,
+            kv_offload_bytes=0, kv_cache_dir=None,
             num_kv_blocks=blocks,
         )  # fmt: skip
         self.cfg = draft_cfg

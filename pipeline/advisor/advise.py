@@ -114,9 +114,10 @@ def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) 
         return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     rows = [s.row for s in sample.rows]
-    template = cfg.effective_template()
+    template = spec.task.template(cfg)
     if template:
-        aliases = {"document": cfg.prompt_column or cfg.summarize.document_column} if cfg.task == "summarize" else {}
+        document = spec.task.document_column(cfg)
+        aliases = {"document": document} if document else {}
         return check_template(template, rows, count, block_size, aliases)
     if cfg.prompt_column:
         values = [v for v in (r.get(cfg.prompt_column) for r in rows) if isinstance(v, str)]

@@ -5,7 +5,8 @@ shard: that many extra prompts, each scored once per label choice. Their prompts
 cache, so when the sampled rows come up in their shards most of it is served again, but the sample
 itself is extra work, and the advisor says how much. Labels whose choice strings start with the same
 token cannot be told apart by the first generated token: under ``mode: constrained`` the first token
-is picked before they differ, so the label sharing it with others competes with their summed mass.
+is picked before they differ, so the label sharing it with others competes with their summed mass
+(and the first-token calibration of constrained mode can only correct them together).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any
 
 from prefixflow.pipeline.advisor.render import Rendered
 from prefixflow.pipeline.advisor.sample import Sample
-from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, BATCH_MIN_ROWS_PER_LABEL, JobConfig
+from prefixflow.pipeline.job.config import (
+    BATCH_CALIBRATIONS,
+    BATCH_MIN_ROWS_PER_LABEL,
+    CALIBRATED_MODES,
+    JobConfig,
+)
+from prefixflow.pipeline.tasks.label.first_tokens import scored_choices
 from prefixflow.pipeline.tasks.label.scoring import label_choices
 
 
@@ -42,7 +49,8 @@ def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sam
     if cfg.task != "label":
         return {}
     label = cfg.label
-    out: dict[str, Any] = {"mode": label.mode, "calibration": label.calibration if label.mode == "score" else "none"}
+    calibrated = label.mode in CALIBRATED_MODES
+    out: dict[str, Any] = {"mode": label.mode, "calibration": label.calibration if calibrated else "none"}
     collisions = shared_first_tokens(cfg, tokenizer)
     out["shared_first_tokens"] = collisions
     notes = []
@@ -50,15 +58,16 @@ def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sam
         names = ", ".join(repr(lb) for lb in c["labels"])
         if label.mode == "constrained":
             notes.append(f"labels {names} start with the same token {c['token']!r}: under mode: constrained the "
-                         "first token is chosen before they differ, so they compete unfairly with the others; "
-                         "rename them so they start differently, or use mode: score")  # fmt: skip
+                         "first token is chosen before they differ, so they compete unfairly with the others "
+                         "and calibration can only correct them together; rename them so they start "
+                         "differently, or use mode: score")  # fmt: skip
         else:
             notes.append(f"labels {names} start with the same token {c['token']!r}; fine in score mode (every "
                          "label is scored whole), unfair under mode: constrained")  # fmt: skip
-    if label.mode == "score" and label.calibration in BATCH_CALIBRATIONS:
+    if calibrated and label.calibration in BATCH_CALIBRATIONS:
         rows = min(label.calibration_rows, sample.total_rows)
         per_row = sum(rendered.prompt_tokens) / len(rendered.prompt_tokens) if rendered.prompt_tokens else 0.0
-        choices = len(label_choices(cfg).choices)
+        choices = len(scored_choices(cfg, tokenizer).choices)  # constrained: the distinct first tokens
         prompt_tokens = round(per_row * rows)
         distinct = len({tuple(r.tokens) for r in rendered.requests})
         need = BATCH_MIN_ROWS_PER_LABEL * len(label.labels)
@@ -75,7 +84,7 @@ def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sam
             notes.append(f"only {distinct} distinct prompts in the advisor's sample, fewer than "
                          f"{BATCH_MIN_ROWS_PER_LABEL} x {len(label.labels)} labels: the run will fall back to "
                          "contextual calibration")  # fmt: skip
-    if label.mode == "score" and label.calibration in ("contextual", "domain", "batch+contextual"):
+    if calibrated and label.calibration in ("contextual", "domain", "batch+contextual"):
         refs = 1 if label.calibration == "domain" else len(label.content_free)
         out["references_per_shard"] = refs
     out["notes"] = notes

@@ -26,7 +26,7 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
 
     llm = llm or open_engine(spec)
     cfg = spec.config
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, spec.task)
     step = max(1, len(sample.rows) // max(n, 1))
     prepared: dict[str, Prepared] = {}
     for s in sample.rows[::step][:n]:

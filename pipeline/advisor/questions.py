@@ -198,7 +198,7 @@ def q3_output_lengths(f: Facts) -> Answer:
         verdict = "yes" if d.cv >= VARIABLE_CV or cap.cv >= VARIABLE_CV else "no"
     elif cap.cv >= VARIABLE_CV or w.unbounded_rows:
         verdict = "yes"
-    elif bool(cfg.sampling.get("ignore_eos")):
+    elif cfg.sampling.ignore_eos:
         verdict = "no"
         evidence.append("ignore_eos: every row generates exactly its max_tokens")
     else:

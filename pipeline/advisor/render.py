@@ -15,6 +15,7 @@ from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.tasks.registry import task_of
 from prefixflow.pipeline.tasks.rows import RowPreparer, derived_id
 
 
@@ -59,10 +60,10 @@ class Rendered:
 
 def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> Rendered:
     """Prepare every sampled row; bad rows are counted by error class, as a run would write them."""
-    prep = RowPreparer(cfg, cast(Engine, model), {})  # preparing rows uses no generation method
-    scoring = cfg.task == "label" and cfg.label.mode == "score"
-    choices = [model.tokenizer.encode(cfg.label.choice_prefix + lb, add_special_tokens=False)
-               for lb in cfg.label.labels] if scoring else []  # fmt: skip
+    task = task_of(cfg)
+    prep = RowPreparer(cfg, cast(Engine, model), {}, task)  # preparing rows uses no generation method
+    choices = [model.tokenizer.encode(c, add_special_tokens=False) for c in task.scored_choices(cfg)]
+    scoring = bool(choices)
     out = Rendered([], len(sample.rows), 0, suffixes=choices)
     errors: Counter[str] = Counter()
     for i, s in enumerate(sample.rows):

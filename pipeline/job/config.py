@@ -1,7 +1,14 @@
-"""Job configuration: frozen dataclasses built from YAML/dicts, validated so a typo fails before any work.
+"""The job model: frozen pydantic sections, validated so a typo fails before any work.
 
 Every message names the offending key (dotted path) and what is allowed, because a batch job that
-dies an hour in over a misspelt key is the most expensive kind of typo.
+dies an hour in over a misspelt key is the most expensive kind of typo. This module checks the shape
+of a job (keys, types, allowed values, ranges); what needs a feature (a template compiles, a schema
+loads, a label set scores) is checked by that feature, called from the task that uses it
+(pipeline/tasks/, through ``spec.parse_job_config``).
+
+Values are kept as written (an integer temperature stays an integer): the job fingerprint hashes them
+(``JobConfig.as_record``), and a resumed run must hash an unchanged job the same way as the run that
+started it.
 """
 
 from __future__ import annotations
@@ -9,98 +16,205 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
 
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.tasks.constraints import check_job_constraint, parse_schema
 
-TASKS = ("generate", "summarize", "label", "extract")
-CHAT_MODES = ("auto", "on", "off")
-LONG_DOC_POLICIES = ("error", "truncate", "map_reduce")
-TRUNCATE_SIDES = ("head", "tail", "both")
-LABEL_MODES = ("score", "generate", "constrained")
 # how pipeline/tasks/label/scoring.py calibrates; the batch ones estimate each label's prior from a sample of the
 # job's own rows (pipeline/tasks/label/batch.py)
-LABEL_CALIBRATIONS = ("batch", "batch+contextual", "contextual", "domain", "none")
 BATCH_CALIBRATIONS = ("batch", "batch+contextual")
+CALIBRATED_MODES = ("score", "constrained")  # label.calibration applies (constrained: to the first tokens)
 BATCH_MIN_ROWS_PER_LABEL = 8  # fewer distinct sample rows than this x labels: batch falls back to contextual
-LABEL_LENGTH_NORMS = ("sum", "mean")
-SAMPLING_KEYS = (
-    "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "min_tokens", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "include_stop_str_in_output", "skip_special_tokens",
-    "structured", "presence_penalty", "frequency_penalty", "repetition_penalty", "n",
-)  # fmt: skip
 
-# Columns every output row has (pipeline/run/output_schema.py builds them); kept input columns may not reuse them.
-OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "label_logprobs_raw",
-                  "label_gold", "extracted", "samples")  # fmt: skip
-
-DEFAULT_SUMMARY_TEMPLATE = "Summarize the following text in one or two sentences.\n\n{{ document }}"
 DEFAULT_REDUCE_TEMPLATE = (
     "Combine these partial summaries of one document into one short summary.\n\n{{ summaries }}"
 )
 
 
-@dataclass(frozen=True)
-class SummarizeConfig:
-    """How summarization treats documents that do not fit the context (after the prompt and output)."""
-
-    document_column: str = "text"
-    long_document: str = "truncate"
-    truncate_side: str = "head"
-    chunk_tokens: int | None = None  # map_reduce chunk size; None: as large as the context allows
-    reduce_template: str = DEFAULT_REDUCE_TEMPLATE
+# -- errors: pydantic's, in the job config's own words ------------------------------------------------
+def problem(message: str, at: str = "") -> PydanticCustomError:
+    """A validation error whose text is ``message`` as written (``at``: a key below the field's path)."""
+    return PydanticCustomError("job", "{message}", {"message": message, "at": at})
 
 
-@dataclass(frozen=True)
-class LabelConfig:
-    """Labeling: score each label as a continuation (``score``), parse free-form output (``generate``) or
-    generate under a constraint that allows exactly the labels (``constrained``)."""
+def unknown_key(key: object, allowed: typing.Iterable[str]) -> str:
+    """``unknown key (did you mean 'x'?); allowed keys: ...``: the hint every misspelt key gets."""
+    names = tuple(allowed)
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key{hint}; allowed keys: {', '.join(names)}"
 
-    labels: tuple[str, ...] = ()
-    mode: str = "score"
-    choice_prefix: str = " "
+
+def config_error(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> JobConfigError:
+    """The first problem of ``exc`` as ``job config: <dotted path>: <what to fix>`` (an unknown key first,
+    as the hand-written checks did)."""
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = [str(p) for p in err["loc"] if isinstance(p, int | str)]
+    loc = [p for p in loc if "[" not in p and p not in _TYPE_TAGS]
+    ctx = err.get("ctx") or {}
+    if err["type"] == "job":
+        message, loc = str(ctx["message"]), loc + ([str(ctx["at"])] if ctx.get("at") else [])
+    elif err["type"] == "extra_forbidden":
+        message = unknown_key(loc[-1], _fields_at(model, loc[:-1]))
+    elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        message = f"expected a mapping, got {type(err['input']).__name__}"
+    else:
+        message = f"{err['msg'][:1].lower()}{err['msg'][1:]}, got {err['input']!r}"
+    path = ".".join(([prefix] if prefix else []) + loc)
+    return JobConfigError(f"job config: {path or '<root>'}: {message}")
+
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "none", "list", "tuple", "dict", "literal", "union"}
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> tuple[str, ...]:
+    for name in loc:
+        field = model.model_fields.get(name) or next(
+            (f for f in model.model_fields.values() if f.alias == name), None
+        )
+        inner = _model_of(field.annotation) if field is not None else None
+        if inner is None:
+            return ()
+        model = inner
+    return tuple(f.alias or n for n, f in model.model_fields.items())
+
+
+def _model_of(hint: Any) -> type[BaseModel] | None:
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return hint
+    for arg in typing.get_args(hint):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+# -- value rules (before pydantic's own type check, so the messages say what to write) ---------------
+def _rule(check: Callable[[Any], bool], expected: str) -> BeforeValidator:
+    def validate(value: Any) -> Any:
+        if not check(value):
+            raise problem(f"expected {expected}, got {value!r}")
+        return value
+
+    return BeforeValidator(validate)
+
+
+def _choice(*allowed: str) -> BeforeValidator:
+    def validate(value: Any) -> Any:
+        if value not in allowed:
+            raise problem(f"{value!r} is not allowed; allowed values: {', '.join(allowed)}")
+        return value
+
+    return BeforeValidator(validate)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _str_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+        raise problem(f"expected a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+OptStr = Annotated[str | None, _rule(lambda v: v is None or (isinstance(v, str) and bool(v)), "a non-empty string")]
+PosInt = Annotated[int, _rule(lambda v: _is_int(v) and v >= 1, "a positive integer")]
+Seconds = Annotated[int | float, _rule(lambda v: _is_number(v) and v > 0, "a positive number of seconds")]
+StrList = Annotated[tuple[str, ...], BeforeValidator(_str_list)]
+Flag = Annotated[bool, _rule(lambda v: isinstance(v, bool), "true or false")]
+
+
+class Section(BaseModel):
+    """A part of the job: unknown keys are refused, and nothing changes after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- task sections ------------------------------------------------------------------------------------
+class SummarizeConfig(Section):
+    """``summarize:``: how summarization treats documents that do not fit the context (after the prompt
+    and the output)."""
+
+    document_column: OptStr = "text"
+    long_document: Annotated[Literal["error", "truncate", "map_reduce"], _choice("error", "truncate", "map_reduce")] = "truncate"  # fmt: skip
+    truncate_side: Annotated[Literal["head", "tail", "both"], _choice("head", "tail", "both")] = "head"
+    # map_reduce chunk size; None: as large as the context allows
+    chunk_tokens: Annotated[int | None, _rule(lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer")] = None  # fmt: skip
+    reduce_template: OptStr = DEFAULT_REDUCE_TEMPLATE
+
+
+LabelMode = Literal["score", "generate", "constrained"]
+Calibration = Literal["batch", "batch+contextual", "contextual", "domain", "none"]
+
+
+class LabelConfig(Section):
+    """``label:``: score each label as a continuation (``score``), parse free-form output (``generate``)
+    or generate under a constraint that allows exactly the labels (``constrained``)."""
+
+    labels: StrList = ()
+    mode: Annotated[LabelMode, _choice(*typing.get_args(LabelMode))] = "score"
+    choice_prefix: Annotated[str, _rule(lambda v: isinstance(v, str), "a string")] = " "
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
     # measured on a sample of the job's rows (batch, Zhou et al. 2024), on reference prompts
     # (contextual | domain), or both (batch+contextual: the default, best on every set measured,
     # benchmarks/RESULTS.md issue 26); none: plain softmax
-    calibration: str = "batch+contextual"
-    calibration_rows: int = 256  # batch: rows sampled across shards at plan time to estimate the prior
-    gold_column: str | None = None  # an input column with the true label: the summary reports accuracy etc.
+    calibration: Annotated[Calibration, _choice(*typing.get_args(Calibration))] = "batch+contextual"
+    calibration_rows: PosInt = 256  # batch: rows sampled across shards at plan time to estimate the prior
+    gold_column: OptStr = None  # an input column with the true label: the summary reports accuracy etc.
     # contextual: stand-ins for the row's values. Not "" (Zhao et al. use it too): a blank field is an
     # error row, never scored, and as a stand-in it over-corrected (benchmarks/RESULTS.md, issue 14)
-    content_free: tuple[str, ...] = ("N/A", "[MASK]")
-    length_norm: str = "sum"  # a label's log-prob: sum over its tokens | mean per token
-    case_variants: bool = True  # "Billing" also counts for "billing" (and the reverse)
+    content_free: Annotated[
+        tuple[str, ...],
+        _rule(lambda v: isinstance(v, list | tuple) and bool(v) and all(isinstance(s, str) for s in v),
+              'a non-empty list of strings ("" allowed)'),
+    ] = ("N/A", "[MASK]")  # fmt: skip
+    length_norm: Annotated[Literal["sum", "mean"], _choice("sum", "mean")] = "sum"  # sum over tokens | mean
+    case_variants: Flag = True  # "Billing" also counts for "billing" (and the reverse)
 
 
-@dataclass(frozen=True)
-class OutputConfig:
-    """Sharding and flushing. ``shard_rows`` changes shard ids, so it is part of the fingerprint."""
+# -- run sections -------------------------------------------------------------------------------------
+class OutputConfig(Section):
+    """``output:``: sharding and flushing. ``shard_rows`` changes shard ids, so it is in the fingerprint."""
 
-    shard_rows: int = 10_000
-    flush_rows: int = 256
-    flush_seconds: float = 30.0
+    shard_rows: PosInt = 10_000
+    flush_rows: PosInt = 256
+    flush_seconds: Seconds = 30.0
 
 
-@dataclass(frozen=True)
-class TemplateLimits:
+class TemplateLimits(Section):
     """Per-row limits on rendering a prompt template (pipeline/prompts/sandbox.py); a row over either becomes a
     ``template_limit`` error row instead of hanging or exhausting the run."""
 
-    seconds: float = 10.0
-    max_chars: int = 4_000_000
+    seconds: Seconds = 10.0
+    max_chars: PosInt = 4_000_000
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+class StorageConfig(Section):
     """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores.
     ``options`` may hold credentials, so they are never written to disk and left out of the repr."""
 
-    endpoint_url: str | None = None
-    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    endpoint_url: OptStr = None
+    options: Annotated[dict[str, Any], _rule(lambda v: isinstance(v, dict), "a mapping of fsspec options")] = Field(
+        default_factory=dict, repr=False
+    )  # fmt: skip
 
 
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "credential", "private", "sas", "signature")
@@ -136,193 +250,106 @@ def secret_option_paths(options: Any, prefix: str = "") -> list[str]:
     return found
 
 
-@dataclass(frozen=True)
-class JobConfig:
-    """One job: which rows become which prompts, how they are decoded, and how results are written."""
+# -- sampling: one field per SamplingParams field ------------------------------------------------------
+class StructuredSection(Section):
+    """``sampling.structured``: the fields of the engine's ``StructuredOutputs``, one to one."""
 
-    task: str = "generate"
-    id_column: str | None = None
-    prompt_column: str | None = None
-    messages_column: str | None = None  # list<struct<role, content>>: the conversation itself
-    template: str | None = None
-    chat: str = "auto"
-    system_prompt: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    sampling_columns: dict[str, str] = field(default_factory=dict)
-    keep_columns: tuple[str, ...] = ()
-    summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
-    label: LabelConfig = field(default_factory=LabelConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    engine: dict[str, Any] = field(default_factory=dict)
-    storage: StorageConfig = field(default_factory=StorageConfig)
-    template_limits: TemplateLimits = field(default_factory=TemplateLimits)
-    schema: dict[str, Any] | None = None  # task extract: the JSON schema (its content, also when given as a path)
+    json_schema: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    any_whitespace: bool = False
 
-    def effective_template(self) -> str | None:
-        if self.template is None and self.prompt_column is None and self.task == "summarize":
-            return DEFAULT_SUMMARY_TEMPLATE
-        return self.template
+    def outputs(self) -> Any:
+        """The engine's ``StructuredOutputs`` for this section."""
+        return engine_access.StructuredOutputs(**{name: getattr(self, name) for name in self.model_fields_set})
 
 
-def _fail(path: str, message: str) -> JobConfigError:
-    return JobConfigError(f"job config: {path}: {message}")
+class SamplingSection(Section):
+    """``sampling:``: the engine's ``SamplingParams`` fields, one to one (but ``prompt_logprobs``: no
+    output column holds them); the engine's own ``validation_error`` checks the values, so a job and a
+    request are held to the same rules. Numbers stay as written (see the module docstring)."""
 
+    temperature: int | float = 0.0
+    top_k: int = 0
+    top_p: int | float = 1.0
+    min_p: int | float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: str | tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    structured: StructuredSection | None = None
+    presence_penalty: int | float = 0.0
+    frequency_penalty: int | float = 0.0
+    repetition_penalty: int | float = 1.0
+    n: int = 1
+    logit_bias: dict[int, int | float] | None = None  # token id -> added to its logit each step
 
-def _check_keys(data: Any, allowed: tuple[str, ...], where: str) -> None:
-    if not isinstance(data, dict):
-        raise _fail(where or "<root>", f"expected a mapping, got {type(data).__name__}")
-    for key in data:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            path = f"{where}.{key}" if where else str(key)
-            raise _fail(path, f"unknown key{hint}; allowed keys: {', '.join(allowed)}")
-
-
-def _choice(value: Any, allowed: tuple[str, ...], path: str) -> str:
-    if value not in allowed:
-        raise _fail(path, f"{value!r} is not allowed; allowed values: {', '.join(allowed)}")
-    return str(value)
-
-
-def _opt_str(value: Any, path: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise _fail(path, f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _pos_int(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(path, f"expected a positive integer, got {value!r}")
-    return value
-
-
-def _str_list(value: Any, path: str) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(path, f"expected a list of non-empty strings, got {value!r}")
-    return tuple(value)
-
-
-def _sub(cls: type, data: Any, where: str) -> dict[str, Any]:
-    data = {} if data is None else data
-    _check_keys(data, tuple(f.name for f in fields(cls)), where)
-    return dict(data)
-
-
-def _summarize(data: Any) -> SummarizeConfig:
-    d = _sub(SummarizeConfig, data, "summarize")
-    cfg = SummarizeConfig(**d)
-    _opt_str(cfg.document_column, "summarize.document_column")
-    _choice(cfg.long_document, LONG_DOC_POLICIES, "summarize.long_document")
-    _choice(cfg.truncate_side, TRUNCATE_SIDES, "summarize.truncate_side")
-    if cfg.chunk_tokens is not None:
-        _pos_int(cfg.chunk_tokens, "summarize.chunk_tokens")
-    _opt_str(cfg.reduce_template, "summarize.reduce_template")
-    return cfg
-
-
-def _label(data: Any, task: str) -> LabelConfig:
-    d = _sub(LabelConfig, data, "label")
-    if "labels" in d:
-        d["labels"] = _str_list(d["labels"], "label.labels")
-    if "content_free" in d:
-        d["content_free"] = _content_free(d["content_free"])
-    cfg = LabelConfig(**d)
-    _choice(cfg.mode, LABEL_MODES, "label.mode")
-    _choice(cfg.calibration, LABEL_CALIBRATIONS, "label.calibration")
-    _choice(cfg.length_norm, LABEL_LENGTH_NORMS, "label.length_norm")
-    _pos_int(cfg.calibration_rows, "label.calibration_rows")
-    _opt_str(cfg.gold_column, "label.gold_column")
-    if not isinstance(cfg.case_variants, bool):
-        raise _fail("label.case_variants", f"expected true or false, got {cfg.case_variants!r}")
-    if not isinstance(cfg.choice_prefix, str):
-        raise _fail("label.choice_prefix", f"expected a string, got {cfg.choice_prefix!r}")
-    if task == "label":
-        if len(cfg.labels) < 2:
-            raise _fail("label.labels", "a label job needs at least two labels, e.g. [positive, negative]")
-        if len(set(cfg.labels)) != len(cfg.labels):
-            raise _fail("label.labels", f"labels must be unique, got {list(cfg.labels)}")
-        if cfg.mode == "score":
-            _distinct_forms(cfg)
-    return cfg
-
-
-def _content_free(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
-        raise _fail("label.content_free", f"expected a non-empty list of strings (\"\" allowed), got {value!r}")
-    return tuple(value)
-
-
-def _distinct_forms(cfg: LabelConfig) -> None:
-    from prefixflow.pipeline.tasks.label.scoring import surface_forms
-
-    seen: dict[str, str] = {}
-    for label in cfg.labels:
-        for form in surface_forms(label, cfg.case_variants):
-            if form in seen and seen[form] != label:
-                raise _fail("label.labels", f"{seen[form]!r} and {label!r} differ only in the case of their "
-                            "first letter, which case_variants treats as the same answer; rename one or set "
-                            "label.case_variants: false")  # fmt: skip
-            seen[form] = label
-
-
-def _output(data: Any) -> OutputConfig:
-    cfg = OutputConfig(**_sub(OutputConfig, data, "output"))
-    _pos_int(cfg.shard_rows, "output.shard_rows")
-    _pos_int(cfg.flush_rows, "output.flush_rows")
-    if (
-        isinstance(cfg.flush_seconds, bool)
-        or not isinstance(cfg.flush_seconds, (int, float))
-        or cfg.flush_seconds <= 0
-    ):
-        raise _fail(
-            "output.flush_seconds", f"expected a positive number of seconds, got {cfg.flush_seconds!r}"
-        )
-    return cfg
-
-
-def _template_limits(data: Any) -> TemplateLimits:
-    cfg = TemplateLimits(**_sub(TemplateLimits, data, "template_limits"))
-    if isinstance(cfg.seconds, bool) or not isinstance(cfg.seconds, (int, float)) or cfg.seconds <= 0:
-        raise _fail("template_limits.seconds", f"expected a positive number of seconds, got {cfg.seconds!r}")
-    _pos_int(cfg.max_chars, "template_limits.max_chars")
-    return cfg
-
-
-def _storage(data: Any) -> StorageConfig:
-    cfg = StorageConfig(**_sub(StorageConfig, data, "storage"))
-    _opt_str(cfg.endpoint_url, "storage.endpoint_url")
-    if not isinstance(cfg.options, dict):
-        raise _fail("storage.options", f"expected a mapping of fsspec options, got {cfg.options!r}")
-    return cfg
-
-
-def _chat(value: Any) -> str:
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    return _choice(value, CHAT_MODES, "chat")
-
-
-def _fold_speculative(data: Any) -> Any:
-    """``speculative:`` (job YAML, --speculative-* flags) is the engine's ``speculative_config``."""
-    if not isinstance(data, dict) or "speculative" not in data:
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_rules(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise problem(f"expected a mapping, got {type(data).__name__}")
+        for key in data:
+            if key not in cls.model_fields:
+                raise problem(unknown_key(key, cls.model_fields), at=str(key))
+        structured = data.get("structured")
+        if structured is not None and not isinstance(structured, dict):
+            raise problem(f"expected a mapping such as {{regex: '...'}}, got {structured!r}", at="structured")
+        if isinstance(data.get("logit_bias"), dict):  # JSON and OpenAI write token ids as strings
+            data = {**data, "logit_bias": _token_keys(data["logit_bias"])}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"}
+        if values:
+            error = engine_access.SamplingParams(**values).validation_error()
+            if error:
+                raise problem(error)
         return data
-    rest = {k: v for k, v in data.items() if k != "speculative"}
-    spec = data["speculative"]
-    if spec is None:
-        return rest
-    if not isinstance(spec, dict):
-        raise _fail("speculative", f"expected a mapping such as {{method: ngram}}, got {spec!r}")
-    engine = rest.get("engine") or {}
-    if not isinstance(engine, dict):
-        return data  # the engine section's own check names the problem
-    if "speculative_config" in engine:
-        raise _fail("speculative", "set it here or as engine.speculative_config, not both")
-    return {**rest, "engine": {**engine, "speculative_config": dict(spec)}}
+
+    def given(self) -> dict[str, Any]:
+        """The values the job sets, as written (the fingerprint's view)."""
+        return self.model_dump(exclude_unset=True)
+
+    def params(self, structured: Any = None, **row_values: Any) -> Any:
+        """The engine's ``SamplingParams``: the job's values, the job's constraint, then a row's own."""
+        values = {name: getattr(self, name) for name in self.model_fields_set if name != "structured"}
+        return engine_access.SamplingParams(**values, **row_values, structured=structured)
+
+    def problem(self, vocab_size: int | None = None) -> str | None:
+        """What is wrong with these values for a model of ``vocab_size`` tokens (the plan checks the
+        rest without a model), or None."""
+        return self.params().validation_error(vocab_size) if self.model_fields_set - {"structured"} else None
 
 
+SAMPLING_KEYS = tuple(SamplingSection.model_fields)
+
+
+def _token_keys(bias: dict[Any, Any]) -> dict[Any, Any]:
+    """``{"50256": -100}`` as ``{50256: -100}``; other keys are left for the engine's check to name."""
+    return {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in bias.items()}
+
+
+def _sampling_columns(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise problem(f"expected a mapping, got {type(value).__name__}")
+    for key, column in value.items():
+        if key not in SAMPLING_KEYS:
+            raise problem(unknown_key(key, SAMPLING_KEYS), at=str(key))
+        if not isinstance(column, str) or not column:
+            raise problem(f"expected a non-empty string, got {column!r}", at=str(key))
+    if "structured" in value:
+        raise problem("a constraint is set for the whole job, under sampling.structured", at="structured")
+    if "logit_bias" in value:
+        raise problem("a logit bias is set for the whole job, under sampling.logit_bias", at="logit_bias")
+    return value
+
+
+# -- the engine section: the engine's own EngineConfig decides ----------------------------------------
 _INT64 = 2**63
 
 
@@ -341,130 +368,144 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     if hint is bool:
         return None if isinstance(value, bool) else "true or false"
     if hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
+        ok = _is_int(value) and -_INT64 <= value < _INT64
         return None if ok else "an integer (64-bit)"
     if hint is float:
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+        return None if _is_number(value) else "a number"
     if hint is str:
         return None if isinstance(value, str) else "a string"
     return None
 
 
-def _engine(data: Any) -> dict[str, Any]:
-    d = {} if data is None else data
-    if not d:  # nothing to validate: skip importing the engine (and torch) for plan/status
+def _engine(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise problem(f"expected a mapping, got {type(value).__name__}")
+    if not value:  # nothing to validate: skip importing the engine (and torch) for plan/status
         return {}
-    from prefixflow.pipeline.engine_access import EngineConfig  # validated by the engine's own dataclass
-
-    _check_keys(d, tuple(f.name for f in fields(EngineConfig) if f.name != "model"), "engine")
-    hints = typing.get_type_hints(EngineConfig)
-    for name, value in d.items():
-        problem = _type_problem(value, hints[name])
-        if problem:
-            raise _fail(f"engine.{name}", f"{value!r} is not {problem}")
+    config = engine_access.EngineConfig  # validated by the engine's own dataclass
+    allowed = tuple(name for name in config.__dataclass_fields__ if name != "model")
+    hints = typing.get_type_hints(config)
+    for name, item in value.items():
+        if name not in allowed:
+            raise problem(unknown_key(name, allowed), at=str(name))
+        wrong = _type_problem(item, hints[name])
+        if wrong:
+            raise problem(f"{item!r} is not {wrong}", at=str(name))
     try:
-        EngineConfig(**d)  # the deprecated attention_backend warns here, once, at load
+        config(**value)  # the deprecated attention_backend warns here, once, at load
     except (TypeError, ValueError) as exc:
-        raise _fail("engine", str(exc)) from exc
-    out = dict(d)
+        raise problem(str(exc)) from exc
+    out = dict(value)
     if out.get("attention_backend") is not None:  # old name: store the new one, so both spell one fingerprint
         out["kernel_backend"] = out.pop("attention_backend")
     return out
 
 
-def parse_job_config(data: dict[str, Any] | None) -> JobConfig:
-    """Validate a job config mapping (as loaded from YAML) and build the frozen JobConfig."""
-    data = _fold_speculative({} if data is None else data)
-    _check_keys(data, tuple(f.name for f in fields(JobConfig)), "")
-    task = _choice(data.get("task", "generate"), TASKS, "task")
-    sampling = data.get("sampling") or {}
-    _check_keys(sampling, SAMPLING_KEYS, "sampling")
-    columns = data.get("sampling_columns") or {}
-    _check_keys(columns, SAMPLING_KEYS, "sampling_columns")
-    for key, col in columns.items():
-        _opt_str(col, f"sampling_columns.{key}")
-    if "structured" in columns:
-        raise _fail("sampling_columns.structured", "a constraint is set for the whole job, under sampling.structured")
-    cfg = JobConfig(
-        task=task,
-        id_column=_opt_str(data.get("id_column"), "id_column"),
-        prompt_column=_opt_str(data.get("prompt_column"), "prompt_column"),
-        messages_column=_opt_str(data.get("messages_column"), "messages_column"),
-        template=_opt_str(data.get("template"), "template"),
-        chat=_chat(data.get("chat", "auto")),
-        system_prompt=_opt_str(data.get("system_prompt"), "system_prompt"),
-        sampling=dict(sampling),
-        sampling_columns=dict(columns),
-        keep_columns=_str_list(data.get("keep_columns") or [], "keep_columns"),
-        summarize=_summarize(data.get("summarize")),
-        label=_label(data.get("label"), task),
-        output=_output(data.get("output")),
-        engine=_engine(data.get("engine")),
-        storage=_storage(data.get("storage")),
-        template_limits=_template_limits(data.get("template_limits")),
-        schema=parse_schema(data.get("schema"), task),
-    )
-    clash = sorted(set(cfg.keep_columns) & set(OUTPUT_COLUMNS))
-    if clash:
-        raise _fail("keep_columns", f"{clash} would overwrite output columns ({', '.join(OUTPUT_COLUMNS)}); "
-                    "rename them in the input or leave them out")  # fmt: skip
-    if cfg.prompt_column and cfg.template:
-        raise _fail("template", "set either prompt_column or template, not both")
-    if cfg.messages_column:
-        _check_messages(cfg)
-    if task == "generate" and not (cfg.prompt_column or cfg.template or cfg.messages_column):
-        cfg = replace(cfg, prompt_column="prompt")
-    if task in ("label", "extract") and not (cfg.prompt_column or cfg.template or cfg.messages_column):
-        raise _fail("prompt_column", f"a {task} job needs prompt_column (a column) or template (Jinja2)")
-    if task == "label" and cfg.summarize.long_document == "map_reduce" and "summarize" in data:
-        raise _fail("summarize.long_document", "map_reduce applies to summarize jobs only")
-    _check_sampling(cfg.sampling)
-    if task != "generate" and (cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns):
-        raise _fail("sampling.n", "several samples per row apply to generate jobs only")
-    check_job_constraint(cfg)
-    _check_template(cfg.template, "template")
-    if task == "label":
-        from prefixflow.pipeline.tasks.label.references import check_references
-
-        check_references(cfg)
-    if task == "summarize":
-        _check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
-    return cfg
+def _chat(value: Any) -> Any:
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
-def _check_messages(cfg: JobConfig) -> None:
-    """A messages column is the whole prompt: no template over it, no documents to shorten. A
-    ``prompt_column`` may stand beside it for rows whose messages cell is null."""
-    if cfg.template:
-        raise _fail("template", "set either messages_column or template, not both")
-    if cfg.task == "summarize":
-        raise _fail("messages_column", "applies to generate and label jobs; summarize reads a document column")
+# -- the job --------------------------------------------------------------------------------------------
+_SECTIONS = ("sampling", "sampling_columns", "keep_columns", "summarize", "label", "output", "engine", "storage",
+             "template_limits")  # fmt: skip
 
 
-def _check_template(source: str | None, path: str) -> None:
-    if source is None:
-        return
-    from prefixflow.pipeline.prompts.sandbox import compile_template
+class JobConfig(Section):
+    """One job: which rows become which prompts, how they are decoded, and how results are written.
 
+    ``task`` names a registered task (pipeline/tasks/); ``spec.parse_job_config`` checks it against the
+    registry and lets the task check its section. Built once per job, then never changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
+
+    task: Annotated[str, _rule(lambda v: isinstance(v, str) and bool(v), "a task name")] = "generate"
+    id_column: OptStr = None
+    prompt_column: OptStr = None
+    messages_column: OptStr = None  # list<struct<role, content>>: the conversation itself
+    template: OptStr = None
+    chat: Annotated[Literal["auto", "on", "off"], _choice("auto", "on", "off"), BeforeValidator(_chat)] = "auto"  # last runs first
+    system_prompt: OptStr = None
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    sampling_columns: Annotated[dict[str, str], BeforeValidator(_sampling_columns)] = Field(default_factory=dict)
+    keep_columns: StrList = ()
+    summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
+    label: LabelConfig = Field(default_factory=LabelConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    engine: Annotated[dict[str, Any], BeforeValidator(_engine)] = Field(default_factory=dict)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    template_limits: TemplateLimits = Field(default_factory=TemplateLimits)
+    # task extract: the JSON schema; as given (a mapping, JSON text or a file path) until the extract task
+    # loads it, then its content (so the fingerprint changes when the schema file does)
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="schema")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_null(cls, data: Any) -> Any:
+        """A section left empty in YAML (``sampling:`` alone) is the default section."""
+        if not isinstance(data, dict):
+            raise problem(f"expected a mapping, got {type(data).__name__}")
+        return {k: v for k, v in data.items() if not (v is None and k in _SECTIONS)}
+
+    @field_validator("keep_columns")
+    @classmethod
+    def _no_output_column(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        clash = sorted(set(value) & set(OUTPUT_COLUMNS))
+        if clash:
+            raise problem(f"{clash} would overwrite output columns ({', '.join(OUTPUT_COLUMNS)}); "
+                          "rename them in the input or leave them out")  # fmt: skip
+        return value
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> JobConfig:
+        if self.prompt_column and self.template:
+            raise problem("set either prompt_column or template, not both", at="template")
+        if self.messages_column and self.template:  # a messages column is the whole prompt
+            raise problem("set either messages_column or template, not both", at="template")
+        return self
+
+    def as_record(self) -> dict[str, Any]:
+        """The job as plain data (the run record's ``job`` and the fingerprint's): every field, the
+        sampling values as written."""
+        out = self.model_dump(exclude={"sampling"})
+        out["sampling"] = self.sampling.given()
+        return out
+
+    def replaced(self, **changes: Any) -> JobConfig:
+        """A copy with ``changes`` (already valid values: a task's defaults, the loaded schema, options)."""
+        return self.model_copy(update=changes)
+
+
+# Columns every output row may have (pipeline/run/output_schema.py builds them); kept input columns may not reuse them.
+OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
+                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "label_logprobs_raw",
+                  "label_gold", "extracted", "samples")  # fmt: skip
+
+
+def fold_speculative(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``speculative:`` (job YAML, --speculative-* flags) is the engine's ``speculative_config``."""
+    if "speculative" not in data:
+        return dict(data)
+    rest = {k: v for k, v in data.items() if k != "speculative"}
+    spec = data["speculative"]
+    if spec is None:
+        return rest
+    if not isinstance(spec, dict):
+        raise JobConfigError(f"job config: speculative: expected a mapping such as {{method: ngram}}, got {spec!r}")
+    engine = rest.get("engine") or {}
+    if not isinstance(engine, dict):
+        return dict(data)  # the engine section's own check names the problem
+    if "speculative_config" in engine:
+        raise JobConfigError("job config: speculative: set it here or as engine.speculative_config, not both")
+    return {**rest, "engine": {**engine, "speculative_config": dict(spec)}}
+
+
+def job_config(data: Mapping[str, Any] | None) -> JobConfig:
+    """The job's shape validated (keys, types, allowed values) into a frozen JobConfig; the task's own
+    checks come after (``spec.parse_job_config``)."""
+    if data is not None and not isinstance(data, Mapping):
+        raise JobConfigError(f"job config: <root>: expected a mapping, got {type(data).__name__}")
+    folded = fold_speculative(data or {})
     try:
-        compile_template(source)
-    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
-        raise _fail(path, f"invalid Jinja2 template: {exc}") from exc
-
-
-def sampling_problem(values: dict[str, Any], vocab_size: int | None = None) -> str | None:
-    """What is wrong with the job-wide ``sampling:`` values, or None; with ``vocab_size`` (a loaded
-    model's), the vocabulary-bound values too (the plan checks the rest without a model)."""
-    if not values:
-        return None
-    from prefixflow.pipeline.engine_access import SamplingParams
-
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k != "structured"}
-    return SamplingParams(**values).validation_error(vocab_size)
-
-
-def _check_sampling(values: dict[str, Any]) -> None:
-    problem = sampling_problem(values)
-    if problem:
-        raise _fail("sampling", problem)
-
+        return JobConfig.model_validate(folded)
+    except ValidationError as exc:
+        raise config_error(exc, JobConfig) from exc

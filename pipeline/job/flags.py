@@ -1,19 +1,24 @@
 """The job's command-line flags and load_job overrides, defined once for `prefixflow run`/`plan`,
 `prefixflow serve` (flows/cli.py) and the batch_inference flow's parameters (flows/flow.py).
 
-Each JobOption is one load_job override: a flag, the flow parameter of the same name, and how a parsed
-flag value becomes the override value. Adding an option here adds it everywhere (a test checks that
-the flow has a parameter for each).
+Each JobOption is one load_job override: a flag, the flow parameter of the same name, where in the job
+it lands (``at``: ``sampling.max_tokens``; load_job's shortcuts are derived from that), and how a parsed
+flag value becomes the override value (by default the type of the job model's field there). Adding an
+option here adds it everywhere (a test checks that the flow has a parameter of that type for each).
 """
 
 from __future__ import annotations
 
 import argparse
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
+
+from prefixflow.pipeline.job.config import JobConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MODEL_HELP = f"preset (tiny, {DEFAULT_MODEL}), HF folder or .gguf file (default: {DEFAULT_MODEL})"
@@ -38,9 +43,20 @@ class JobOption:
 
     name: str
     help: str
-    type: Callable[[str], Any] = str
+    type: Callable[[str], Any] | None = None  # None: from the job model's field at ``at``
     repeatable: bool = False  # KEY=VALUE pairs, collected into a dict
     flag_name: str | None = None  # when the flag is not --<name with dashes>
+    at: str = ""  # where the value goes in the job (``sampling.max_tokens``); "": the top-level key ``name``
+    convert: Callable[[Any], Any] | None = None  # the value on its way into the job (GiB -> bytes)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.at.split(".")) if self.at else (self.name,)
+
+    @property
+    def parse(self) -> Callable[[str], Any]:
+        """How the flag's text becomes a value: the explicit ``type``, else the job model's field type."""
+        return self.type or field_parser(self.path)
 
     @property
     def flag(self) -> str:
@@ -48,14 +64,39 @@ class JobOption:
 
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         if self.repeatable:
-            parser.add_argument(self.flag, dest=self.name, type=self.type, action="append", default=[],
+            parser.add_argument(self.flag, dest=self.name, type=self.parse, action="append", default=[],
                                 metavar="KEY=VALUE", help=self.help)  # fmt: skip
         else:
-            parser.add_argument(self.flag, dest=self.name, type=self.type, help=self.help)
+            parser.add_argument(self.flag, dest=self.name, type=self.parse, help=self.help)
 
     def value(self, args: argparse.Namespace) -> Any:
         raw = getattr(args, self.name, None)
         return (dict(raw) if raw else None) if self.repeatable else raw
+
+
+def gib_to_bytes(gib: Any) -> Any:
+    """A size flag in GiB as the engine's byte count (anything else is left for the engine to refuse)."""
+    return round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib
+
+
+def field_parser(path: tuple[str, ...]) -> Callable[[str], Any]:
+    """The flag parser for the JobConfig field at ``path``: int, float (also for int | float), a comma
+    list for a tuple of strings, else str."""
+    model: type[BaseModel] = JobConfig
+    hint: Any = str
+    for name in path:
+        field = model.model_fields.get(name)
+        if field is None:
+            return str  # a free-form section (engine, speculative): the option names its type
+        hint = field.annotation
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            model = hint
+    if typing.get_origin(hint) is tuple:
+        return comma_list
+    args = set(typing.get_args(hint)) - {type(None)} or {hint}
+    if float in args:
+        return float
+    return int if args == {int} else str
 
 
 def speculative_tokens(text: str) -> int | str:
@@ -84,37 +125,54 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("template", "Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'"),
     JobOption("messages_column", "column holding the whole conversation (list of {role, content})"),
     JobOption("system_prompt", "system prompt (chat template) or text before each prompt"),
-    JobOption("labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", type=comma_list),
-    JobOption("temperature", "sampling temperature (0 = greedy, the default)", type=float),
-    JobOption("max_tokens", "output length limit per row", type=int),
-    JobOption("shard_rows", "rows per shard (part of the job fingerprint)", type=int),
-    JobOption("flush_rows", "write a part file every N finished rows", type=int),
-    JobOption("flush_seconds", "... or every T seconds", type=float),
-    JobOption("quantization", "quantize a full-precision model while loading: int8, int4 or fp8 "
+    JobOption("labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", at="label.labels"),
+    JobOption("temperature", "sampling temperature (0 = greedy, the default)", at="sampling.temperature"),
+    JobOption("max_tokens", "output length limit per row", at="sampling.max_tokens"),
+    JobOption("shard_rows", "rows per shard (part of the job fingerprint)", at="output.shard_rows"),
+    JobOption("flush_rows", "write a part file every N finished rows", at="output.flush_rows"),
+    JobOption("flush_seconds", "... or every T seconds", at="output.flush_seconds"),
+    JobOption("quantization", at="engine.quantization", help="quantize a full-precision model while loading: int8, int4 or fp8 "
               "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
               "blocks packed on the CPU too; docs/models.md)"),
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
-    JobOption("tensor_parallel_size", "split the model over N devices in one engine (GPUs; CPU processes "
+    JobOption("tensor_parallel_size", at="engine.tensor_parallel_size", help="split the model over N devices in one engine (GPUs; CPU processes "
               "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
-    JobOption("kv_offload_gb", "host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
+    JobOption("kv_offload_gb", at="engine.kv_offload_bytes", convert=gib_to_bytes, help="host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
               "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
               type=float),  # fmt: skip
-    JobOption("speculative_method", "speculative decoding: ngram (prompt lookup) or draft_model "
+    JobOption("kv_cache_dir", at="engine.kv_cache_dir", help="local directory of computed prompt KV blocks (engine.kv_cache_dir): a later run "
+              "of the same model and prompts reloads them instead of computing them; safe to share between "
+              "concurrent runs (docs/engine.md)"),  # fmt: skip
+    JobOption("kv_cache_dir_gb", at="engine.kv_cache_dir_bytes", convert=gib_to_bytes, help="size cap of --kv-cache-dir in GiB, least recently used files evicted "
+              "(engine.kv_cache_dir_bytes; default 16)", type=float),  # fmt: skip
+    JobOption("speculative_method", at="speculative.method", help="speculative decoding: ngram (prompt lookup) or draft_model "
               "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
-    JobOption("num_speculative_tokens", "draft tokens per step: auto (default: the engine speculates only "
+    JobOption("num_speculative_tokens", at="speculative.num_speculative_tokens", help="draft tokens per step: auto (default: the engine speculates only "
               "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
-    JobOption("speculative_model", "the draft model of --speculative-method draft_model (same tokenizer)"),
-    JobOption("pipeline_parallel_size", "split the model's layers into P stages, P x T devices with "
+    JobOption("speculative_model", at="speculative.model", help="the draft model of --speculative-method draft_model (same tokenizer)"),
+    JobOption("pipeline_parallel_size", at="engine.pipeline_parallel_size", help="split the model's layers into P stages, P x T devices with "
               "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
               type=int),  # fmt: skip
 )
 STORAGE_OPTIONS: tuple[JobOption, ...] = (
-    JobOption("endpoint_url", "S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),
-    JobOption("storage_options", "fsspec storage option (repeatable), e.g. anon=true; credentials come from "
+    JobOption("endpoint_url", at="storage.endpoint_url", help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),
+    JobOption("storage_options", at="storage.options", help="fsspec storage option (repeatable), e.g. anon=true; credentials come from "
               "the environment or the AWS credential chain (docs/pipeline.md#credentials)", type=key_value,
               repeatable=True, flag_name="--storage-option"),  # fmt: skip
 )
+# load_job overrides without a flag (a YAML job sets these; the Python API may override them)
+API_OPTIONS: tuple[JobOption, ...] = (
+    JobOption("document_column", "summarize: the document column", at="summarize.document_column"),
+    JobOption("long_document", "summarize: error, truncate or map_reduce", at="summarize.long_document"),
+    JobOption("truncate_side", "summarize: head, tail or both", at="summarize.truncate_side"),
+    JobOption("label_mode", "label: score, generate or constrained", at="label.mode"),
+)
 JOB_OPTION_NAMES = tuple(o.name for o in (*JOB_OPTIONS, *STORAGE_OPTIONS))
+# load_job(**overrides) shortcuts: option name -> (section, key), and the conversions on the way in
+SHORTCUTS: dict[str, tuple[str, ...]] = {o.name: o.path for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.at}
+SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
+    o.name: o.convert for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.convert is not None
+}
 
 
 def add_storage_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -7,43 +7,22 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import yaml
 
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.job.config import JobConfig, parse_job_config
+from prefixflow.pipeline.job.config import JobConfig, job_config
+from prefixflow.pipeline.job.flags import SHORTCUT_VALUES, SHORTCUTS
 from prefixflow.pipeline.prompts.render import template_columns
+from prefixflow.pipeline.prompts.sandbox import check_template
+from prefixflow.pipeline.tasks.base import Task
+from prefixflow.pipeline.tasks.constraints import check_job_constraint
 from prefixflow.pipeline.tasks.extract import schema_beside
+from prefixflow.pipeline.tasks.registry import TASKS, task_of
 
-# load_job(**overrides) shortcuts: flag name -> (section, key).
-SHORTCUTS: dict[str, tuple[str, str]] = {
-    "max_tokens": ("sampling", "max_tokens"),
-    "quantization": ("engine", "quantization"),
-    "temperature": ("sampling", "temperature"),
-    "shard_rows": ("output", "shard_rows"),
-    "flush_rows": ("output", "flush_rows"),
-    "flush_seconds": ("output", "flush_seconds"),
-    "endpoint_url": ("storage", "endpoint_url"),
-    "storage_options": ("storage", "options"),
-    "document_column": ("summarize", "document_column"),
-    "long_document": ("summarize", "long_document"),
-    "truncate_side": ("summarize", "truncate_side"),
-    "labels": ("label", "labels"),
-    "label_mode": ("label", "mode"),
-    "tensor_parallel_size": ("engine", "tensor_parallel_size"),
-    "speculative_method": ("speculative", "method"),
-    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
-    "speculative_model": ("speculative", "model"),
-    "pipeline_parallel_size": ("engine", "pipeline_parallel_size"),
-    "kv_offload_gb": ("engine", "kv_offload_bytes"),
-}
-# shortcuts whose value is converted on the way (a flag in GiB, an engine field in bytes)
-SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
-    "kv_offload_gb": lambda gib: round(float(gib) * 2**30) if isinstance(gib, int | float) and not isinstance(gib, bool) else gib,
-}
 FINGERPRINT_VERSION = 2  # 2: the model's identity (weights digests, resolved dtype) is included
 
 # EngineConfig fields that cannot change what a row's output is, with the reason. Every other field,
@@ -63,6 +42,8 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "tensor_parallel_size": "how the same weights are split over devices",
     "distributed_timeout_s": "how long a tensor-parallel rank waits for a peer before failing",
     "kv_offload_bytes": "host KV tier: a reload holds the KV the prompt would compute",
+    "kv_cache_dir": "disk KV tier: a block file holds the KV this model computes for that prefix",
+    "kv_cache_dir_bytes": "disk KV tier's size cap: an evicted block is recomputed",
     "speculative_config": "verification emits exactly the tokens the model samples without it",
     "pipeline_parallel_size": "how the same layers are split over devices",
     "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
@@ -85,6 +66,10 @@ class JobSpec:
     model: str
     config: JobConfig
 
+    @property
+    def task(self) -> Task:
+        return task_of(self.config)
+
     def prompt_columns(self) -> set[str]:
         cfg = self.config
         cols: set[str] = set()
@@ -92,25 +77,22 @@ class JobSpec:
             cols.add(cfg.prompt_column)
         if cfg.messages_column:
             cols.add(cfg.messages_column)
-        template = cfg.effective_template()
+        template = self.task.template(cfg)
         if template:
             cols |= template_columns(template)
-        if cfg.task == "summarize":
-            cols.add(cfg.summarize.document_column)
-            cols |= template_columns(cfg.summarize.reduce_template)
+        cols |= self.task.prompt_columns(cfg)
         return cols - {"document", "summaries"}
 
     def input_columns(self) -> list[str]:
         cfg = self.config
         cols = [cfg.id_column] if cfg.id_column else []
         cols += sorted(self.prompt_columns()) + list(cfg.sampling_columns.values()) + list(cfg.keep_columns)
-        if cfg.task == "label" and cfg.label.gold_column:
-            cols.append(cfg.label.gold_column)
+        cols += list(self.task.input_columns(cfg))
         return list(dict.fromkeys(cols))
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes two runs produce the same rows; flush timing and lane settings are left out."""
-        cfg = asdict(self.config)
+        cfg = self.config.as_record()
         cfg.pop("storage")
         out = cfg.pop("output")
         cfg["shard_rows"] = out["shard_rows"]
@@ -193,7 +175,7 @@ def _read_job(job: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    top = set(JobConfig.__dataclass_fields__)
+    top = {f.alias or name for name, f in JobConfig.model_fields.items()}
     for key, value in overrides.items():
         if value is None:
             continue
@@ -234,6 +216,28 @@ def load_job(
     return JobSpec(
         input=_normalize(input), output=_normalize(output), model=model, config=parse_job_config(data)
     )
+
+
+def parse_job_config(data: Mapping[str, Any] | None) -> JobConfig:
+    """Validate a job config mapping (as loaded from YAML) into the frozen JobConfig: its shape
+    (config.py), then what its task and the features it uses check (templates compile, the schema
+    loads, the labels can be scored, the constraint compiles)."""
+    cfg = job_config(data)
+    task = task_of(cfg)
+    if cfg.json_schema is not None and not task.takes_schema:
+        owners = " and ".join(t.name for t in TASKS.values() if t.takes_schema)
+        raise JobConfigError(f"job config: schema: applies to {owners} jobs only (this job is task: {cfg.task})")
+    if not task.several_samples and (cfg.sampling.n != 1 or "n" in cfg.sampling_columns):
+        owners = " and ".join(t.name for t in TASKS.values() if t.several_samples)
+        raise JobConfigError(f"job config: sampling.n: several samples per row apply to {owners} jobs only")
+    cfg = task.check(cfg, data or {})
+    clash = sorted(set(cfg.keep_columns) & {f.name for f in task.output_fields(cfg)})
+    if clash:  # the built-in tasks' columns are refused by the model already; a new task's here
+        raise JobConfigError(f"job config: keep_columns: {clash} would overwrite output columns of the {cfg.task} "
+                             "task; rename them in the input or leave them out")  # fmt: skip
+    check_job_constraint(cfg, task)
+    check_template(cfg.template, "template")
+    return cfg
 
 
 def _normalize(url: str) -> str:

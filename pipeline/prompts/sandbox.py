@@ -25,6 +25,7 @@ import jinja2
 import jinja2.filters
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 
+from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.config import TemplateLimits
 from prefixflow.pipeline.prompts.template_cells import is_none
 
@@ -182,6 +183,16 @@ ENV.tests["none"] = is_none  # a null cell is a MissingCell, and still `is none`
 def compile_template(source: str) -> jinja2.Template:
     """Compile once per process; raises jinja2.TemplateSyntaxError on bad syntax."""
     return ENV.from_string(source)
+
+
+def check_template(source: str | None, path: str) -> None:
+    """Fail at load, naming the job key, when ``source`` is not a valid Jinja2 template."""
+    if source is None:
+        return
+    try:
+        compile_template(source)
+    except Exception as exc:  # jinja2.TemplateSyntaxError and friends
+        raise JobConfigError(f"job config: {path}: invalid Jinja2 template: {exc}") from exc
 
 
 def render_limited(template: jinja2.Template, context: dict[str, Any], limits: TemplateLimits) -> str:

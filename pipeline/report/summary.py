@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.job.config import StorageConfig, parse_job_config
-from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.job.config import StorageConfig
+from prefixflow.pipeline.job.spec import JobSpec, parse_job_config
 from prefixflow.pipeline.report.speculation import sum_speculation
 from prefixflow.pipeline.report.throughput_report import usage, write_charts
 from prefixflow.pipeline.report.throughput_series import load_series, summary_of
@@ -235,7 +235,7 @@ def finalize(spec: JobSpec) -> RunSummary:
             layout.store.remove(layout.path(orphan))
         for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
             layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
-        job = asdict(spec.config)
+        job = spec.config.as_record()
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
                                    label_names=job_labels(job))  # fmt: skip
         summary = with_prediction(layout, summary)

@@ -9,6 +9,13 @@ consistent on S3): a process first writes its own lease, then lists the others. 
 if it sees a live exclusive lease; an exclusive holder backs off if it sees any other live lease. Of two
 processes that start together at least one sees the other, so a --new-run and a writer never both go on.
 
+One holder per output is the run's *driver*: the process that plans and finishes a run (`prefixflow run`, the
+flow's process). A driver also backs off if it sees another live driver, so two runs of a job never write one
+output at once (they would only race for its shards); lanes in other processes (Ray workers) hold plain
+shared leases and never conflict with their driver. A driver lease names its run (``driver``, and ``ref`` for
+the orchestrator, e.g. a Prefect flow run id); a dead driver lease found on the way is handed to the new
+driver (``dead_drivers``), so it can report the run that died.
+
 A lease is live until ``renewed_at + ttl_s`` (writer's clock); on the holder's own machine a lease whose
 process has exited is dead at once, so a killed run does not block the next command for a whole TTL.
 """
@@ -61,6 +68,8 @@ class Lease:
     renewed_at: float
     ttl_s: float
     command: str = ""
+    driver: str = ""  # the run this holder drives ("" for a lane or a helper writer)
+    ref: str = ""  # the driver's run for its orchestrator (e.g. "prefect-flow-run:<id>")
 
     def live(self, now: float) -> bool:
         if self.machine == MACHINE and not _pid_alive(self.pid):
@@ -70,7 +79,8 @@ class Lease:
     def describe(self, now: float) -> str:
         left = max(0.0, self.renewed_at + self.ttl_s - now)
         what = f" ({self.command})" if self.command else ""
-        return f"pid {self.pid} on {self.host}{what}, renewed {now - self.renewed_at:.0f}s ago, expires in {left:.0f}s"
+        run = f", driving {self.driver}" if self.driver else ""
+        return f"pid {self.pid} on {self.host}{what}{run}, renewed {now - self.renewed_at:.0f}s ago, expires in {left:.0f}s"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -91,6 +101,8 @@ class OutputLease:
         self.holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.mode = SHARED
         self.users = 0
+        self.driver = self.ref = ""
+        self.dead_drivers: list[Lease] = []  # driver leases of runs that died, seen while this one was taken
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,7 +114,7 @@ class OutputLease:
         import sys
 
         lease = Lease(self.holder, self.mode, MACHINE, socket.gethostname(), os.getpid(), time.time(), LEASE_TTL_S,
-                      " ".join(os.path.basename(a) for a in sys.argv[:2]))  # fmt: skip
+                      " ".join(os.path.basename(a) for a in sys.argv[:2]), self.driver, self.ref)  # fmt: skip
         self.layout.store.write_atomic(self.path, json.dumps(asdict(lease)).encode())
 
     def others(self) -> list[Lease]:
@@ -118,7 +130,10 @@ class OutputLease:
                 continue  # vanished while listing, or not a lease: not a live holder
             if lease.live(now):
                 found.append(lease)
-            elif now > lease.renewed_at + 2 * lease.ttl_s or lease.machine == MACHINE:
+                continue
+            if lease.driver and self.driver and lease.holder not in {d.holder for d in self.dead_drivers}:
+                self.dead_drivers.append(lease)
+            if now > lease.renewed_at + 2 * lease.ttl_s or lease.machine == MACHINE:
                 self.layout.store.remove(path)
         return found
 
@@ -134,6 +149,30 @@ class OutputLease:
                 f"({blocking[0].describe(now)}); run this command again once it has started"
             )
         self._start_renewing()
+
+    def drive(self, driver: str, ref: str = "") -> None:
+        """Make this (held) lease the output's driver lease for the run ``driver``; OutputBusy while another
+        live process drives a run there."""
+        if self.driver == driver:
+            return
+        if self.driver:
+            raise OutputBusy(self._busy_message(f"pid {os.getpid()} on {socket.gethostname()}, driving {self.driver}"))
+        self.driver, self.ref = driver, ref
+        self.write()
+        rivals = [lease for lease in self.others() if lease.driver]
+        if rivals:
+            self.driver = self.ref = ""
+            self.write()
+            rival = rivals[0]
+            raise OutputBusy(self._busy_message(rival.describe(time.time())))
+
+    def _busy_message(self, holder: str) -> str:
+        return (
+            f"output {self.layout.store.root} is already being written by another run of a job: {holder}. "
+            "Two runs into one output would only race for its shards, so this one does not start: wait for "
+            "that run to finish (prefixflow status shows its progress), stop it, or write to another output. "
+            "A killed run's lease expires once it is no longer renewed (on its own machine at once)"
+        )
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -187,17 +226,31 @@ _HELD_LOCK = threading.Lock()
 
 
 @contextmanager
-def hold(layout: Layout) -> Iterator[OutputLease]:
+def hold(layout: Layout, driver: str = "", ref: str = "") -> Iterator[OutputLease]:
     """This process's shared lease on ``layout``'s root for the block; nested and concurrent holds (threads,
     lanes) share one lease object, released when the last one exits. Raises OutputBusy while a --new-run
-    replaces the output."""
+    replaces the output. With ``driver`` (a run's name) the lease is also the output's driver lease (see the
+    module docstring): OutputBusy while another process drives a run into this output."""
     key = layout.store.url(layout.store.root)
     with _HELD_LOCK:
         lease = _HELD.get(key)
+        fresh = lease is None
         if lease is None:
             lease = OutputLease(layout)
+            lease.driver, lease.ref = driver, ref
             lease.acquire_shared()
-            _HELD[key] = lease
+        took = bool(driver) and (fresh or not lease.driver)  # this hold makes the lease a driver lease
+        try:
+            if driver:
+                rivals = [other for other in lease.others() if other.driver] if fresh else []
+                if rivals:
+                    raise OutputBusy(lease._busy_message(rivals[0].describe(time.time())))
+                lease.drive(driver, ref)
+        except BaseException:
+            if fresh:
+                lease.release()
+            raise
+        _HELD[key] = lease
         lease.users += 1
     try:
         yield lease
@@ -207,3 +260,6 @@ def hold(layout: Layout) -> Iterator[OutputLease]:
             if lease.users == 0:
                 del _HELD[key]
                 lease.release()
+            elif took:  # the run is over; a lane thread still holding the lease does not keep driving it
+                lease.driver = lease.ref = ""
+                lease.write()

@@ -22,7 +22,6 @@ from prefixflow.pipeline.run.planning import plan_shards
 from prefixflow.pipeline.run.record import check_output, current_run, hold_output, prepare_output
 from prefixflow.pipeline.run.shard_execution import is_committed, run_shards
 from prefixflow.pipeline.storage.read_hint import polars_hint
-from prefixflow.pipeline.tasks.label.batch import run_prior, uses_batch
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
 
@@ -46,7 +45,7 @@ def run_local(
             check_max_tokens(spec.config, llm.max_model_len)
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
-        with hold_output(spec):
+        with hold_output(spec, driver="prefixflow run"):
             prepare_output(spec, new_run=new_run)
             todo = [s for s in shards if not is_committed(spec, s)]
             console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
@@ -54,10 +53,10 @@ def run_local(
             if todo:
                 record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
-                if uses_batch(spec.config):  # plan time: the sample's prompts then sit in the prefix cache
-                    layout, record = current_run(spec)
-                    run_prior(spec, layout, record.fingerprint_hash, llm, shards,
-                              warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True))  # fmt: skip
+                if spec.task.keeps_run_state(spec.config):  # a label prior: made at plan time, the sample's
+                    layout, record = current_run(spec)  # prompts then sit in the prefix cache
+                    spec.task.run_state(spec, layout, record.fingerprint_hash, llm, shards,
+                                        warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True))  # fmt: skip
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
                                      engine_stats=getattr(llm, "stats", None), console=console,

@@ -11,14 +11,16 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.config import JobConfig
-from prefixflow.pipeline.tasks.json_columns import shape_of
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.tasks.base import Task
 
 BASE_FIELDS = [
     pa.field("id", pa.string(), nullable=False),
@@ -40,23 +42,12 @@ SAMPLE = pa.struct([pa.field("text", pa.string()), pa.field("finish_reason", pa.
                     pa.field("output_tokens", pa.int64())])  # fmt: skip
 
 
-def output_schema(cfg: JobConfig, kept_types: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
-    """Base columns, then label columns for label jobs (``extracted`` for extract jobs), then the input
-    columns the job keeps (typed by ``kept_types``, from ``kept_column_types``; string where unknown)."""
-    fields = list(BASE_FIELDS)
-    if cfg.task == "label":
-        fields.append(pa.field("label", pa.string()))
-        fields.append(
-            pa.field("label_probs", pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels]))
-        )
-        if cfg.label.mode == "score":  # each label's log-score before calibration: recalibrate without rerunning
-            fields.append(pa.field("label_logprobs_raw",
-                                   pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels])))  # fmt: skip
-        if cfg.label.gold_column:  # the input's true label, as text (the quality report compares with it)
-            fields.append(pa.field("label_gold", pa.string()))
-    if cfg.task == "extract" and cfg.schema is not None:  # typed from the schema; `output` keeps the JSON text
-        fields.append(pa.field("extracted", shape_of(cfg.schema).type))
-    if cfg.sampling.get("n", 1) != 1 or "n" in cfg.sampling_columns:
+def output_schema(cfg: JobConfig, task: Task, kept_types: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
+    """Base columns, then the task's own (``Task.output_fields``: a label job's ``label``, ``label_probs``
+    ...; an extract job's ``extracted``), ``samples`` when a row has several, then the input columns the
+    job keeps (typed by ``kept_types``, from ``kept_column_types``; string where unknown)."""
+    fields = list(BASE_FIELDS) + task.output_fields(cfg)
+    if cfg.sampling.n != 1 or "n" in cfg.sampling_columns:
         fields.append(pa.field("samples", pa.list_(SAMPLE)))  # every sample; `output` is the first
     taken = {f.name for f in fields}
     for name in cfg.keep_columns:

@@ -112,9 +112,9 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     runs (as flows does) keeps shared prefixes on one engine. A shard whose first row cannot be
     read or rendered gets an empty prompt part (it sorts first); describing never fails over it."""
     cfg = spec.config
-    shared = (cfg.system_prompt or "") + "\x00" + static_prefix(cfg.effective_template())
+    shared = (cfg.system_prompt or "") + "\x00" + static_prefix(spec.task.template(cfg))
     head = f"{cfg.task}:{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
-    max_out = int(cfg.sampling.get("max_tokens") or 64)
+    max_out = int(cfg.sampling.max_tokens or 64)
     if not shards:
         return []
     store, _ = list_inputs(spec.input, cfg.storage)
@@ -163,10 +163,10 @@ def _read_row(store: Store, shard: Shard, columns: list[str]) -> dict[str, Any]:
 
 def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     cfg = spec.config
-    template = cfg.effective_template()
+    template = spec.task.template(cfg)
     ctx = dict(row)
-    if cfg.task == "summarize":
-        col = cfg.prompt_column or cfg.summarize.document_column
+    col = spec.task.document_column(cfg)
+    if col is not None:
         ctx["document"] = as_text(row.get(col), f"column {col!r}")
     messages = row.get(cfg.messages_column) if cfg.messages_column else None
     if messages is not None or (cfg.messages_column and not cfg.prompt_column):
@@ -241,14 +241,11 @@ def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | No
         wanted[cfg.prompt_column] = "prompt_column"
     if cfg.messages_column:
         wanted[cfg.messages_column] = "messages_column"
-    if cfg.task == "summarize" and not cfg.prompt_column:
-        wanted[cfg.summarize.document_column] = "summarize.document_column"
     if cfg.id_column:
         wanted[cfg.id_column] = "id_column"
     wanted.update({c: f"sampling_columns.{k}" for k, c in cfg.sampling_columns.items()})
     wanted.update({c: "keep_columns" for c in cfg.keep_columns})
-    if cfg.task == "label" and cfg.label.gold_column:
-        wanted[cfg.label.gold_column] = "label.gold_column"
+    wanted.update(spec.task.named_columns(cfg))
     missing = {c: key for c, key in wanted.items() if c not in present}
     if missing:
         named = ", ".join(f"{c!r} ({key})" for c, key in sorted(missing.items()))

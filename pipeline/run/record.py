@@ -87,12 +87,16 @@ def output_layout(spec: JobSpec) -> Layout:
 
 
 @contextmanager
-def hold_output(spec: JobSpec) -> Iterator[None]:
+def hold_output(spec: JobSpec, driver: str = "", ref: str = "") -> Iterator[list[lease.Lease]]:
     """Hold this process's lease on ``spec.output`` for the block (see lease.py): a --new-run elsewhere is
     refused meanwhile. prepare_output, run_shard and finalize take it themselves; holding it around a
-    whole run (as `prefixflow run` and each flow lane do) only saves renewing it per call."""
-    with lease.hold(output_layout(spec)):
-        yield
+    whole run (as `prefixflow run` and each flow lane do) only saves renewing it per call.
+
+    ``driver`` (the run's name; `prefixflow run`, the flow's process) makes it the run's driver lease: one run
+    per output at a time, OutputBusy naming the other one otherwise. Yields the driver leases of runs that
+    died without finishing (``ref`` says what each was to its orchestrator)."""
+    with lease.hold(output_layout(spec), driver, ref) as held:
+        yield list(held.dead_drivers)
 
 
 def read_run_record(layout: Layout) -> RunRecord | None:
@@ -205,8 +209,8 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
     fingerprint = json.loads(json.dumps(spec.fingerprint(), default=str))
     schemas = input_schemas(spec)
     check_input_columns(spec, schemas)
-    schema = output_schema(spec.config, kept_column_types(spec.config, schemas))
-    job = asdict(spec.config)
+    schema = output_schema(spec.config, spec.task, kept_column_types(spec.config, schemas))
+    job = spec.config.as_record()
     job["storage"] = {"endpoint_url": spec.config.storage.endpoint_url, "options": {}}  # no secrets on disk
     return RunRecord(
         run_id=new_run_id(),

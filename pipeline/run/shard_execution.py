@@ -28,11 +28,9 @@ from prefixflow.pipeline.run.planning import Shard
 from prefixflow.pipeline.run.record import current_run, ensure_current, output_layout
 from prefixflow.pipeline.storage.sources import read_rows
 from prefixflow.pipeline.storage.store import Store
+from prefixflow.pipeline.tasks.base import RowWatch
 from prefixflow.pipeline.tasks.inference import execute
-from prefixflow.pipeline.tasks.label.batch import run_prior, uses_batch
 from prefixflow.pipeline.tasks.label.labeling import CalibrationError
-from prefixflow.pipeline.tasks.label.quality import gold_text
-from prefixflow.pipeline.tasks.label.watch import LabelWatch
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
 
 
@@ -122,7 +120,7 @@ class _Flusher:
 
 def run_shard(
     spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None = None, *,
-    label_watch: LabelWatch | None = None,
+    label_watch: RowWatch | None = None,
 ) -> ShardResult:  # fmt: skip
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
@@ -134,7 +132,7 @@ def run_shard(
 
 
 def _run_shard(
-    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None, label_watch: LabelWatch | None
+    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None, label_watch: RowWatch | None
 ) -> ShardResult:
     start = time.perf_counter()
     layout, record = current_run(spec)
@@ -162,10 +160,10 @@ def _run_shard(
                          "the file changed since planning")  # fmt: skip
     cfg = spec.config
     flusher = _Flusher(layout, shard.shard_id, record.schema, cfg.output)
-    prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath))
+    task = spec.task
+    prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath), task)
     renamed = load_derived_ids(layout, shard.relpath)  # null ids whose default derived id is a real id
     pending: list[Prepared] = []
-    gold = cfg.label.gold_column if cfg.task == "label" else None
 
     def emit(rec: dict[str, Any]) -> None:
         flusher.add(rec)
@@ -178,9 +176,7 @@ def _run_shard(
         key = shard.row_start + offset
         if key in done:
             continue
-        kept = {c: row.get(c) for c in cfg.keep_columns}
-        if gold:
-            kept["label_gold"] = gold_text(row.get(gold))
+        kept = {c: row.get(c) for c in cfg.keep_columns} | task.kept_values(cfg, row)
         base = base_record(key, renamed.get(key) or derived_id(shard.relpath, key), shard.relpath, kept)
         try:
             base["id"] = prep.row_id(row, shard.relpath, key)
@@ -189,12 +185,12 @@ def _run_shard(
             emit(error_record(base, err.error_class, err.message))
     preempted = _preemptions(llm)
     speculated = speculation_counts(llm)
-    label_bias: tuple[float, ...] | None | str = "shard"
-    if pending and uses_batch(cfg):  # the run's stored estimate (made now if this is its first shard)
-        warn = label_watch.warn if label_watch is not None else None
-        label_bias = run_prior(spec, layout, record.fingerprint_hash, llm, warn=warn).bias
+    state = None  # the run's shared state (a label job's stored prior, made now if this is the first shard)
+    if pending:
+        warn = getattr(label_watch, "warn", None)
+        state = task.run_state(spec, layout, record.fingerprint_hash, llm, warn=warn)
     try:
-        for rec in execute(llm, prep, pending, cfg.output.flush_rows, label_bias):
+        for rec in execute(llm, prep, pending, cfg.output.flush_rows, state):
             emit(rec)
     except CalibrationError as exc:  # rows flushed so far stay staged; a rerun resumes after them
         raise ShardError(shard.shard_id, str(exc)) from exc
@@ -254,7 +250,7 @@ def run_shards(
     ``warn`` when it has one, else the ``prefixflow`` logger. Throughput over time is recorded as
     ``lane``'s series beside the run record (``devices`` it holds: default the tensor-parallel size)."""
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
-    watch = LabelWatch(len(spec.config.label.labels), warn) if spec.config.task == "label" else None
+    watch = spec.task.watch(spec.config, warn)
     engine = spec.config.engine
     held = devices if devices is not None else int(engine.get("tensor_parallel_size") or 1) * int(
         engine.get("pipeline_parallel_size") or 1
@@ -271,7 +267,7 @@ def run_shards(
 
 
 def _shard_loop(
-    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None, watch: LabelWatch | None
+    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None, watch: RowWatch | None
 ) -> Iterator[ShardOutcome]:
     for shard in shards:
         try:

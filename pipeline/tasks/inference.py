@@ -1,32 +1,24 @@
 """Run prepared rows through the engine and yield finished output records as they complete.
 
-generate/summarize stream from ``llm.generate_stream``; label/score is labeling.py (calibrated
-``llm.score_choices`` in batches); map_reduce rows summarize their chunks, then the joined chunk summaries.
+Each task runs its single-prompt rows (``Task.run``: most stream from ``llm.generate_stream``; label
+scoring is labeling.py, calibrated ``llm.score_choices`` in batches) and turns each generation into row
+values (``Task.output_parser``); map_reduce rows summarize their chunks, then the joined chunk summaries.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from prefixflow.pipeline.engine_access import Engine, Output
-from prefixflow.pipeline.errors import (
-    ENGINE_ERROR,
-    LABEL_PARSE_ERROR,
-    PROMPT_TOO_LONG,
-    RowError,
-)
-from prefixflow.pipeline.job.config import JobConfig, LabelConfig
+from prefixflow.pipeline.errors import ENGINE_ERROR, PROMPT_TOO_LONG, RowError
 from prefixflow.pipeline.run.output_schema import error_record
-from prefixflow.pipeline.tasks.extract import Extraction
-from prefixflow.pipeline.tasks.label.labeling import score_labels
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3
 
 
-def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction | None = None) -> dict[str, Any]:
+def _finished(p: Prepared, out: Output, prep: RowPreparer) -> dict[str, Any]:
     counts = {
         "prompt_tokens": out.num_prompt_tokens,
         "cached_tokens": out.num_cached_tokens,
@@ -40,54 +32,20 @@ def _finished(p: Prepared, out: Output, cfg: JobConfig, extraction: Extraction |
     if out.samples:  # n > 1
         rec["samples"] = [{"text": _valid_utf8(s.text), "finish_reason": s.finish_reason,
                            "output_tokens": len(s.token_ids)} for s in out.samples]  # fmt: skip
-    if extraction is not None:
-        value, error_class, problem = extraction.parse(text, out.finish_reason)
-        if error_class is not None:
-            return {**rec, "finish_reason": "error", "error_class": error_class, "error": problem}
-        rec["extracted"] = value
-    elif cfg.task == "label" and cfg.label.mode == "constrained":
-        label = constrained_label(text, cfg.label)
-        if label is None:
-            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,
-                    "error": f"output is not one of the labels (finish_reason {out.finish_reason})"}  # fmt: skip
-        rec["label"] = label
-    elif cfg.task == "label":
-        label = parse_label(text, cfg.label.labels)
-        if label is None:
-            allowed = ", ".join(cfg.label.labels)
-            return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR,
-                    "error": f"no label found in the output; expected one of: {allowed}"}  # fmt: skip
-        rec["label"] = label
-    return rec
+    return prep.parse_output(rec, text, out.finish_reason) if prep.parse_output is not None else rec
 
 
 def _valid_utf8(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")  # Arrow needs valid UTF-8 (no lone surrogates)
 
 
-def constrained_label(text: str, label: LabelConfig) -> str | None:
-    """The label a constrained generation produced (exactly ``choice_prefix + label``), if it finished."""
-    return next((lb for lb in label.labels if text == label.choice_prefix + lb), None)
-
-
-def parse_label(text: str, labels: tuple[str, ...]) -> str | None:
-    """The label named earliest in the text (whole word, case-insensitive; longer labels win ties)."""
-    best: tuple[int, int, str] | None = None
-    for label in labels:
-        m = re.search(rf"(?<!\w){re.escape(label)}(?!\w)", text, flags=re.IGNORECASE)
-        if m and (best is None or (m.start(), -len(label)) < best[:2]):
-            best = (m.start(), -len(label), label)
-    return best[2] if best else None
-
-
-def stream_generate(llm: Engine, cfg: JobConfig, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
+def stream_generate(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
     if not rows:
         return
     outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
                                request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
-    extraction = Extraction(cfg.schema) if cfg.task == "extract" and cfg.schema is not None else None
     for out in outs:
-        yield _finished(rows[int(out.request_id)], out, cfg, extraction)
+        yield _finished(rows[int(out.request_id)], out, prep)
 
 
 def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
@@ -132,7 +90,7 @@ def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator
                 yield error_record(p.base, err.error_class, f"reduce step: {err.message}", **totals[id(p)])
                 continue
             next_round.append(p)
-        yield from _reduce(llm, prep.cfg, finals, totals)
+        yield from _reduce(llm, prep, finals, totals)
         pending = next_round
         if not pending:
             return
@@ -141,28 +99,21 @@ def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator
 
 
 def _reduce(
-    llm: Engine, cfg: JobConfig, finals: list[tuple[Prepared, list[int]]], totals: dict[int, dict[str, Any]]
+    llm: Engine, prep: RowPreparer, finals: list[tuple[Prepared, list[int]]], totals: dict[int, dict[str, Any]]
 ) -> Iterator[dict[str, Any]]:
     if not finals:
         return
     outs = llm.generate([ids for _, ids in finals], [p.params for p, _ in finals])
     for (p, _), out in zip(finals, outs):
-        rec = _finished(p, out, cfg)
+        rec = _finished(p, out, prep)
         t = totals[id(p)]
         for k in ("prompt_tokens", "cached_tokens", "output_tokens", "latency_s"):
             rec[k] = rec[k] + t[k]
         yield rec
 
 
-def execute(
-    llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, label_bias: Sequence[float] | None | str = "shard"
-) -> Iterator[dict[str, Any]]:
-    """All prepared rows of a shard, finished records in completion order (``label_bias``: see
-    labeling.score_labels)."""
-    cfg = prep.cfg
-    single = [p for p in rows if p.prompt is not None]
-    if cfg.task == "label" and cfg.label.mode == "score":
-        yield from score_labels(llm, prep, single, batch, label_bias)
-    else:
-        yield from stream_generate(llm, cfg, single)
+def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any = None) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """All prepared rows of a shard, finished records in completion order (``state``: the task's
+    ``run_state`` for this run, e.g. a label job's stored calibration prior)."""
+    yield from prep.task.run(llm, prep, [p for p in rows if p.prompt is not None], batch, state)
     yield from map_reduce(llm, prep, [p for p in rows if p.prompt is None])

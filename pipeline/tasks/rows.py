@@ -7,10 +7,9 @@ exact and the long-document policies (truncate / map_reduce) act on the same tok
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from prefixflow.pipeline import engine_access
 from prefixflow.pipeline.engine_access import Engine, Tokenizer
 from prefixflow.pipeline.errors import (
     BAD_SAMPLING,
@@ -21,7 +20,7 @@ from prefixflow.pipeline.errors import (
     JobConfigError,
     RowError,
 )
-from prefixflow.pipeline.job.config import JobConfig, sampling_problem
+from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.prompts.render import (
     as_text,
     chat_renderer,
@@ -31,7 +30,9 @@ from prefixflow.pipeline.prompts.render import (
     render_template,
 )
 from prefixflow.pipeline.tasks.constraints import job_constraint
-from prefixflow.pipeline.tasks.label.scoring import label_choices
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.tasks.base import Task
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
 FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
@@ -62,14 +63,14 @@ def max_tokens_problem(max_tokens: int, max_model_len: int) -> str:
 
 def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
     """Fail fast when the job's own max_tokens leaves no room for any prompt (every row would fail)."""
-    value = cfg.sampling.get("max_tokens")
-    if isinstance(value, int) and value >= max_model_len:
+    value = cfg.sampling.max_tokens
+    if value is not None and value >= max_model_len:
         raise JobConfigError(f"job config: sampling.max_tokens: {max_tokens_problem(value, max_model_len)}")
 
 
 def check_sampling_vocabulary(cfg: JobConfig, vocab_size: int) -> None:
     """Fail fast when a job-wide sampling value lies outside the model's vocabulary (every row would fail)."""
-    problem = sampling_problem(cfg.sampling, vocab_size)
+    problem = cfg.sampling.problem(vocab_size)
     if problem:
         raise JobConfigError(f"job config: sampling: {problem}")
 
@@ -82,9 +83,10 @@ class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
     def __init__(
-        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None]
+        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None], task: Task
     ) -> None:
         self.cfg = cfg
+        self.task = task
         self.tok: Tokenizer = llm.tokenizer
         self.duplicates = duplicates
         self.wrap: Callable[[str], str] | None = chat_wrapper(llm, cfg.chat, cfg.system_prompt)
@@ -96,18 +98,14 @@ class RowPreparer:
                 raise JobConfigError(f"job config: messages_column: {exc}") from exc
         self.max_len = int(llm.max_model_len)
         self.vocab_size = int(llm.vocab_size)
-        self.constraint = job_constraint(cfg.task, cfg.schema, self.constrained_labels(), cfg.label.mode, cfg.sampling)
-        self.template = cfg.effective_template()
-        self.reserve = 1
-        if cfg.task == "label" and cfg.label.mode == "score":
-            self.reserve = max(
-                len(self.tok.encode(choice, add_special_tokens=False))
-                for choice in label_choices(cfg).choices
-            )
-
-    def constrained_labels(self) -> tuple[str, ...]:
-        """``label.mode: constrained`` generates exactly one of these (the labels after ``choice_prefix``)."""
-        return tuple(self.cfg.label.choice_prefix + lb for lb in self.cfg.label.labels)
+        self.constraint = job_constraint(cfg, task)  # built once per shard: the engine caches its grammar
+        self.base_params = cfg.sampling.params(self.constraint)  # rows without sampling columns share it
+        self.base_problem = self.base_params.validation_error(self.vocab_size)
+        self.template = task.template(cfg)
+        self.document_column = task.document_column(cfg)
+        self.long_documents = task.long_documents(cfg)  # None: a prompt over the context is an error row
+        self.reserve = task.reserve_tokens(cfg, self.tok)
+        self.parse_output = task.output_parser(cfg)  # built once per shard (an extract job's validator)
 
     # -- ids and sampling -------------------------------------------------------------------
     def row_id(self, row: dict[str, Any], relpath: str, key: int) -> str:
@@ -129,8 +127,13 @@ class RowPreparer:
                            "so this row was not run")  # fmt: skip
 
     def params(self, row: dict[str, Any]) -> Any:
-        values = dict(self.cfg.sampling)
-        values["structured"] = self.constraint  # built once per shard: the engine caches its grammar
+        """The row's SamplingParams: the job's, with the row's own sampling columns (checked here, so a
+        bad value is this row's error, against the model's vocabulary too)."""
+        if not self.cfg.sampling_columns:
+            if self.base_problem:
+                raise RowError(BAD_SAMPLING, self.base_problem)
+            return self.base_params
+        values: dict[str, Any] = {}
         for name, col in self.cfg.sampling_columns.items():
             value = row.get(col)
             if value is None:
@@ -146,10 +149,8 @@ class RowPreparer:
                 raise RowError(
                     BAD_SAMPLING, f"column {col!r} ({name}) has a bad value {value!r}: {exc}"
                 ) from exc
-            values[name] = value
-        if isinstance(values.get("stop"), list):
-            values["stop"] = tuple(values["stop"])
-        params = engine_access.SamplingParams(**values)
+            values[name] = tuple(value) if isinstance(value, list) else value
+        params = replace(self.base_params, **values)
         problem = params.validation_error(self.vocab_size)  # vocabulary-bound values too, before the engine
         if problem:
             raise RowError(BAD_SAMPLING, problem)
@@ -167,7 +168,7 @@ class RowPreparer:
         ctx = dict(row)
         if document is not None:  # reachable as {{ document }} and by its column name, both shortened
             ctx["document"] = document
-            ctx[self.cfg.prompt_column or self.cfg.summarize.document_column] = document
+            ctx[self.document_column or "document"] = document
         return render_template(self.template, ctx, self.cfg.template_limits)
 
     def encode(self, user_text: str, allow_blank: bool = False) -> list[int]:
@@ -212,19 +213,18 @@ class RowPreparer:
         params = self.params(row)
         budget = self.budget(params)
         document = None
-        if self.cfg.task == "summarize":
-            col = self.cfg.prompt_column or self.cfg.summarize.document_column
-            document = self._column_text(row, col)
+        if self.document_column is not None:
+            document = self._column_text(row, self.document_column)
             check_nonempty(document)
         chat_ids = self.encode_messages(row)
         ids = chat_ids if chat_ids is not None else self.encode(self._render(row, document))
         if len(ids) <= budget:
             return Prepared(base, row, params, prompt=ids)
-        policy = self.cfg.summarize.long_document if self.cfg.task == "summarize" else "error"
+        policy = self.long_documents.long_document if self.long_documents is not None else "error"
         too_long = (
             f"prompt has {len(ids)} tokens; the limit is {budget} (context {self.max_len} minus output)"
         )
-        if policy == "error" or document is None:
+        if policy == "error" or document is None or self.long_documents is None:
             raise RowError(PROMPT_TOO_LONG, too_long)
         doc_ids = self.tok.encode(document, add_special_tokens=False)
         overhead = len(ids) - len(doc_ids)
@@ -235,14 +235,14 @@ class RowPreparer:
             prompt = self.fit(row, doc_ids, room, budget)
             base["truncated"] = True
             return Prepared(base, row, params, prompt=prompt)
-        size = min(room, self.cfg.summarize.chunk_tokens or room)
+        size = min(room, self.long_documents.chunk_tokens or room)
         pieces = [doc_ids[i : i + size] for i in range(0, len(doc_ids), size)]
         return Prepared(base, row, params, chunks=[self.fit(row, p, room, budget) for p in pieces])
 
     def fit(self, row: dict[str, Any], doc_ids: list[int], room: int, budget: int) -> list[int]:
         """Render with the document cut to ``room`` tokens (head, tail or both), shrinking until it fits:
         decode/encode round trips can change token counts slightly."""
-        side = self.cfg.summarize.truncate_side
+        side = self.long_documents.truncate_side if self.long_documents is not None else "head"
         for _ in range(6):
             if len(doc_ids) <= room:
                 kept = doc_ids
@@ -264,7 +264,9 @@ class RowPreparer:
 
     def reduce_prompt(self, row: dict[str, Any], summaries: list[str], params: Any) -> list[int] | None:
         """The reduce step's prompt, or None when the joined summaries are still too long."""
-        text = render_template(self.cfg.summarize.reduce_template, {**row, "summaries": "\n".join(summaries)},
-                               self.cfg.template_limits)  # fmt: skip
+        template = self.long_documents.reduce_template if self.long_documents is not None else None
+        if template is None:
+            raise RowError(TEMPLATE_ERROR, "summarize.reduce_template is not set")
+        text = render_template(template, {**row, "summaries": "\n".join(summaries)}, self.cfg.template_limits)
         ids = self.encode(text)
         return ids if len(ids) <= self.budget(params) else None

@@ -23,10 +23,18 @@ from pathlib import Path
 
 import psutil
 
-from tests.flows.ray_cluster import free_port
+from tests.flows.ray_cluster import free_port, process_tree, signal_all
 from tests.flows.support import REPO, env_with_repo_on_path
 
 STARTUP_TIMEOUT_S = float(os.environ.get("PREFIXFLOW_TEST_SERVER_TIMEOUT_S", "240"))
+# SQLite under a loaded host: wait for the write lock instead of answering 500 "database is locked", and
+# leave off the background services no test here needs (each one is another writer)
+SERVER_SETTINGS = {
+    "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+    **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+       for name in ("FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER",
+                    "TRIGGERS")},
+}  # fmt: skip
 
 
 def quiet_prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
@@ -57,11 +65,7 @@ class Managed:
     log: Path
 
     def processes(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_tree(self.proc.pid)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -73,12 +77,7 @@ class Managed:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        return [p.pid for p in procs]
+        return [p.pid for p in signal_all(procs, sig)]
 
     def stop(self, grace_s: float = 10) -> None:
         if self.proc.poll() is None or self.processes():
@@ -123,6 +122,7 @@ class PrefectServer:
             PREFECT_UI_ENABLED="false",
             PREFECT_SERVER_UI_ENABLED="false",
             PREFECT_SERVER_LOGGING_LEVEL="WARNING",
+            **SERVER_SETTINGS,
         )
         args = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
                 "--no-ui", "--analytics-off"]  # fmt: skip

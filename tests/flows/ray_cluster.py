@@ -29,6 +29,25 @@ from tests.flows.support import env_with_repo_on_path
 OBJECT_STORE_BYTES = 100 * 10**6
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process `pid` and all its descendants (empty once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_all(procs: list[psutil.Process], sig: int) -> list[psutil.Process]:
+    """Send `sig` to each of `procs` (those already gone are skipped); returns them."""
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -44,20 +63,10 @@ class RayNode:
 
     def processes(self) -> list[psutil.Process]:
         """The node's `ray start` process and everything it started (raylet, agents, workers)."""
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_tree(self.proc.pid)
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
-        procs = self.processes()
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        return len(procs)
+        return len(signal_all(self.processes(), sig))
 
     def worker_logs(self) -> list[Path]:
         return sorted(self.temp_dir.glob("session_*/logs/worker-*.err"))

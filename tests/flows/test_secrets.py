@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import s3fs
 
+from tests.flows.prefect_server import PrefectServer
 from tests.flows.support import JOB, SHARD_ROWS, requires_pipeline, write_dataset
 
 pytestmark = [requires_pipeline, pytest.mark.timeout(300)]
@@ -151,20 +152,47 @@ def test_a_deployment_run_with_credentials_is_refused_before_prefect_stores_it(p
     secret (Prefect stores deployment-run parameters itself) before the flow refused it. The deployment's
     parameter schema cannot carry credentials, so the Prefect server (prefect_test_harness runs the real
     API server as a subprocess on loopback) rejects the run before creating it."""
+    from prefixflow.flows.flow import batch_inference
+
+    name = f"secrets-{uuid.uuid4().hex[:6]}"
+    deployment_id = batch_inference.to_deployment(name=name, parameters={"input": "in/", "output": "out/"}).apply()
+    _check_credentials_refused_before_stored(prefect_server, name, deployment_id)
+
+
+@pytest.mark.slow  # starts `prefect server start` unless the session already has it
+def test_a_deployment_run_with_credentials_is_refused_by_a_real_prefect_server_start(
+    real_prefect_server: PrefectServer, tmp_path: Path
+) -> None:
+    """Issue 22 item 6 against the `prefect server start` command itself (not the test harness), with the
+    deployment registered the documented way, by `prefixflow serve --work-pool`."""
+    server = real_prefect_server
+    made = server.cli("work-pool", "create", "pf-secrets", "--type", "process")
+    assert made.returncode == 0, made.stdout + made.stderr
+    name = f"secrets-{uuid.uuid4().hex[:6]}"
+    done = server.cli("prefixflow", "serve", "--work-pool", "pf-secrets", "--name", name, "--input", str(tmp_path),
+                      "--output", str(tmp_path / "out"), "--model", "tiny")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    with server.api():
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            deployment_id = client.read_deployment_by_name(f"batch-inference/{name}").id
+        _check_credentials_refused_before_stored(server.api_url, name, deployment_id)
+
+
+def _check_credentials_refused_before_stored(api_url: str, name: str, deployment_id: Any) -> None:
+    """The `prefect deployment run` CLI and the client, with credentials in three places: each refused by
+    the server (409, no run created); no stored run holds them; a clean run is still created."""
     import os
     import subprocess
     import sys
 
     from prefect import get_client
 
-    from prefixflow.flows.flow import batch_inference
-
-    name = f"secrets-{uuid.uuid4().hex[:6]}"
-    deployment_id = batch_inference.to_deployment(name=name, parameters={"input": "in/", "output": "out/"}).apply()
-    env = dict(os.environ, PREFECT_API_URL=prefect_server)
+    env = dict(os.environ, PREFECT_API_URL=api_url)
     cli = [sys.executable, "-m", "prefect", "deployment", "run", f"batch-inference/{name}"]
     refused = subprocess.run([*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
-                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert refused.returncode != 0, refused.stdout
     nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -55,9 +56,9 @@ def pool(real_prefect_server: PrefectServer) -> str:
     return POOL
 
 
-def register(server: PrefectServer, name: str, inp: Path, out: Path, job_file: Path, *extra: str) -> None:
+def register(server: PrefectServer, name: str, inp: Path, out: Path, job_file: Path, *extra: str, pool: str = POOL) -> None:
     """`prefixflow serve --work-pool` (a subprocess, as a user types it)."""
-    done = server.cli("prefixflow", "serve", "--work-pool", POOL, "--name", name, "--input", str(inp), "--output",
+    done = server.cli("prefixflow", "serve", "--work-pool", pool, "--name", name, "--input", str(inp), "--output",
                       str(out), "--model", "tiny", "--job", str(job_file), "--shard-rows", str(SHARD_ROWS),
                       "--lanes", "1", "--retry-delay", "0", *extra)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -97,8 +98,9 @@ def worker_logs(server: PrefectServer) -> str:
     return "\n".join(f"--- {w.name}\n{w.text()[-3000:]}" for w in server.workers)
 
 
-def which_worker(server: PrefectServer, run_id: str) -> list[str]:
-    return [w.name for w in server.workers if run_id in w.text()]
+def which_worker(run: Any) -> str:
+    """The worker that ran the flow run (the label the worker gives each run it submits)."""
+    return str(run.labels.get("prefect.worker.name"))
 
 
 def write_job(path: Path, job: dict[str, Any]) -> Path:
@@ -123,8 +125,8 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     for name, run in done.items():
         assert run.state.is_completed(), f"{name}: {run.state!r}\n{worker_logs(server)}"
         assert run.work_pool_name == POOL
-    placed = {name: which_worker(server, run_id) for name, run_id in runs.items()}
-    assert sorted(sum(placed.values(), [])) == ["worker-a", "worker-b"], placed  # one run on each worker
+    placed = {name: which_worker(run) for name, run in done.items()}
+    assert sorted(placed.values()) == ["worker-a", "worker-b"], placed  # one run on each worker
     a, b = done["a"], done["b"]
     assert a.start_time < b.end_time and b.start_time < a.end_time, "the two runs did not overlap"
     for name, job in jobs.items():
@@ -132,3 +134,61 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
         assert rows(tmp_path / f"out-{name}").equals(local_reference(tmp_path / "in", tmp_path / f"ref-{name}", job))
     summary = json.loads((tmp_path / "out-a" / "_manifest.json").read_text())
     assert summary["complete"] and summary["rows"] == len(ids)
+
+
+def markers(out: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((out / "_commits").rglob("*.json"))}
+
+
+def wait_for_commits(out: Path, n: int, timeout_s: float = 420) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while len(found := markers(out)) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} shards committed in {out} after {timeout_s}s"
+        time.sleep(0.1)
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_then_resumed_once(
+    real_prefect_server: PrefectServer, tmp_path: Path
+) -> None:
+    """Items 3 and 4: two deployments of one job into one output (a scheduled one and a manual one, say).
+    While the first run writes, the second is refused by the output's driver lease, naming the first. Then
+    the worker running the first is SIGKILLed with its process tree after a shard committed: the next run
+    marks it Crashed in the API and resumes, committed shards kept as they were, every row exactly once."""
+    server = real_prefect_server
+    pool = "pf-kill"
+    made = server.cli("work-pool", "create", pool, "--type", "process")
+    assert made.returncode == 0, made.stdout + made.stderr
+    # each shard pauses 2 s after its commit, so the first run is caught mid-run; leases outlive the pause
+    slow = {"PREFIXFLOW_TEST_HOOKS": "commit_end", "PREFIXFLOW_TEST_HOOK_SLEEP": "2", "PREFIXFLOW_LEASE_TTL_S": "900"}
+    workers = [server.start_worker(pool, f"kill-{x}", limit=1, env=slow) for x in "ab"]
+    ids = write_dataset(tmp_path / "in")
+    out, job_file = tmp_path / "out", write_job(tmp_path / "job.yaml", JOB)
+    for name in ("nightly", "manual"):
+        register(server, name, tmp_path / "in", out, job_file, "--concurrency-limit", "none", pool=pool)
+    first = trigger(server, "nightly")
+    while (picked := which_worker(asyncio.run(read_run(server, first)))) == "None":
+        time.sleep(0.5)
+    owner = [w for w in workers if w.name == picked]
+    assert len(owner) == 1, (picked, worker_logs(server))
+    wait_for_commits(out, 1)
+    owner[0].kill_tree(signal.SIGSTOP)  # the first run stays mid-run (alive, its lease live) while the second tries
+    running = asyncio.run(read_run(server, first))
+    before = markers(out)
+    assert running.state.is_running() and 1 <= len(before) < 5, (running.state, before)
+    refused = wait_final(server, trigger(server, "manual"))
+    message = refused.state.message or ""
+    assert refused.state.is_failed(), refused.state
+    assert "already being written by another run" in message and first in message, message
+    assert which_worker(refused) != owner[0].name
+    owner[0].kill_tree()  # SIGKILL the worker and the flow run's process tree
+    owner[0].proc.wait(timeout=30)
+    resumed = wait_final(server, trigger(server, "manual"))
+    assert resumed.state.is_completed(), f"{resumed.state!r}\n{worker_logs(server)}"
+    crashed = asyncio.run(read_run(server, first))
+    assert crashed.state.is_crashed(), crashed.state
+    after = markers(out)
+    assert {k: after[k] for k in before} == before  # committed shards were not generated again
+    assert_exactly_once(out, ids)
+    assert rows(out).equals(local_reference(tmp_path / "in", tmp_path / "ref", JOB))

@@ -31,7 +31,7 @@ def test_batched_equals_reference(heads, dtype):
 def test_one_request_per_chunk_is_the_same(monkeypatch):
     batch = build_paged_batch(MIXED, 8, 2, 32, block_size=8, device=torch.device("cpu"), seed=1)
     together = cpu_attention.paged_attention(*_args(batch), 0.2)
-    monkeypatch.setattr(cpu_attention, "_SCORE_BUDGET", 1)
+    monkeypatch.setattr(cpu_attention, "_KV_BUDGET", 1)
     alone = cpu_attention.paged_attention(*_args(batch), 0.2)
     assert torch.allclose(together, alone, atol=1e-6)
     assert relative_error(alone, reference.paged_attention(*_args(batch), 0.2)) < 1e-5
@@ -42,3 +42,20 @@ def test_more_queries_than_context_is_an_error():
     with pytest.raises(ValueError, match="2 context tokens"):
         cpu_attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
                                       batch.query_start_loc, torch.tensor([2], dtype=torch.int32), 0.25)  # fmt: skip
+
+
+def test_prompts_without_cached_context_take_the_causal_path():
+    batch = build_paged_batch([(32, 32), (32, 32), (32, 32)], 4, 2, 16, block_size=16, device=torch.device("cpu"), seed=3)
+    got = cpu_attention.paged_attention(*_args(batch), 0.25)
+    assert relative_error(got, reference.paged_attention(*_args(batch), 0.25)) < 1e-5
+
+
+def test_plan_is_reused_for_equal_metadata_and_rebuilt_after_an_in_place_refill():
+    batch = build_paged_batch(MIXED, 8, 2, 32, block_size=16, device=torch.device("cpu"), seed=4)
+    first = cpu_attention.paged_attention(*_args(batch), 0.2)
+    again = cpu_attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables.clone(),
+                                          batch.query_start_loc.clone(), batch.seq_lens.clone(), 0.2)  # fmt: skip
+    assert torch.equal(first, again)
+    batch.seq_lens.sub_(torch.tensor([0, 9, 0, 4, 0, 0, 17, 3], dtype=torch.int32))  # shorter contexts, same tensors
+    got = cpu_attention.paged_attention(*_args(batch), 0.2)
+    assert relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5

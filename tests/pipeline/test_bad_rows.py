@@ -91,13 +91,15 @@ def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
 
 
 def test_output_columns_match_the_reserved_names() -> None:
-    from prefixflow.pipeline.job.config import OUTPUT_COLUMNS, parse_job_config
+    from prefixflow.pipeline.job.config import OUTPUT_COLUMNS
+    from prefixflow.pipeline.job.spec import parse_job_config
     from prefixflow.pipeline.run.output_schema import output_schema
+    from prefixflow.pipeline.tasks.registry import task_of
 
     cfg = parse_job_config({"task": "label", "template": "x", "label": {"labels": ["a", "b"], "gold_column": "y"}})
     extract = parse_job_config({"task": "extract", "template": "x", "schema": {"type": "object"}})
     several = parse_job_config({"template": "x", "sampling": {"n": 2}})  # samples only with n
-    names = output_schema(cfg, None).names
+    names = output_schema(cfg, task_of(cfg)).names
     for other in (extract, several):
-        names += [n for n in output_schema(other, None).names if n not in names]  # + extracted, samples
+        names += [n for n in output_schema(other, task_of(other)).names if n not in names]  # + extracted, samples
     assert names == list(OUTPUT_COLUMNS)

@@ -22,7 +22,7 @@ def test_flags_build_the_job() -> None:
     cfg = spec.config
     assert cfg.task == "label" and cfg.label.labels == ("positive", "negative", "neutral")
     assert cfg.template == "Review: {{ text }}" and cfg.system_prompt == "Be terse."
-    assert cfg.sampling == {"temperature": 0.7, "max_tokens": 9}
+    assert cfg.sampling.given() == {"temperature": 0.7, "max_tokens": 9}
 
 
 def test_a_labeling_job_from_flags_alone(tmp_path: Path, capsys) -> None:

@@ -25,7 +25,7 @@ def test_demo_extraction_on_the_tiny_model_parses_and_validates_every_row(tmp_pa
     run_local(spec, new_run=True, console=Console(file=open(os.devnull, "w")))
     rows = pl.read_parquet(str(tmp_path / "extract-out" / "data" / "**" / "*.parquet")).to_dicts()
     assert len(rows) == 24
-    schema = spec.config.schema
+    schema = spec.config.json_schema
     validator = validators.validator_for(schema)(schema)
     for row in rows:
         assert row["error"] is None, (row["error_class"], row["error"], row["output"])

@@ -78,13 +78,14 @@ def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_reco
 
 def test_rows_are_checked_against_the_vocabulary_too(tiny_llm) -> None:
     from prefixflow.pipeline.errors import RowError
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
+    from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
     cfg = parse_job_config(job("generate", prompt_column="text", template=None,
                                   sampling={"stop_token_ids": [10**6]}))  # fmt: skip
     with pytest.raises(RowError, match="outside the vocabulary") as caught:
-        RowPreparer(cfg, tiny_llm, {}).params({"text": "x"})
+        RowPreparer(cfg, tiny_llm, {}, task_of(cfg)).params({"text": "x"})
     assert caught.value.error_class == "bad_sampling"
 
 

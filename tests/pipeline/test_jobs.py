@@ -12,7 +12,7 @@ import pytest
 
 from prefixflow.pipeline import ShardError, load_job, plan_shards, prepare_output, run_shard, status
 from prefixflow.pipeline.run.local_run import run_local
-from prefixflow.pipeline.tasks.inference import parse_label
+from prefixflow.pipeline.tasks.label.task import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
 
 LONG = " ".join(f"w{i}" for i in range(300))

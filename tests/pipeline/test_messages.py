@@ -83,9 +83,7 @@ def test_a_messages_column_runs_as_the_conversation(tmp_path: Path, tiny_llm) ->
 
 
 def spec_params(spec):
-    from prefixflow.engine import SamplingParams
-
-    return SamplingParams(**spec.config.sampling)
+    return spec.config.sampling.params()
 
 
 def test_n_samples_and_penalties_in_a_parquet_job(tmp_path: Path, tiny_llm) -> None:

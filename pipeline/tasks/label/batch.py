@@ -9,6 +9,9 @@ their shards score them. The estimate is written once, exclusively, as
 digest of itself: a resumed run, or any other lane, reads that file and applies exactly the same
 correction, so every row's output is the same whichever process scored it and whenever.
 
+In ``label.mode: constrained`` the same estimate is made on the labels' first tokens and applied as
+a logit bias (first_tokens); the stored ``bias`` is per label in both modes.
+
 Too few distinct sample rows (fewer than 8 per label, all rows identical) cannot estimate a prior:
 the run falls back to contextual calibration and says so in the estimate, the summary and a warning.
 """
@@ -20,19 +23,22 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import OutputStateError, RowError
 from prefixflow.pipeline.hooks import hook
-from prefixflow.pipeline.job.config import BATCH_CALIBRATIONS, BATCH_MIN_ROWS_PER_LABEL, JobConfig
-from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.job.config import BATCH_MIN_ROWS_PER_LABEL
 from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.output_schema import base_record
-from prefixflow.pipeline.run.planning import Shard
+from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, scored_choices
 from prefixflow.pipeline.tasks.label.labeling import CalibrationError, calibration_bias
-from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias, label_choices
+from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
+
+if TYPE_CHECKING:  # the label task (pipeline/tasks/label/task.py) calls in here; planning and spec sit above it
+    from prefixflow.pipeline.job.spec import JobSpec
+    from prefixflow.pipeline.run.planning import Shard
 
 
 @dataclass(frozen=True)
@@ -78,10 +84,6 @@ class LabelPrior:
                 "prior": dict(self.prior), "digest": self.digest}  # fmt: skip
 
 
-def uses_batch(cfg: JobConfig) -> bool:
-    return cfg.task == "label" and cfg.label.mode == "score" and cfg.label.calibration in BATCH_CALIBRATIONS
-
-
 def _sample(spec: JobSpec, shards: list[Shard], prep: RowPreparer) -> list[Prepared]:
     from prefixflow.pipeline.advisor.sample import sample_rows
 
@@ -100,8 +102,8 @@ def estimate_prior(
 ) -> LabelPrior:
     """Sample, score and estimate (on ``llm``, whose prefix cache keeps the sampled prompts)."""
     cfg = spec.config
-    choices = label_choices(cfg)
-    prep = RowPreparer(cfg, llm, {})
+    prep = RowPreparer(cfg, llm, {}, spec.task)
+    choices = scored_choices(cfg, prep.tok)
     rows = _sample(spec, shards, prep)
     usage: list[dict[str, Any]] = []
     scores = llm.score_choices([p.prompt_ids for p in rows], [list(choices.choices)] * len(rows), usage=usage)
@@ -138,9 +140,11 @@ def _too_few(prior: LabelPrior, num_labels: int) -> str | None:
 
 
 def _correction(
-    llm: Engine, prep: RowPreparer, choices: LabelChoices, prior: LabelPrior, per_row: list[list[float]]
+    llm: Engine, prep: RowPreparer, choices: LabelChoices | FirstTokens, prior: LabelPrior,
+    per_row: list[list[float]],
 ) -> LabelPrior:
-    """The prior's bias: batch on top of contextual when asked for, contextual alone after a fallback."""
+    """The prior's bias: batch on top of contextual when asked for, contextual alone after a fallback.
+    Estimated per scored choice group (labels, or constrained: first tokens), stored per label."""
     reason = _too_few(prior, len(choices.labels))
     contextual: list[float] | None = None
     if reason is not None or prior.method == "batch+contextual":
@@ -153,12 +157,13 @@ def _correction(
                 prior, applied="none", fallback=f"{reason}; and contextual calibration failed: {exc}"
             )
     if reason is not None:
-        return replace(prior, applied="contextual", bias=None if contextual is None else tuple(contextual),
+        kept = None if contextual is None else tuple(choices.per_label(contextual))
+        return replace(prior, applied="contextual", bias=kept,
                        fallback=f"{reason}: contextual calibration is used instead")  # fmt: skip
     bias = batch_bias(per_row, contextual)
     batch_part = bias if contextual is None else [b - c for b, c in zip(bias, contextual)]
-    return replace(prior, bias=tuple(bias),
-                   prior={lb: math.exp(b) for lb, b in zip(choices.labels, batch_part)})  # fmt: skip
+    return replace(prior, bias=tuple(choices.per_label(bias)),
+                   prior={lb: math.exp(b) for lb, b in zip(choices.labels, choices.per_label(batch_part))})  # fmt: skip
 
 
 def read_prior(layout: Layout) -> LabelPrior | None:

@@ -1,6 +1,7 @@
 """Label jobs in score mode: score every label as the row's answer, calibrate, report probabilities.
 
-Batch calibration's correction is estimated once per run from a sample of its rows and stored
+``label.mode: constrained`` rows get the same corrections as a logit bias on the labels' first tokens
+(``constrained_rows``, first_tokens). Batch calibration's correction is estimated once per run from a sample of its rows and stored
 (label_batch); for contextual/domain, per shard, the reference prompts (label_references) are scored
 once with the same choices as the rows; their mean label distribution is the model's lean that
 calibration divides out (label_scoring). Rows are then scored in batches, each row coming out as soon as its own labels are
@@ -17,6 +18,7 @@ from typing import Any
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import ENGINE_ERROR, PipelineError
 from prefixflow.pipeline.run.output_schema import error_record
+from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, with_logit_bias
 from prefixflow.pipeline.tasks.label.references import reference_texts
 from prefixflow.pipeline.tasks.label.scoring import (
     LabelChoices,
@@ -31,12 +33,13 @@ class CalibrationError(PipelineError):
     """No reference prompt of the job's label calibration could be scored (the shard cannot run)."""
 
 
-def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices) -> list[float] | None:
-    """The log label distribution on the job's reference prompts; None for ``calibration: none``."""
+def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices | FirstTokens) -> list[float] | None:
+    """The log label (or, constrained, first-token) distribution on the job's reference prompts; None
+    for ``calibration: none``."""
     cfg = prep.cfg
     if cfg.label.calibration == "none":
         return None
-    texts, problems = reference_texts(cfg)
+    texts, problems = reference_texts(cfg, prep.template)
     prompts = [prep.encode_reference(t) for t in texts]
     usage: list[dict[str, Any]] = []
     scores = llm.score_choices(prompts, [list(choices.choices)] * len(prompts), usage=usage)
@@ -92,3 +95,17 @@ def score_labels(
             best = max(choices.labels, key=lambda lb: probs[lb])
             yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs,
                    "label_logprobs_raw": dict(zip(choices.labels, per_label))}  # fmt: skip
+
+
+def constrained_rows(
+    llm: Engine, prep: RowPreparer, rows: list[Prepared], bias: Sequence[float] | None | str = "shard"
+) -> list[Prepared]:
+    """``label.mode: constrained`` rows with the job's calibration as a logit bias on the labels' first
+    tokens. ``bias``: per label, as in ``score_labels`` (the run's stored estimate, None, or ``"shard"``)."""
+    if not rows:
+        return rows
+    first = FirstTokens.build(prep.cfg, prep.tok)
+    if isinstance(bias, str):
+        measured = calibration_bias(llm, prep, first)
+        bias = None if measured is None else first.per_label(measured)
+    return rows if bias is None else with_logit_bias(rows, first.logit_bias(bias))

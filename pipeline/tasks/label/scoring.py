@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prefixflow.pipeline.errors import JobConfigError
+
 if TYPE_CHECKING:
     from prefixflow.pipeline.job.config import JobConfig
 
@@ -31,6 +33,18 @@ def surface_forms(label: str, case_variants: bool) -> tuple[str, ...]:
         if flipped not in forms and (first.islower() or label[1:] == label[1:].lower()):
             forms.append(flipped)  # "USA" does not become "uSA"
     return tuple(forms)
+
+
+def check_distinct_forms(labels: Sequence[str], case_variants: bool) -> None:
+    """Refuse two labels that ``case_variants`` would count as one answer (at load, naming both)."""
+    seen: dict[str, str] = {}
+    for label in labels:
+        for form in surface_forms(label, case_variants):
+            if form in seen and seen[form] != label:
+                raise JobConfigError(f"job config: label.labels: {seen[form]!r} and {label!r} differ only in the "
+                                     "case of their first letter, which case_variants treats as the same answer; "
+                                     "rename one or set label.case_variants: false")  # fmt: skip
+            seen[form] = label
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,10 @@ class LabelChoices:
         for k, lp, n in zip(self.owner, logprobs, tokens):
             per_label[k].append(lp / max(n, 1) if length_norm == "mean" else lp)
         return [logsumexp(values) for values in per_label]
+
+    def per_label(self, values: Sequence[float]) -> list[float]:
+        """Per-label values as they are (``FirstTokens`` maps its per-token ones onto the labels)."""
+        return list(values)
 
 
 def label_choices(cfg: JobConfig) -> LabelChoices:

@@ -1,5 +1,5 @@
 """The host KV tier inside the engine: the same tokens with it on and off (greedy and seeded, every
-tiny architecture, tensor parallelism, the embedded model), on a pool small enough that prefix blocks
+tiny architecture, tensor and pipeline parallelism, the embedded model), on a pool small enough that prefix blocks
 are evicted and running requests preempted, and the stats show the tier really worked."""
 
 from __future__ import annotations
@@ -92,6 +92,20 @@ def test_host_tier_under_tensor_parallelism_equals_one_rank(llama_dir, rows):
         got = run(two, rows, GREEDY)
         assert_tier_worked(two)
     assert got == want
+    assert_processes_gone(pids)
+
+
+@pytest.mark.slow
+def test_host_tier_under_pipeline_parallelism_equals_one_rank(llama_dir, rows):
+    # issue 29 x 28: each stage offloads and reloads its own layers' KV under the one plan rank 0 makes
+    want = run(LLM(str(llama_dir), **OPTIONS), rows, GREEDY)
+    with LLM(str(llama_dir), pipeline_parallel_size=2, kv_offload_bytes=HOST, **OPTIONS) as two:
+        pids = two.engine.runner.pool.pids
+        got = run(two, rows, GREEDY)
+        assert_tier_worked(two)
+        per_rank = two.engine.runner.pipeline_stats()
+    assert got == want
+    assert per_rank[:, 3].tolist() == [two.stats().steps] * 2  # both stages ran every step
     assert_processes_gone(pids)
 
 

@@ -128,7 +128,7 @@ def test_attention_backend_is_a_deprecated_alias_of_kernel_backend():
 
 
 def test_a_job_using_the_old_name_fingerprints_like_the_new_one(tmp_path):
-    from prefixflow.pipeline.job.config import parse_job_config
+    from prefixflow.pipeline.job.spec import parse_job_config
 
     with pytest.warns(FutureWarning):
         old = parse_job_config({"task": "generate", "engine": {"attention_backend": "torch"}})

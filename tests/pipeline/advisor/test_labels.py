@@ -46,8 +46,11 @@ def test_label_advice_costs_the_batch_sample_and_flags_shared_first_tokens(tmp_p
 def test_constrained_mode_flags_and_a_small_input_expects_the_fallback(tmp_path) -> None:
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(10))])
     constrained = advise(load_job(folder, "", "tiny", _job(mode="constrained")), gpu="h200").labels
-    assert "batch_sample" not in constrained and constrained["calibration"] == "none"
-    assert any("compete unfairly" in n for n in constrained["notes"])
+    # constrained mode is calibrated too, on the labels' first tokens: one scoring request per distinct
+    # first token (" negative" and " neutral" share one on the tiny tokenizer), and the shared ones flagged
+    assert constrained["calibration"] == "batch+contextual"
+    assert constrained["batch_sample"]["scoring_requests"] == 10 * 2
+    assert any("compete unfairly" in n and "correct them together" in n for n in constrained["notes"])
     small = advise(load_job(folder, "", "tiny", _job()), gpu="h200").labels
     assert small["batch_sample"]["fallback_expected"] and small["batch_sample"]["rows"] == 10
     assert any("fall back to contextual" in n for n in small["notes"])

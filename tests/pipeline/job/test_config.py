@@ -47,6 +47,9 @@ def test_shipped_job_configs_validate(name: str) -> None:
         ({"engine": {"dtype": "int3"}}, ["engine", "dtype", "float32"]),
         ({"sampling": {"temperature": -1}}, ["sampling", "temperature"]),
         ({"sampling_columns": {"max_token": "m"}}, ["sampling_columns.max_token", "max_tokens"]),
+        ({"sampling": {"logit_bias": {"5": float("inf")}}}, ["sampling", "logit_bias", "finite"]),
+        ({"sampling": {"logit_bias": {"x5": 1.0}}}, ["sampling", "logit_bias", "token ids", "int()"]),
+        ({"sampling_columns": {"logit_bias": "b"}}, ["sampling_columns.logit_bias", "whole job"]),
         ({"template": "{{ text"}, ["template", "Jinja2"]),
         ({"template": "x", "prompt_column": "p"}, ["template", "not both"]),
         ({"keep_columns": "title"}, ["keep_columns", "list"]),
@@ -76,7 +79,7 @@ def test_overrides_and_unknown_override() -> None:
     spec = load_job(
         "in/", "out/", "tiny", {"task": "summarize"}, max_tokens=7, shard_rows=3, endpoint_url="http://x"
     )
-    assert spec.config.sampling["max_tokens"] == 7
+    assert spec.config.sampling.max_tokens == 7
     assert spec.config.output.shard_rows == 3
     assert spec.config.storage.endpoint_url == "http://x"
     assert "unknown override 'max_tokenz'" in _err({}, max_tokenz=3)
@@ -120,3 +123,9 @@ def test_job_spec_pickles_for_other_processes() -> None:
     )
     again = pickle.loads(pickle.dumps(spec))
     assert again == spec and again.fingerprint_hash() == spec.fingerprint_hash()
+
+
+def test_logit_bias_string_token_ids_are_read_as_ids() -> None:
+    """JSON and the OpenAI API write a logit bias's token ids as strings."""
+    spec = load_job("in", "out", "tiny", {"prompt_column": "p", "sampling": {"logit_bias": {"50": -100, 7: 2.5}}})
+    assert spec.config.sampling.logit_bias == {50: -100, 7: 2.5}

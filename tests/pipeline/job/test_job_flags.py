@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from prefixflow.pipeline.cli import build_parser
 from prefixflow.pipeline.job.flags import DEFAULT_MODEL, JOB_OPTION_NAMES, overrides_from_args
@@ -39,3 +40,20 @@ def test_serve_takes_the_same_job_flags_and_the_flow_has_each_parameter() -> Non
     assert set(JOB_OPTION_NAMES) <= set(signature)
     assert signature["model"].default == DEFAULT_MODEL
     assert set(params) <= set(signature)
+
+
+def test_option_types_come_from_the_job_model_and_the_flow_parameters_match_them() -> None:
+    import typing
+
+    from prefixflow.flows.flow import batch_inference
+    from prefixflow.pipeline.job.flags import JOB_OPTIONS, SHORTCUTS, STORAGE_OPTIONS, comma_list, key_value
+
+    by_name = {o.name: o for o in (*JOB_OPTIONS, *STORAGE_OPTIONS)}
+    assert by_name["max_tokens"].parse is int and by_name["temperature"].parse is float  # SamplingSection's
+    assert by_name["shard_rows"].parse is int and by_name["labels"].parse is comma_list
+    assert SHORTCUTS["max_tokens"] == ("sampling", "max_tokens") and SHORTCUTS["label_mode"] == ("label", "mode")
+    expected = {int: int, float: float, str: str, comma_list: list[str], key_value: dict[str, Any]}
+    hints = typing.get_type_hints(batch_inference.fn)
+    for option in by_name.values():
+        if option.parse in expected:  # (num_speculative_tokens: 'auto' or an int)
+            assert hints[option.name] == expected[option.parse] | None, option.name

@@ -15,8 +15,9 @@ import s3fs
 from prefixflow.pipeline import OutputBusy
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.run.layout import Layout
-from prefixflow.pipeline.run.lease import MACHINE, OutputLease
+from prefixflow.pipeline.run.lease import MACHINE, OutputLease, hold
 from prefixflow.pipeline.storage.store import Store
+from tests.pipeline.support import cli_args, job, start_cli, wait_for_hook, write_dataset, write_job
 
 
 def _check_protocol(layout: Layout) -> None:
@@ -66,3 +67,56 @@ def test_dead_and_expired_leases_do_not_block_but_live_ones_elsewhere_do(tmp_pat
     with pytest.raises(OutputBusy, match="pid 4242 on gpu-7"):
         with OutputLease(layout).exclusive():
             pass
+
+
+def test_one_driver_per_output_lanes_share_and_a_dead_driver_is_handed_on(tmp_path: Path) -> None:
+    """Issue 25: shared leases let two runs of one job write one output at once. A run's driver lease refuses
+    a second driver (naming it), not the lanes of other processes; a dead driver is reported, not obeyed."""
+    layout = Layout(Store.open(str(tmp_path / "out"), StorageConfig()))
+    first = OutputLease(layout)
+    first.driver, first.ref = "flow run 'calm-fox'", "prefect-flow-run:1"
+    first.acquire_shared()
+    lane = OutputLease(layout)  # a Ray lane of that run, in another process
+    lane.acquire_shared()
+    second = OutputLease(layout)
+    second.acquire_shared()
+    with pytest.raises(OutputBusy, match=r"already being written by another run.*driving flow run 'calm-fox'.*wait"):
+        second.drive("flow run 'late-owl'")
+    assert json.loads(layout.store.read_bytes(second.path))["driver"] == ""  # backed off
+    first.release()
+    lane.release()
+    second.release()
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _plant(layout, "killed-driver", pid=int(exited.stdout), driver="flow run 'calm-fox'", ref="prefect-flow-run:1")
+    with hold(layout, driver="flow run 'late-owl'") as held:
+        assert [d.ref for d in held.dead_drivers] == ["prefect-flow-run:1"]
+        with hold(layout):  # a lane thread of this process shares the driver's lease
+            pass
+        with pytest.raises(OutputBusy, match="driving flow run 'late-owl'"):
+            with hold(layout, driver="another run in this process"):
+                pass
+    assert not layout.store.list_files(layout.leases)
+    with hold(layout) as lane_still_running:  # e.g. a timed-out lane thread outlives its flow run
+        with hold(layout, driver="flow run 'one'"):
+            pass
+        assert lane_still_running.driver == ""
+        with hold(layout, driver="flow run 'two'"):  # the next run of this process is not refused
+            pass
+
+
+@pytest.mark.slow  # two CLI processes with the tiny engine: over a minute on a loaded 2-core host
+def test_a_second_cli_run_of_the_job_into_one_output_is_refused(tmp_path: Path) -> None:
+    """Two real `prefixflow run` processes of one job into one output: the second exits 2 naming the first."""
+    write_dataset(tmp_path / "in", files=1, rows_per_file=6, row_group_size=3)
+    job_file = write_job(tmp_path / "job.yaml", job("generate", sampling={"max_tokens": 2}, output={"shard_rows": 3}))
+    first = start_cli(cli_args(tmp_path / "in", tmp_path / "out", job_file), hooks="commit_end", hook_sleep=60)
+    try:
+        wait_for_hook(first, "commit_end")
+        second = start_cli(cli_args(tmp_path / "in", tmp_path / "out", job_file))
+        _, err = second.communicate(timeout=240)
+        assert second.returncode == 2, err
+        assert "already being written by another run" in err and f"pid {first.pid}" in err
+        assert "driving prefixflow run" in err and "Traceback" not in err
+    finally:
+        first.kill()
+        first.communicate()

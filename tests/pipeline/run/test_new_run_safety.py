@@ -94,7 +94,8 @@ def test_new_run_is_refused_while_another_run_writes_the_output(tmp_path: Path, 
         finally:
             proc.send_signal(signal.SIGCONT)
         err = capsys.readouterr().err
-        assert "in use by 1 other run" in err and f"pid {proc.pid}" in err
+        # refused by A's driver lease (one run per output), before B's --new-run could discard anything
+        assert "already being written by another run" in err and f"pid {proc.pid}" in err
         assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         proc.kill()

@@ -86,7 +86,7 @@ def test_run_shard_requires_prepared_output(tmp_path: Path) -> None:
 
 
 def _part(spec, keys: list[int]) -> bytes:
-    schema = output_schema(spec.config, None)
+    schema = output_schema(spec.config, spec.task)
     return encode_part([base_record(k, f"id{k}", "f.parquet", {}) | {"output": "x"} for k in keys], schema)
 
 
@@ -139,7 +139,7 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
 
     spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
     layout = output_layout(spec).for_run(prepare_output(spec).run_id)
-    flusher = _Flusher(layout, "s1", output_schema(spec.config, None), spec.config.output)
+    flusher = _Flusher(layout, "s1", output_schema(spec.config, spec.task), spec.config.output)
     for k in range(3):
         time.sleep(0.06)
         flusher.add(base_record(k, f"id{k}", "f.parquet", {}))

@@ -117,7 +117,7 @@ def test_schema_from_a_file_beside_the_job_and_its_content_in_the_fingerprint(tm
     job_file = tmp_path / "jobs" / "extract.yaml"
     job_file.write_text(yaml.safe_dump(_extract_job(schema="review.yaml")))
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", str(job_file))
-    assert spec.config.schema == SCHEMA
+    assert spec.config.json_schema == SCHEMA
     other = dict(SCHEMA, required=["sentiment"])
     (tmp_path / "jobs" / "review.yaml").write_text(yaml.safe_dump(other))
     changed = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", str(job_file))
@@ -174,4 +174,4 @@ def test_shipped_job_configs_load(tmp_path: Path, path: str) -> None:
         str(tmp_path / "in"), str(tmp_path / "out"), "tiny", str(Path(__file__).resolve().parents[3] / path)
     )
     if spec.config.task == "extract":
-        assert spec.config.schema is not None and spec.config.schema["required"]
+        assert spec.config.json_schema is not None and spec.config.json_schema["required"]

@@ -18,7 +18,7 @@ def _kept(tiny_llm, side: str) -> tuple[list[int], str]:
     cfg = job("summarize", chat="off", template="Summarize: {{ document }}",
               summarize={"long_document": "truncate", "truncate_side": side})  # fmt: skip
     spec = load_job("in/", "", "tiny", cfg)
-    prep = RowPreparer(spec.config, tiny_llm, {})
+    prep = RowPreparer(spec.config, tiny_llm, {}, spec.task)
     prepared = prep.prepare({"id": "long", "text": LONG}, {"id": "long"}, "d.parquet", 0)
     text = tiny_llm.tokenizer.decode(prepared.prompt, skip_special_tokens=True)
     assert text.startswith("Summarize: ")  # the template is kept whole

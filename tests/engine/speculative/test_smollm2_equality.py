@@ -1,0 +1,70 @@
+"""Greedy speculation on the embedded SmolLM2-135M-Instruct (real weights, real GGUF tokenizer): the
+tokens are those of speculation off, for free text (summaries that quote the review) and for JSON
+under a schema, at batch 1 and 3, and the lookup's drafts are both accepted and rejected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefixflow.engine import LLM, SamplingParams, StructuredOutputs
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[3]
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"type": "string", "enum": ["positive", "negative", "mixed"]},
+        "product": {"type": "string", "maxLength": 40},
+        "issues": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 3},
+    },
+    "required": ["sentiment", "product", "issues"],
+    "additionalProperties": False,
+}
+
+
+def reviews(n: int) -> list[str]:
+    lines = (ROOT / "pipeline" / "data" / "demo_reviews.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["text"] for line in lines[:n]]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    torch.set_num_threads(1)
+    small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8)  # the default pool takes seconds to build
+    return LLM("smollm2-135m-instruct", **small), LLM("smollm2-135m-instruct", speculative_config=NGRAM, **small)
+
+
+def chat(llm: LLM, text: str) -> str:
+    return llm.apply_chat_template([{"role": "user", "content": text}])
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_summaries_identical_with_speculation_on_and_off(engines, batch):
+    off, on = engines
+    prompts = [chat(off, f"Summarize this review, quoting it: {t}") for t in reviews(batch)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=32)
+    before = dict(on.stats().speculation.get("ngram", {"accepted": 0, "proposed": 0}))
+    a, b = off.generate(prompts, greedy), on.generate(prompts, greedy)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert all(o.finish_reason != "error" for o in b)
+    spec = on.stats().speculation["ngram"]
+    accepted, proposed = spec["accepted"] - before["accepted"], spec["proposed"] - before["proposed"]
+    assert 0 < accepted < proposed  # drafts accepted, and some rejected (rolled back)
+
+
+def test_json_extraction_identical_with_speculation_on_and_off(engines):
+    off, on = engines
+    prompts = [chat(off, f"Extract the sentiment, the product and the problems. Review: {t}") for t in reviews(2)]
+    params = SamplingParams(temperature=0.0, max_tokens=64, structured=StructuredOutputs(json_schema=SCHEMA))
+    a, b = off.generate(prompts, params), on.generate(prompts, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert all(o.finish_reason == "stop" for o in b), [o.text for o in b]
+    for o in b:
+        assert set(json.loads(o.text)) == {"sentiment", "product", "issues"}

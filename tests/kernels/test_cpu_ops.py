@@ -1,0 +1,53 @@
+"""The torch backend's norm, rotary and activation (kernels/cpu_ops.py) equal the reference bit for bit,
+in float32 and bf16, on the layouts the model hands them (q and k as views into one fused qkv output),
+and the per-step cos/sin reuse never serves another step's positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixflow.kernels import build_rope_cache, cpu_ops, reference
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_equals_reference(dtype: torch.dtype) -> None:
+    x, res, w = rand(37, 96, seed=1, dtype=dtype), rand(37, 96, seed=2, dtype=dtype), rand(96, seed=3, dtype=dtype)
+    out, new_res = cpu_ops.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
+    want, want_res = reference.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
+    assert torch.equal(out, want) and torch.equal(new_res, want_res)
+    assert torch.equal(cpu_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_equals_reference_on_fused_qkv_views(dtype: torch.dtype) -> None:
+    hq, hkv, d, t = 6, 2, 32, 23
+    qkv = rand(t, (hq + 2 * hkv) * d, seed=4, dtype=dtype)
+    q = qkv[:, : hq * d].reshape(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
+    cache = build_rope_cache(d, 512, 10000.0)
+    for seed in (5, 6):  # two steps with different positions: the second must not reuse the first's cos/sin
+        positions = torch.randint(0, 512, (t,), generator=torch.Generator().manual_seed(seed))
+        got, want = cpu_ops.rotary(q, k, positions, cache), reference.rotary(q, k, positions, cache)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_rotary_positions_refilled_in_place_are_seen() -> None:
+    q, k = rand(4, 2, 16, seed=7), rand(4, 1, 16, seed=8)
+    cache = build_rope_cache(16, 64, 10000.0)
+    positions = torch.arange(4)
+    cpu_ops.rotary(q, k, positions, cache)
+    positions.copy_(torch.tensor([9, 3, 40, 2]))
+    assert torch.equal(cpu_ops.rotary(q, k, positions, cache)[0], reference.rotary(q, k, positions, cache)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_equals_reference(dtype: torch.dtype) -> None:
+    x = rand(19, 2 * 48, seed=9, dtype=dtype)
+    assert torch.equal(cpu_ops.silu_and_mul(x), reference.silu_and_mul(x))
