@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows = []
     for v in variants:
-        kernels = linear_kernels(llms[v].engine.runner.model)
+        kernels = linear_kernels(llms[v].engine.runner.shard.model)
         for b in batches:
             s = speeds[(v, b)]
             rows.append({

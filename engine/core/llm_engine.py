@@ -49,13 +49,13 @@ class LLMEngine:
         if self.model_cfg.sliding_window:
             limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
         self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
-        cost = CostModel.for_model(self.model_cfg, self.runner.dtype.itemsize, self.runner.device.type)
+        cost = CostModel.for_model(self.model_cfg, self.runner.shard.dtype.itemsize, self.runner.shard.device.type)
         self.kv = KVCacheManager(
             self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching,
-            host_blocks=self.runner.num_host_blocks, cost=cost,
+            host_blocks=self.runner.shard.host_kv.num_blocks, cost=cost,
         )  # fmt: skip
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
-        self.kv_bytes_per_block = self.model_cfg.kv_bytes_per_token * self.runner.dtype.itemsize * cfg.block_size
+        self.kv_bytes_per_block = self.model_cfg.kv_bytes_per_token * self.runner.shard.dtype.itemsize * cfg.block_size
         self.disk_namespace: dict[str, object] = {}
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
@@ -67,16 +67,16 @@ class LLMEngine:
             self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
         )
         self.stats = EngineStats(
-            weight_bytes=self.runner.weight_bytes, quantization=self.runner.quantization.method
+            weight_bytes=self.runner.shard.weight_bytes, quantization=self.runner.shard.quantization.method
         )
-        dtype = str(self.runner.dtype).removeprefix("torch.")
+        dtype = str(self.runner.shard.dtype).removeprefix("torch.")
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.device.type)
+            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type)
             if loc is not None
             else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
-                                 cfg.quantization, cfg.sparsity, self.runner.device.type)  # fmt: skip
+                                 cfg.quantization, cfg.sparsity, self.runner.shard.device.type)  # fmt: skip
         )
         self._open_disk_tier(cost, dtype)
         self.speculator = build_speculator(
@@ -99,7 +99,7 @@ class LLMEngine:
         stages = split_for(self.model_cfg, pp) if pp > 1 else [(0, self.model_cfg.num_layers)]
         namespace, self.disk_namespace = disk_namespace(
             str(self.model_identity["digest"]), self.model_cfg, dtype, cfg.block_size, cfg.tensor_parallel_size,
-            pp, stages, self.runner.ops.name, self.runner.device.type,
+            pp, stages, self.runner.shard.ops.name, self.runner.shard.device.type,
         )  # fmt: skip
         self.runner.open_disk(namespace)
         host.disk = DiskTier(Path(cfg.kv_cache_dir), namespace, cost, self.runner.load_from_disk)

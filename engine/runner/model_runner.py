@@ -23,8 +23,7 @@ from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.disk_tier import digest_words
 from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.loading.model_source import ModelSource
-from prefixflow.engine.quantization import QuantizationConfig, resolve_quantization
-from prefixflow.engine.runner.decode_graphs import DecodeGraphs
+from prefixflow.engine.quantization import resolve_quantization
 from prefixflow.engine.runner.model_shard import (
     COLLECTIVE_STATS,
     DISK_FLUSH,
@@ -41,7 +40,6 @@ from prefixflow.engine.runner.model_shard import (
 from prefixflow.engine.runner.step_inputs import StepInputs, block_table_array, build_step_inputs
 from prefixflow.engine.sampling.sampler import logprob_records, sample_batch
 from prefixflow.engine.speculative.verify import sample_verified
-from prefixflow.kernels import KernelBackend
 
 INIT_BOUND_S = 1800.0  # KV profiling and CUDA-graph capture (Triton compiles) on every rank
 
@@ -91,51 +89,6 @@ class ModelRunner:
         except BaseException:
             self.pool.close()
             raise
-
-    # What tests and reports read; all of rank 0's shard.
-    @property
-    def device(self) -> torch.device:
-        return self.shard.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shard.dtype
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.shard.model
-
-    @property
-    def ops(self) -> KernelBackend:
-        return self.shard.ops
-
-    @property
-    def quantization(self) -> QuantizationConfig:
-        return self.shard.quantization
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of parameters rank 0 holds on its device (each rank holds its own slice)."""
-        return self.shard.weight_bytes
-
-    @property
-    def block_bytes(self) -> int:
-        return self.shard.block_bytes
-
-    @property
-    def graphs(self) -> DecodeGraphs | None:
-        return self.shard.graphs
-
-    @graphs.setter
-    def graphs(self, value: DecodeGraphs | None) -> None:
-        self.shard.graphs = value
-
-    def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
-        return self.shard.make_decode_graphs(max_blocks_per_seq, capture)
-
-    @property
-    def num_host_blocks(self) -> int:
-        return self.shard.host_kv.num_blocks
 
     def copy_blocks(self, plan: CopyPlan) -> None:
         """Run a step's block copies on every rank, before that step's forward pass."""

@@ -148,7 +148,7 @@ def _poisoned_forward(model, monkeypatch):
 def test_a_forward_failure_of_one_request_is_its_error_and_the_batch_completes(llm, monkeypatch):
     prompts = [[5, 6, 7, 8], [9, 10, POISON, 11], [12, 13, 14]]
     lone = [llm.generate([p], GOOD)[0] for p in (prompts[0], prompts[2])]
-    _poisoned_forward(llm.engine.runner.model, monkeypatch)
+    _poisoned_forward(llm.engine.runner.shard.model, monkeypatch)
     outs = llm.generate(prompts, GOOD)
     assert outs[1].finish_reason == "error" and "model step failed" in outs[1].error and "injected" in outs[1].error
     assert _same(outs[0], lone[0]) and _same(outs[2], lone[1])
@@ -158,7 +158,7 @@ def test_a_forward_failure_of_one_request_is_its_error_and_the_batch_completes(l
 def test_a_failure_no_request_explains_is_raised_not_turned_into_error_rows(llm, monkeypatch):
     """When every request fails alone too (device fault, out of memory), an error row per request
     would be committed as a final result; the engine raises instead, so a job stops and resumes."""
-    _poisoned_forward(llm.engine.runner.model, monkeypatch)
+    _poisoned_forward(llm.engine.runner.shard.model, monkeypatch)
     with pytest.raises(RuntimeError, match="injected fault"):
         llm.generate([[POISON, 1], [2, POISON]], GOOD)
     pool = llm.engine.kv.pool

@@ -28,7 +28,7 @@ def test_nccl_ranks_with_captured_graphs_equal_one_gpu(llama_dir):
     prompts = random_prompts(12, 3, 90, seed=21)
     want = [list(o.token_ids) for o in LLM(str(llama_dir), dtype="float32", device="cuda").generate(prompts, PARAMS)]
     with LLM(str(llama_dir), dtype="float32", device="cuda", tensor_parallel_size=2) as two:
-        graphs = two.engine.runner.graphs
+        graphs = two.engine.runner.shard.graphs
         assert graphs is not None and graphs.graphs, "rank 0 captured no decode graph (with its all-reduces)"
         got = [list(o.token_ids) for o in two.generate(prompts, PARAMS)]
         steps = two.stats().steps

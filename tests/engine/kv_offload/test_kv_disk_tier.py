@@ -111,7 +111,7 @@ def test_a_corrupt_block_file_is_detected_removed_and_recomputed(llama_dir, rows
 
 def test_the_size_cap_holds_and_evicts_least_recently_used(llama_dir, rows, tmp_path, reads_pay):
     off = LLM(str(llama_dir), **OPTIONS)
-    cap = 6 * (disk_files.HEADER.size + off.engine.runner.block_bytes + disk_files.CRC.size)  # 6 block files
+    cap = 6 * (disk_files.HEADER.size + off.engine.runner.shard.block_bytes + disk_files.CRC.size)  # 6 block files
     want = run(off, rows)
     llm = LLM(str(llama_dir), kv_cache_dir=str(tmp_path), kv_cache_dir_bytes=cap, **OPTIONS)
     assert run(llm, rows) == want

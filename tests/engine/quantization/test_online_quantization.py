@@ -75,7 +75,7 @@ def test_on_the_fly_quantization_matches_its_dense_twin(quant_root, tmp_path, ki
     twin = write_twin(base, tmp_path / f"twin-{kind}", kind)
     assert got == hf_twin_greedy(twin, prompts, 8, fp8_activations=kind == "fp8")
     assert llm.stats().quantization == kind
-    kernels = linear_kernels(llm.engine.runner.model)
+    kernels = linear_kernels(llm.engine.runner.shard.model)
     assert kernels == {f"online-{kind}/{'fp8-reference' if kind == 'fp8' else 'cpu-dequant'}": 8, "dense": 1}
 
 
@@ -86,7 +86,7 @@ def test_bfloat16_on_cpu_uses_torch_pack_kernels(quant_root, kind, kernel):
     choices = [["a b", "c"]] * 3
     exact = LLM(str(base), dtype="float32", device="cpu", quantization=kind).score_choices(prompts, choices)
     llm = LLM(str(base), dtype="bfloat16", device="cpu", quantization=kind)
-    assert linear_kernels(llm.engine.runner.model) == {f"online-{kind}/{kernel}": 8, "dense": 1}
+    assert linear_kernels(llm.engine.runner.shard.model) == {f"online-{kind}/{kernel}": 8, "dense": 1}
     fast = llm.score_choices(prompts, choices)
     diff = np.abs(np.array(fast) - np.array(exact)).max()
     assert diff < 0.05 * np.abs(np.array(exact)).max(), (fast, exact)

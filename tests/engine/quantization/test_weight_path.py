@@ -82,15 +82,15 @@ def engines(q4_file):
 
 def test_default_cpu_engine_runs_a_q4_1_file_dense_like_quantization_none(engines):
     default, dense, packed = engines[None], engines["none"], engines["gguf"]
-    assert set(linear_kernels(default.engine.runner.model)) == {"dense"}
-    assert set(linear_kernels(packed.engine.runner.model)) == {"gguf-q4_1/cpu-dequant"}
+    assert set(linear_kernels(default.engine.runner.shard.model)) == {"dense"}
+    assert set(linear_kernels(packed.engine.runner.shard.model)) == {"gguf-q4_1/cpu-dequant"}
     assert default.stats().weight_bytes == dense.stats().weight_bytes > packed.stats().weight_bytes
     prompts = [[5, 60, 70, 80], list(range(30, 75))]
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     ids = [o.token_ids for o in default.generate(prompts, params)]
     assert ids == [o.token_ids for o in dense.generate(prompts, params)]  # the same weights, the same kernel
-    mine = dict(default.engine.runner.model.state_dict())
-    theirs = dict(dense.engine.runner.model.state_dict())
+    mine = dict(default.engine.runner.shard.model.state_dict())
+    theirs = dict(dense.engine.runner.shard.model.state_dict())
     assert mine.keys() == theirs.keys() and all(torch.equal(t, theirs[name]) for name, t in mine.items())
 
 

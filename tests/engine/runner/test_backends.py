@@ -15,7 +15,7 @@ def test_triton_backend_matches_torch_backend(llama_dir, triton_interpreter):
     options = dict(dtype="float32", device="cpu", max_num_batched_tokens=32, block_size=16)
     ref = LLM(str(llama_dir), kernel_backend="torch", **options).generate(prompts, PARAMS)
     tri_llm = LLM(str(llama_dir), kernel_backend="triton", **options)
-    assert tri_llm.engine.runner.ops.name == "triton"
+    assert tri_llm.engine.runner.shard.ops.name == "triton"
     tri = tri_llm.generate(prompts, PARAMS)
     assert [o.token_ids for o in tri] == [o.token_ids for o in ref]
 
@@ -24,7 +24,7 @@ def test_padded_decode_buffers_match_transformers(llama_dir):
     prompts = random_prompts(5, 3, 30, seed=5)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=8)
     runner = llm.engine.runner
-    runner.graphs = runner.make_decode_graphs(64, capture=False)  # the CUDA path's buffers, run eagerly
+    runner.shard.graphs = runner.shard.make_decode_graphs(64, capture=False)  # the CUDA path's buffers, run eagerly
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 6)
 

@@ -44,7 +44,7 @@ def test_every_kernel_call_goes_through_the_selected_backend(llama_dir, monkeypa
     counting = counting_backend(calls)
     monkeypatch.setattr(kernels, "select", lambda name, device: counting)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu")
-    assert llm.engine.runner.ops.name == "counting"
+    assert llm.engine.runner.shard.ops.name == "counting"
     prompts = random_prompts(2, 4, 20, seed=1)
     outs = llm.generate(prompts, PARAMS)
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 5)
@@ -106,7 +106,7 @@ def test_an_attention_backend_owns_its_metadata_and_decode_buffers(llama_dir, mo
     monkeypatch.setattr("prefixflow.engine.runner.model_shard.make_attention_backend", make)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=4)
     runner = llm.engine.runner
-    runner.graphs = runner.make_decode_graphs(16, capture=False)  # the CUDA-graph path, run eagerly
+    runner.shard.graphs = runner.shard.make_decode_graphs(16, capture=False)  # the CUDA-graph path, run eagerly
     prompts = random_prompts(3, 4, 20, seed=2)
     outs = llm.generate(prompts, PARAMS)
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 5)
