@@ -330,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--no-permute", action="store_true", help="skip label-order permutation averaging")
     ap.add_argument("--cost", action="store_true",
                     help="per style: the job with calibration none / contextual / batch on fresh engines")
+    ap.add_argument("--cost-only", action="store_true",
+                    help="only the --cost runs (no method table): computed prompt tokens per calibration")
     ap.add_argument("--raw", default=None, help="also write every raw log-probability here (JSON)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -346,12 +348,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(json.dumps(result["overhead"], indent=1))
         write_json(args.json, result)
         return result
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = None if args.cost_only else LLM(model=args.model, dtype=args.dtype)
     for label_set in (s for s in SETS if s.name in args.sets.split(",")):
         rows = read_jsonl(label_set.file)[: args.limit]
         result["sets"][label_set.name] = per_style = {}
         for style in label_set.styles:
             if args.styles and style.name not in args.styles.split(","):
+                continue
+            if args.cost_only:
+                per_style[style.name] = cost = overhead(args.model, args.dtype, label_set, style, rows, 1,
+                                                        ("none", "contextual", "batch", "batch+contextual"))
+                cost.pop("runs")
+                print(f"{label_set.name}/{style.name}: computed prompt tokens (fresh engine): "
+                      + ", ".join(f"{m} {cost[m]['computed_prompt_tokens']:,} ({cost[m]['median_cpu_s']:.1f} CPU-s)"
+                                  for m in ("none", "contextual", "batch", "batch+contextual")), flush=True)
                 continue
             res = evaluate_style(llm, label_set, style, rows, permute=not args.no_permute)
             if args.cost:
@@ -374,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if "cost" in res:
                 print("  computed prompt tokens (fresh engine): "
                       + ", ".join(f"{m} {res['cost'][m]['computed_prompt_tokens']:,}" for m in ("none", "contextual", "batch")))
-    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()}
+    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()
+           if "raw" in res}
     write_json(args.raw, raw)
     write_json(args.json, result)
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.speculative.decoder import NgramProposer, Proposer, Speculator
+from prefixflow.engine.speculative.forced import ForcedDrafts
 from prefixflow.engine.speculative.runs import SpeculationStats
 
 
@@ -15,10 +16,13 @@ def build_speculator(
     if spec is None or spec.num_speculative_tokens == 0:
         return None
     proposer: Proposer
+    forced = None
     if spec.method == "ngram":
         proposer = NgramProposer(spec)
+        if spec.jump_forward:
+            forced = ForcedDrafts(target.tokenizer)
     else:
         from prefixflow.engine.speculative.draft import DraftProposer
 
         proposer = DraftProposer(spec, cfg, target, max_model_len, target_blocks)
-    return Speculator(spec, proposer, max_model_len, stats)
+    return Speculator(spec, proposer, max_model_len, stats, forced)

@@ -20,6 +20,8 @@ class SpeculativeConfig:
     acceptance, and speculates only where that beats plain decoding. ``prompt_lookup_min/max`` bound
     the n-gram lengths the lookup tries (longest first). ``model`` is the draft model (a preset, an HF
     directory or a .gguf path) for ``method="draft_model"``; it must share the target's tokenizer.
+    ``jump_forward`` (n-gram only): a structured-output request drafts what its grammar forces (keys,
+    quotes, separators), with the lookup continuing after it; verified like any draft (forced.py).
     """
 
     method: SpecMethod = "ngram"
@@ -29,6 +31,7 @@ class SpeculativeConfig:
     model: str | None = None
     max_speculative_tokens: int = 8
     draft_kv_blocks: int | None = None  # the draft's own pool; None: sized like the target's
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -54,6 +57,8 @@ class SpeculativeConfig:
             )
         if self.method == "ngram" and self.model is not None:
             raise bad("model", "None for method='ngram' (only a draft model loads weights)")
+        if not isinstance(self.jump_forward, bool):
+            raise bad("jump_forward", "true or false")
         if self.draft_kv_blocks is not None and self.draft_kv_blocks < 2:
             raise bad("draft_kv_blocks", "None or at least 2")
 

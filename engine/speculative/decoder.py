@@ -16,23 +16,39 @@ from prefixflow.engine.core.request import Request
 from prefixflow.engine.core.step_types import SchedulerOutput
 from prefixflow.engine.speculative.config import SpeculativeConfig
 from prefixflow.engine.speculative.cost_model import LinearCost
+from prefixflow.engine.speculative.forced import ForcedDrafts
 from prefixflow.engine.speculative.ngram import NgramIndex
-from prefixflow.engine.speculative.policy import PRIOR_ACCEPTANCE, Acceptance, Candidate, plan_drafts
+from prefixflow.engine.speculative.policy import (
+    PRIOR_ACCEPTANCE,
+    PRIOR_FORCED,
+    Acceptance,
+    Candidate,
+    plan_drafts,
+)
 from prefixflow.engine.speculative.runs import SpeculationStats
 
 
 @dataclass
 class RequestSpecState:
-    """What one request's speculation remembers: its n-gram index and its acceptance."""
+    """What one request's speculation remembers: its n-gram index, its acceptance, and which of its
+    pending drafts the grammar forced.
+
+    Acceptance counts the drafts a run reached (up to and including the first rejected one), so
+    ``accepted / reached`` estimates the per-draft alpha of the policy's alpha^j model; the method's own
+    drafts and grammar-forced ones (shared by every request of the engine) are counted apart."""
 
     index: NgramIndex | None
     acceptance: Acceptance = field(default_factory=Acceptance)
     method: Acceptance | None = None  # the method-wide counter, updated alongside
+    jump_forward: Acceptance | None = None  # grammar-forced drafts, engine-wide
+    forced: list[bool] = field(default_factory=list)  # per pending draft: forced by the grammar
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        self.acceptance.observe(proposed, accepted)
-        if self.method is not None:
-            self.method.observe(proposed, accepted)
+    def observe(self, forced: list[bool], accepted: int) -> None:
+        reached = forced[: accepted + 1]
+        own = [not f for f in reached]
+        for counter, mine in ((self.acceptance, own), (self.method, own), (self.jump_forward, reached)):
+            if counter is not None and any(mine):
+                counter.observe(sum(mine), sum(mine[:accepted]))
 
 
 class Proposer(Protocol):
@@ -70,7 +86,12 @@ class NgramProposer:
 
 class Speculator:
     def __init__(
-        self, cfg: SpeculativeConfig, proposer: Proposer, max_model_len: int, stats: SpeculationStats
+        self,
+        cfg: SpeculativeConfig,
+        proposer: Proposer,
+        max_model_len: int,
+        stats: SpeculationStats,
+        forced: ForcedDrafts | None = None,
     ) -> None:
         self.cfg = cfg
         self.proposer = proposer
@@ -79,6 +100,8 @@ class Speculator:
         stats.method = cfg.method
         self.cost = LinearCost(2)  # step seconds ~ tokens, sampled rows
         self.method_acceptance = Acceptance()
+        self.jump_forward_acceptance = Acceptance()
+        self.forced = forced  # grammar-forced drafts for structured-output requests (lookup methods only)
         self.planned_steps = 0  # steps in which at least one request speculated
 
     def state(self, req: Request) -> RequestSpecState:
@@ -88,7 +111,7 @@ class Speculator:
                 if self.proposer.lookahead
                 else None
             )
-            req.spec = RequestSpecState(index, method=self.method_acceptance)
+            req.spec = RequestSpecState(index, method=self.method_acceptance, jump_forward=self.jump_forward_acceptance)
         assert isinstance(req.spec, RequestSpecState)
         return req.spec
 
@@ -112,19 +135,24 @@ class Speculator:
         base_tokens = min(base_tokens, token_budget)
         for req in decoding:
             self.state(req)
+        masks = [[False] * lim for lim in limits]  # per draft: forced by the grammar
         if self.proposer.lookahead:  # the proposal's own length bounds k
-            proposals = self.proposer.propose(decoding, limits)
+            proposals, masks = self._look_ahead(decoding, limits)
             limits = [len(p) for p in proposals]
         if self.cfg.auto:
             prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
-            candidates = [
-                Candidate(lim, self.state(r).acceptance.rate(prior)) for r, lim in zip(decoding, limits)
-            ]
+            forced = self.jump_forward_acceptance.rate(PRIOR_FORCED)
+            candidates = []
+            for req, mask in zip(decoding, masks):
+                own = self.state(req).acceptance.rate(prior)
+                candidates.append(Candidate(tuple(forced if f else own for f in mask)))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
         else:
             ks = limits
         if not any(ks):
             return
+        for req, mask, k in zip(decoding, masks, ks):
+            self.state(req).forced = mask[:k]
         if self.proposer.lookahead:
             drafts = [p[:k] for p, k in zip(proposals, ks)]
         else:
@@ -137,6 +165,20 @@ class Speculator:
             if draft:
                 req.token_ids.extend(draft)
                 req.num_draft_tokens = len(draft)
+
+    def _look_ahead(self, requests: list[Request], limits: list[int]) -> tuple[list[list[int]], list[list[bool]]]:
+        """Lookup proposals; a structured-output request's start with what its grammar forces."""
+        drafts: list[list[int]] = [[] for _ in requests]
+        masks: list[list[bool]] = [[] for _ in requests]
+        plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]
+        made = self.proposer.propose([requests[i] for i in plain], [limits[i] for i in plain]) if plain else []
+        for i, draft in zip(plain, made):
+            drafts[i], masks[i] = draft, [False] * len(draft)
+        if self.forced is not None:
+            for i, req in enumerate(requests):
+                if req.grammar is not None:
+                    drafts[i], masks[i] = self.forced.propose(req.grammar, req.token_ids, self.state(req).index, limits[i])
+        return drafts, masks
 
     @staticmethod
     def features(scheduled: SchedulerOutput) -> list[float]:

@@ -39,6 +39,11 @@ class NgramIndex:
         if k <= 0:
             return []
         self.extend(tokens)
+        return self.lookup(tokens, k)
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """``propose`` without indexing: ``tokens`` may end in drafts (the index covers only the real
+        tokens before them), so a lookup can continue after grammar-forced drafts."""
         size = len(tokens)
         for i in range(len(self.tables) - 1, -1, -1):
             n = self.min_n + i

@@ -1,7 +1,8 @@
 """``num_speculative_tokens: auto``: how many drafts each request gets this step (0 allowed).
 
 The expected tokens a request emits with k drafts of per-draft acceptance alpha are
-1 + alpha + ... + alpha^k; the j-th draft adds alpha^j. The step's cost comes from ``LinearCost``.
+1 + alpha + ... + alpha^k; the j-th draft adds alpha^j. Drafts of different origins in one run (a
+grammar-forced stretch, then looked-up tokens) have their own alphas: the j-th adds their product. The step's cost comes from ``LinearCost``.
 Drafts are added best-first (highest alpha^j) while the step's expected tokens per second rise; the
 plan is kept only when it beats plain decoding by ``MARGIN``, so an uncertain estimate decodes plainly.
 At batch 1 a step costs about its fixed part and drafts are nearly free; at a large batch every
@@ -34,12 +35,26 @@ class Acceptance:
         return (self.accepted + PRIOR_WEIGHT * prior) / (self.proposed + PRIOR_WEIGHT)
 
 
+PRIOR_FORCED = 0.9  # grammar-forced drafts, before any was verified: the model almost always agrees
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """A decoding request that could speculate: at most ``limit`` drafts at acceptance ``alpha``."""
+    """A decoding request that could speculate: one acceptance per draft it could get (its limit)."""
 
-    limit: int
-    alpha: float
+    alphas: tuple[float, ...]
+
+    @classmethod
+    def uniform(cls, limit: int, alpha: float) -> Candidate:
+        return cls((alpha,) * limit)
+
+    def gains(self) -> list[float]:
+        """Expected tokens the j-th draft adds: the chance that it and every draft before it are accepted."""
+        out, p = [], 1.0
+        for alpha in self.alphas:
+            p *= alpha
+            out.append(p)
+        return out
 
 
 def plan_drafts(
@@ -50,10 +65,7 @@ def plan_drafts(
     ks = [0] * len(candidates)
     if not candidates or not cost.ready:
         return ks
-    gains = sorted(
-        ((c.alpha**j, i) for i, c in enumerate(candidates) for j in range(1, c.limit + 1) if c.alpha > 0),
-        reverse=True,
-    )
+    gains = sorted(((g, i) for i, c in enumerate(candidates) for g in c.gains() if g > 0), reverse=True)
     base_time = cost.predict([base_tokens, base_rows])
     if base_time <= 0:
         return ks

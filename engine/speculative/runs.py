@@ -14,18 +14,21 @@ from dataclasses import dataclass, field
 from prefixflow.engine.core.kv_cache_manager import KVCacheManager
 from prefixflow.engine.core.request import Request
 
+JUMP_FORWARD = "jump_forward"  # drafts the grammar forced (forced.py), counted apart from the method's own
+
 
 @dataclass
 class SpeculationStats:
-    """Per method: draft tokens proposed, accepted, and verified runs (mean accepted length = accepted / runs)."""
+    """Per method: draft tokens proposed, accepted, and verified runs (mean accepted length = accepted / runs).
+    A run that mixes grammar-forced drafts with the method's counts once under each."""
 
     proposed: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
     method: str = "ngram"
 
-    def record(self, proposed: int, accepted: int) -> None:
-        m = self.method
+    def record(self, proposed: int, accepted: int, method: str | None = None) -> None:
+        m = method or self.method
         self.proposed[m] = self.proposed.get(m, 0) + proposed
         self.accepted[m] = self.accepted.get(m, 0) + accepted
         self.runs[m] = self.runs.get(m, 0) + 1
@@ -69,8 +72,13 @@ def settle(req: Request, targets: list[int], stats: SpeculationStats) -> list[in
     drafts = req.token_ids[len(req.token_ids) - d :]
     m = accepted_length(drafts, targets)
     req.drop_drafts()
-    stats.record(d, m)
     state = req.spec
+    forced = list(state.forced if state is not None else ())[:d]
+    forced += [False] * (d - len(forced))
+    for kind, mine in ((JUMP_FORWARD, True), (None, False)):
+        proposed = sum(1 for f in forced if f is mine)
+        if proposed:
+            stats.record(proposed, sum(1 for f in forced[:m] if f is mine), kind)
     if state is not None:
-        state.observe(d, m)
+        state.observe(forced, m)
     return targets[: m + 1]
