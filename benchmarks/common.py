@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from prefixflow.engine.dtypes import resolve_dtype_name, torch_dtype
+from prefixflow.engine.dtypes import torch_dtype
+from prefixflow.engine.loading.model_identity import resolve_dtype
 
 
 def add_common_args(ap, preset: str = "tiny") -> None:
@@ -50,8 +51,8 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The engine's own rule (``auto``: bf16 on CUDA, float32 on CPU)."""
-    return torch_dtype(resolve_dtype_name(name, device.type == "cuda"))
+    """The engine's own rule for ``auto`` (``resolve_dtype``; no model file here, so float32 on the CPU)."""
+    return torch_dtype(resolve_dtype(name, device.type))
 
 
 @dataclass

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 STORE_OPS = ("exists", "read_bytes", "list_files", "write_atomic", "create_exclusive", "copy", "list_dir",
-             "remove", "remove_tree")  # fmt: skip
+             "remove", "remove_tree", "listing", "remove_files")  # fmt: skip (the last two: issue 23's Store)
 JOB: dict[str, Any] = {
     "id_column": "id",
     "prompt_column": "prompt",
@@ -73,6 +73,8 @@ def instrumented(counters: Counters) -> Iterator[None]:
 
     saved: dict[str, Any] = {}
     for name in STORE_OPS:
+        if not hasattr(Store, name):  # an older checkout (the benchmark runs on both sides of a change)
+            continue
         original = getattr(Store, name)
         saved[name] = original
 
@@ -166,18 +168,47 @@ def run_flow(
         "api_requests_top": counters.api.most_common(8),
         "store_ops": ops,
         "store_ops_per_shard": round(sum(v for k, v in ops.items() if k != "listed_entries") / shards, 2),
+        **_s3_figures(shards),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_growth_mib": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024, 1),
         "loadavg": os.getloadavg(),
     }
 
 
+S3_REQUESTS: Counter[str] = Counter()  # "METHOD folder" of every request moto's server answered (--s3)
+
+
+def _s3_figures(shards: int) -> dict[str, Any]:
+    if not S3_REQUESTS:
+        return {}
+    total = sum(S3_REQUESTS.values())
+    return {"s3_requests": total, "s3_requests_per_shard": round(total / shards, 2),
+            "s3_requests_top": S3_REQUESTS.most_common(12)}  # fmt: skip
+
+
+def _count_s3_requests(app: Any) -> Any:
+    """Wrap moto's WSGI app: count each request by method and the output folder it touches."""
+
+    def counted(environ: dict[str, Any], start_response: Any) -> Any:
+        from urllib.parse import parse_qs
+
+        path = environ.get("PATH_INFO", "").split("/")  # /bucket/out-N/<folder>/...
+        prefix = parse_qs(environ.get("QUERY_STRING", "")).get("prefix", [""])[0].split("/")
+        where = path[3] if len(path) > 3 else f"list {prefix[1] or '(root)'}" if len(prefix) > 1 else "bucket"
+        S3_REQUESTS[f"{environ.get('REQUEST_METHOD')} {where}"] += 1
+        return app(environ, start_response)
+
+    return counted
+
+
 @contextmanager
 def moto_s3() -> Iterator[tuple[str, Any]]:
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    assert server._server is not None
+    server._server.app = _count_s3_requests(server._server.app)
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -209,6 +240,7 @@ def main() -> None:
             if args.s3:
                 with moto_s3() as (endpoint, fs):
                     write_input(f"bench/in-{n}", n, fs)
+                    S3_REQUESTS.clear()
                     r = run_flow(f"s3://bench/in-{n}", f"s3://bench/out-{n}", n, args.lanes,
                                  {"endpoint_url": endpoint})  # fmt: skip
             else:

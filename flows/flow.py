@@ -39,8 +39,9 @@ from prefixflow.pipeline import (
     describe_shards,
     finalize,
     load_job,
+    open_run,
     plan_shards,
-    prepare_output,
+    prepare_run,
     record_prediction,
 )
 from prefixflow.pipeline.job.flags import job_overrides
@@ -73,9 +74,10 @@ def plan_job(
     logger = get_run_logger()
     spec = load_job(input, output, model, job, **overrides)
     with_keys = with_credentials(spec, credentials_block)
-    prepare_output(with_keys, new_run=new_run)
-    record_prediction(with_keys, warn=logger.warning)  # compared with the measured totals at the end
-    infos = describe_shards(with_keys, plan_shards(with_keys))
+    shards = plan_shards(with_keys)
+    run = prepare_run(with_keys, new_run=new_run, shards=shards)
+    record_prediction(run, warn=logger.warning)  # compared with the measured totals at the end
+    infos = describe_shards(with_keys, shards)
     rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
     logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)
     return spec, infos
@@ -92,12 +94,13 @@ def summarize_run(
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
     `complete` says whether every shard is committed) and publish the summary table artifact.
     `resubmits`: lane attempts whose Ray node or worker died, each resubmitted."""
-    summary = finalize(with_credentials(spec, credentials_block))
+    run = open_run(with_credentials(spec, credentials_block))
+    summary = finalize(run)
     metrics = run_metrics(summary.as_dict(), reports, wall_s)
     metrics.update(run_lane_resubmits=list(resubmits or []), run_nodes=sorted({r.node_id for r in reports}))
     publish_summary(metrics, spec.output)
     publish_labels(summary)
-    publish_throughput(with_credentials(spec, credentials_block))  # it reads the output like finalize
+    publish_throughput(run)
     publish_comparison(metrics.get("predicted_vs_measured") or [], spec.output)
     logger = get_run_logger()
     logger.info("run summary: %s", metrics)
@@ -194,7 +197,7 @@ def batch_inference(
             "ray" if layout.on_ray else "threads",
             layout.gpus_per_lane,
         )
-        progress = ShardProgress(with_credentials(spec, credentials_block), groups)
+        progress = ShardProgress(open_run(with_credentials(spec, credentials_block)), groups)
         lane_task = run_lane.with_options(
             retries=lane_retries,
             retry_delay_seconds=[retry_delay_s * 2**i for i in range(max(1, lane_retries))],

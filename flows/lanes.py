@@ -24,11 +24,12 @@ from prefixflow.pipeline import (
     Engine,
     JobSpec,
     ProgressDisplay,
+    Run,
     Shard,
     ShardResult,
-    committed_shard_ids,
     hold_output,
     open_engine,
+    open_run,
     run_shards,
 )
 
@@ -89,8 +90,8 @@ def run_lane(
     logger = get_run_logger()
     report = LaneReport(lane=lane)
     report.node_id, report.node_ip = _where(local)
-    committed = committed_shard_ids(spec)  # one listing, not a marker read per shard
-    pending = [s for s in shards if s.shard_id not in committed]
+    run = open_run(spec)  # one listing of the output; its shards then ask the Run, not the store
+    pending = [s for s in shards if not run.is_committed(s.shard_id)]
     pending_ids = {s.shard_id for s in pending}
     report.already_committed = [s.shard_id for s in shards if s.shard_id not in pending_ids]
     logger.info(
@@ -107,7 +108,7 @@ def run_lane(
         with _devices(limit, gpus_per_lane, local, lane, logger) as (group, names):
             report.devices, report.held_from = names, time.time()
             try:
-                failures = _run_shards(spec, pending, lane, group, report, logger)
+                failures = _run_shards(run, pending, lane, group, report, logger)
             finally:
                 report.held_until = time.time()
     if failures:
@@ -138,7 +139,7 @@ def _devices(
 
 
 def _run_shards(
-    spec: JobSpec, pending: list[Shard], lane: int, group: DeviceGroup | None, report: LaneReport, logger: Any
+    run: Run, pending: list[Shard], lane: int, group: DeviceGroup | None, report: LaneReport, logger: Any
 ) -> dict[str, str]:
     """Load the engine, run `pending` in order, return {shard_id: error} of the shards that raised.
 
@@ -151,6 +152,7 @@ def _run_shards(
         # the engine's `cuda` device for this thread; a tensor-parallel engine's ranks take the
         # group's consecutive ordinals from here
         pin_thread_to_gpu(group.ordinals[0])
+    spec = run.spec
     llm = _load_engine(spec)
     try:
         warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
@@ -159,7 +161,7 @@ def _run_shards(
         heartbeat = ProgressDisplay(sum(s.num_rows for s in pending), mode="log", engine_stats=llm.stats,
                                     emit=functools.partial(logger.info, "lane %d progress: %s", lane))  # fmt: skip
         with hold_output(spec), heartbeat:  # a --new-run elsewhere is refused while this lane writes
-            for outcome in run_shards(spec, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}",
+            for outcome in run_shards(run, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}",
                                       devices=devices):  # fmt: skip
                 shard_id = outcome.shard.shard_id
                 if outcome.result is None:

@@ -15,11 +15,9 @@ from prefect.artifacts import (
 
 from prefixflow.flows.lanes import LaneReport
 from prefixflow.pipeline import (
-    JobSpec,
+    Run,
     RunSummary,
     Shard,
-    committed_shard_ids,
-    is_committed,
     markdown_labels,
     throughput_markdown,
 )
@@ -77,11 +75,11 @@ def summary_table(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def publish_throughput(spec: JobSpec) -> UUID:
+def publish_throughput(run: Run) -> UUID:
     """The throughput-over-time artifact: per-lane sparklines, usage, and the chart inline (the same
     chart is written beside the run summary as _throughput.svg)."""
-    return create_markdown_artifact(throughput_markdown(spec), key=THROUGHPUT_KEY,
-                                    description=f"prefixflow throughput over time for {spec.output}")  # fmt: skip
+    return create_markdown_artifact(throughput_markdown(run), key=THROUGHPUT_KEY,
+                                    description=f"prefixflow throughput over time for {run.spec.output}")  # fmt: skip
 
 
 def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:
@@ -116,12 +114,14 @@ def publish_comparison(rows: Sequence[Mapping[str, Any]], output: str) -> UUID |
 class ShardProgress:
     """Tracks committed shards per lane and mirrors the fraction into a progress artifact.
 
-    Lanes run their shards in order, so each poll only checks the next shards of every lane
-    (a cursor per lane): the whole run costs about one `is_committed` call per shard.
+    Each poll lists the run's markers once (`Run.refresh_commits`: lanes commit in other threads and
+    processes), whatever the number of shards; lanes run their shards in order, so a cursor per lane
+    counts the committed prefix of each.
     """
 
-    def __init__(self, spec: JobSpec, lanes: Sequence[Sequence[Shard]]) -> None:
-        self._spec = spec
+    def __init__(self, run: Run, lanes: Sequence[Sequence[Shard]]) -> None:
+        self._run = run
+        spec = run.spec
         self._lanes = [list(lane) for lane in lanes]
         self._cursor = [0] * len(self._lanes)
         self.total = sum(len(lane) for lane in self._lanes)
@@ -139,8 +139,9 @@ class ShardProgress:
     def poll(self) -> int:
         """Advance the cursors past newly committed shards; update the artifact on change."""
         before = self.done
+        self._run.refresh_commits()
         for i, lane in enumerate(self._lanes):
-            while self._cursor[i] < len(lane) and is_committed(self._spec, lane[self._cursor[i]]):
+            while self._cursor[i] < len(lane) and self._run.is_committed(lane[self._cursor[i]].shard_id):
                 self._cursor[i] += 1
                 self.done += 1
         if self.done != before:
@@ -149,7 +150,8 @@ class ShardProgress:
 
     def finish(self) -> int:
         """Count every committed shard (a failed shard may block a lane's cursor) and publish."""
-        committed = committed_shard_ids(self._spec)  # one listing for all shards
+        self._run.refresh_commits()
+        committed = self._run.committed_ids()  # one listing for all shards
         done = sum(1 for lane in self._lanes for shard in lane if shard.shard_id in committed)
         if done != self.done:
             self.done = done
@@ -158,7 +160,8 @@ class ShardProgress:
 
     def uncommitted(self) -> list[str]:
         """Shard ids that are still not committed."""
-        committed = committed_shard_ids(self._spec)
+        self._run.refresh_commits()
+        committed = self._run.committed_ids()
         return [s.shard_id for lane in self._lanes for s in lane if s.shard_id not in committed]
 
     def _publish(self) -> None:

@@ -20,14 +20,13 @@ from prefixflow.pipeline.job.flags import DEFAULT_MODEL
 from prefixflow.pipeline.job.spec import JobSpec, load_job
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize, status
+from prefixflow.pipeline.run.handle import Run, open_run, prepare_run
 from prefixflow.pipeline.run.planning import Shard, ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.run.record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.run.shard_execution import (
     ProgressSink,
     ShardOutcome,
     ShardResult,
-    committed_shard_ids,
-    is_committed,
     run_shard,
     run_shards,
 )
@@ -50,6 +49,7 @@ __all__ = [
     "OutputStateError",
     "PipelineError",
     "ProgressSink",
+    "Run",
     "RunRecord",
     "RunSummary",
     "markdown_labels",
@@ -62,12 +62,12 @@ __all__ = [
     "describe_shards",
     "finalize",
     "hold_output",
-    "committed_shard_ids",
-    "is_committed",
     "load_job",
     "open_engine",
+    "open_run",
     "plan_shards",
     "prepare_output",
+    "prepare_run",
     "ProgressDisplay",
     "record_prediction",
     "run_shard",
@@ -77,9 +77,8 @@ __all__ = [
 ]
 
 
-def throughput_markdown(spec: JobSpec) -> str:
+def throughput_markdown(run: Run) -> str:
     """The run's usage and throughput over time as Markdown (for the flow's artifact)."""
     from prefixflow.pipeline.report.throughput_report import markdown_report
-    from prefixflow.pipeline.run.record import current_run
 
-    return markdown_report(spec.output, current_run(spec)[0])
+    return markdown_report(run.spec.output, run.layout)

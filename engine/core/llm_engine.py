@@ -8,6 +8,7 @@ requests into ``RequestOutput``s.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -95,6 +96,18 @@ class LLMEngine:
         cfg, host = self.cfg, self.kv.host
         if cfg.kv_cache_dir is None or host is None:
             return
+        root = Path(cfg.kv_cache_dir)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            problem = None if os.access(root, os.W_OK | os.X_OK) else "not writable"
+        except OSError as exc:
+            problem = str(exc)
+        if problem is not None:
+            self.runner.close()
+            raise ValueError(
+                f"EngineConfig.kv_cache_dir={cfg.kv_cache_dir!r} cannot be used ({problem}); give a writable "
+                "local directory, or leave it unset to run without the persistent KV tier"
+            )
         pp = cfg.pipeline_parallel_size
         stages = split_for(self.model_cfg, pp) if pp > 1 else [(0, self.model_cfg.num_layers)]
         namespace, self.disk_namespace = disk_namespace(
@@ -102,7 +115,7 @@ class LLMEngine:
             pp, stages, self.runner.shard.ops.name, self.runner.shard.device.type,
         )  # fmt: skip
         self.runner.open_disk(namespace)
-        host.disk = DiskTier(Path(cfg.kv_cache_dir), namespace, cost, self.runner.load_from_disk)
+        host.disk = DiskTier(root, namespace, cost, self.runner.load_from_disk)
         about = host.disk.folder / "namespace.json"
         if not about.exists():  # what the files were made by, for whoever finds the directory
             write_atomic(about, [json.dumps(self.disk_namespace, indent=1, sort_keys=True, default=str).encode()])

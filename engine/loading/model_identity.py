@@ -104,13 +104,19 @@ def safetensors_files(path: Path) -> list[Path]:
     raise ModelNotFoundError(f"no *.safetensors weights in {path} (safetensors or a .gguf file is needed)")
 
 
-def resolve_dtype(dtype: str = "auto", device: str = "auto") -> str:
-    """The dtype ``EngineConfig(dtype, device)`` runs in: bf16 on CUDA and float32 on CPU for auto."""
+def resolve_dtype(dtype: str = "auto", device: str = "auto", location: ModelLocation | None = None) -> str:
+    """The dtype ``EngineConfig(dtype, device)`` runs ``location`` in. ``auto``: bf16 on CUDA; on the CPU
+    bf16 for a GGUF file of Q8_0/Q4_0/Q4_1 blocks where the CPU multiplies bf16 natively (its weights
+    are already 4-8-bit, and bf16 ran 1.5-2x float32 there: quantization/weight_path.py), else float32."""
     import torch
 
-    from prefixflow.engine.dtypes import resolve_dtype_name
+    if dtype != "auto":
+        return dtype
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return "bfloat16"
+    from prefixflow.engine.quantization.weight_path import cpu_auto_dtype
 
-    return resolve_dtype_name(dtype, device == "cuda" or (device == "auto" and torch.cuda.is_available()))
+    return cpu_auto_dtype(location.path if location is not None and location.kind == "gguf" else None)
 
 
 def describe_model(
@@ -124,7 +130,8 @@ def describe_model(
     ValueError whose message says what is accepted or what to do) for a model that cannot load, and
     ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
-    return identity_of(locate_model(model), resolve_dtype(dtype, device), quantization, sparsity, resolve_device(device))
+    location = locate_model(model)
+    return identity_of(location, resolve_dtype(dtype, device, location), quantization, sparsity, resolve_device(device))
 
 
 def resolve_device(device: str = "auto") -> str:

@@ -114,13 +114,26 @@ def choose_weight_path(
     why = (
         "no packed float32 CPU kernel is as fast as the dense matmul"
         if dtype == "float32"
-        else "this CPU multiplies bf16 natively, and the dense matmul beats the pack ops from batch 16 on"
+        else "this CPU multiplies bf16 natively, and the dense matmul beats the pack ops from batch 16 on "
+        "(dtype='auto' takes bf16 here for a GGUF block file; dtype='float32' for float32 numerics)"
     )
     return WeightPath(
         "dense",
         f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because {why} "
         "(benchmarks/RESULTS.md 'Issue 24'); quantization='gguf' keeps it packed",
     )
+
+
+def cpu_auto_dtype(gguf_file: Path | None, native: bool | None = None) -> str:
+    """``dtype="auto"`` on the CPU: bfloat16 for a GGUF file of Q8_0/Q4_0/Q4_1 blocks on a CPU with
+    native bf16 matmuls (``native``; read from the host when None), float32 otherwise.
+
+    Why: such a file's weights are already 4-8-bit approximations, and there dense bf16 ran 1.5-2x
+    dense float32 from batch 16 on (and never slower at batch 1): benchmarks/RESULTS.md "Issue 24".
+    Float32 checkpoints keep float32 (transformers' float32 numerics); ``dtype="float32"`` asks for it."""
+    if gguf_file is None or gguf_dense_bytes(gguf_file, "float32") == 0:
+        return "float32"
+    return "bfloat16" if (native_bf16() if native is None else native) else "float32"
 
 
 def native_bf16() -> bool:

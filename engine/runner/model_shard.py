@@ -22,13 +22,13 @@ from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
 from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
 from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
-from prefixflow.engine.dtypes import resolve_dtype_name, torch_dtype
+from prefixflow.engine.dtypes import torch_dtype
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.disk_store import DiskKVStore
 from prefixflow.engine.kv_offload.disk_tier import digest_of, staging_blocks
 from prefixflow.engine.kv_offload.host_store import HostKVStore
 from prefixflow.engine.loading.model_config import ModelConfig
-from prefixflow.engine.loading.model_identity import ModelLocation
+from prefixflow.engine.loading.model_identity import ModelLocation, resolve_dtype
 from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
@@ -66,7 +66,7 @@ class ModelShard:
         self.pipeline_stats = PipelineStats()
         self.max_model_len = max_model_len
         self.device = device
-        self.dtype = torch_dtype(resolve_dtype_name(cfg.dtype, device.type == "cuda"))
+        self.dtype = torch_dtype(resolve_dtype(cfg.dtype, device.type, source.location))
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
         quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.advisor.memory import EngineLimits
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.run.layout import Layout
+
+if TYPE_CHECKING:
+    from prefixflow.pipeline.run.handle import Run
 
 RUN_SAMPLE_ROWS = 256  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
 
@@ -92,16 +95,14 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
     return rows
 
 
-def record_prediction(spec: JobSpec, warn: Callable[[str], None] | None = None) -> None:
-    """Predict the run of ``spec`` once (a resumed run keeps its first prediction). Never fails the run:
+def record_prediction(run: Run, warn: Callable[[str], None] | None = None) -> None:
+    """Predict the run once (a resumed run keeps its first prediction). Never fails the run:
     a prediction that cannot be made is reported through ``warn`` and the run goes on without it."""
-    from prefixflow.pipeline.run.record import current_run
-
     try:
-        layout, _ = current_run(spec)
-        if layout.store.exists(layout.prediction):
+        layout = run.layout
+        if layout.prediction in run.files.paths:
             return
-        prediction = predict_run(spec)
+        prediction = predict_run(run.spec)
         layout.store.write_atomic(layout.prediction, json.dumps(prediction, indent=1, sort_keys=True).encode())
     except Exception as exc:  # the advice is a by-product: the rows matter more
         if warn is not None:

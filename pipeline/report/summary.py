@@ -17,16 +17,11 @@ from prefixflow.pipeline.report.throughput_report import usage, write_charts
 from prefixflow.pipeline.report.throughput_series import load_series, summary_of
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
+from prefixflow.pipeline.run.files import RunFiles
+from prefixflow.pipeline.run.handle import Run
 from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.planning import plan_shards
-from prefixflow.pipeline.run.record import (
-    RunRecord,
-    current_run,
-    foreign_files,
-    output_layout,
-    read_run_record,
-    sweep,
-)
+from prefixflow.pipeline.run.record import RunRecord, foreign_files, read_run_record, sweep
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.label.batch import read_prior
 from prefixflow.pipeline.tasks.label.charts import write_label_charts
@@ -93,13 +88,14 @@ class RunSummary:
 def summarize_layout(
     layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
     num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
-    data: DataState | None = None, label_names: tuple[str, ...] = (),
+    data: DataState | None = None, label_names: tuple[str, ...] = (), files: RunFiles | None = None,
 ) -> RunSummary:  # fmt: skip
     """Totals of ``layout``'s run from its ``markers`` (only those of planned shards count, when the plan
     is known); ``num_labels`` (how many labels a label job lists) enables the label-collapse check (over
     the calibrated labels), ``label_names`` (the job's, in order) the label-quality report.
     ``data`` (what data/ holds) lets the summary tell committed from published: without it every
-    committed shard is taken as published (finalize, which has just published them)."""
+    committed shard is taken as published (finalize, which has just published them). ``files``: a
+    listing of the run (which shards have staged parts), else the staging folder is listed here."""
     if planned is not None:
         wanted = set(planned)
         unplanned = sorted(m.shard_id for m in markers if m.shard_id not in wanted)
@@ -114,7 +110,7 @@ def summarize_layout(
             classes[k] = classes.get(k, 0) + v
         for k, v in m.label_counts.items():
             labels[k] = labels.get(k, 0) + v
-    staged = set(layout.store.list_dir(layout.staging()))
+    staged = set(files.staged) if files is not None else set(layout.store.list_dir(layout.staging()))
     pending = [s for s in planned if s not in done] if planned is not None else []
     unpublished = data.unpublished(markers) if data is not None else []
     lost = data.lost(markers) if data is not None else []
@@ -175,70 +171,80 @@ _OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")
 
 @dataclass(frozen=True)
 class DataState:
-    """What the run's data/ folder holds beside its markers. ``files`` is listed before the markers: a
-    part is published only after its marker exists, so a concurrent commit never looks unlisted."""
+    """What the run's data/ folder holds beside its markers, from one listing (``files``). The listing is
+    taken before the markers are read: a part is published only after its marker exists, so a concurrent
+    commit never looks unlisted."""
 
     layout: Layout
-    files: frozenset[str]
+    files: RunFiles
     markers: list[commits.CommitMarker]
     orphans: list[str]  # our own part names in a shard folder no marker lists (its marker was deleted)
     foreign: list[str]  # anything else no marker lists: written by no run
 
     def unpublished(self, markers: list[commits.CommitMarker]) -> list[str]:
         """Shards committed but not (wholly) in data/: a kill between marker and publish."""
-        return sorted(m.shard_id for m in markers if any(self.layout.path(p.data) not in self.files for p in m.parts))
+        return sorted(m.shard_id for m in markers if self._missing(m))
 
     def lost(self, markers: list[commits.CommitMarker]) -> list[str]:
         """Unpublished shards whose missing parts are not staged either: the next run generates them again."""
-        store, out = self.layout.store, []
-        for m in markers:
-            gone = [p for p in m.parts if self.layout.path(p.data) not in self.files]
-            if any(not store.exists(self.layout.path(p.staged)) for p in gone):
-                out.append(m.shard_id)
-        return sorted(out)
+        staged = self.files.paths
+        return sorted(m.shard_id for m in markers if any(self.layout.path(p.staged) not in staged for p in self._missing(m)))
+
+    def _missing(self, marker: commits.CommitMarker) -> list[commits.MarkerPart]:
+        have = self.files.data.get(marker.shard_id, frozenset())
+        return [p for p in marker.parts if self.layout.path(p.data) not in have]
 
 
-def data_state(layout: Layout) -> DataState:
-    files = layout.store.list_files(layout.data)
-    markers = commits.list_markers(layout)
+def data_state(layout: Layout, files: RunFiles, markers: list[commits.CommitMarker]) -> DataState:
+    """``files`` (a listing of the run) against its ``markers``: orphan and foreign files in data/."""
     listed = {layout.path(p.data) for m in markers for p in m.parts}
     orphans: list[str] = []
-    foreign: list[str] = []
-    for f in files:
-        if f in listed:
-            continue
-        parts = layout.rel(f).split("/")[2:]  # data/<run>/<shard>/<name>
-        (orphans if len(parts) == 2 and _OWN_PART.fullmatch(parts[1]) else foreign).append(layout.rel(f))
-    return DataState(layout, frozenset(files), markers, orphans, foreign)
+    foreign: list[str] = [layout.rel(f) for f in files.other_data]
+    for shard_files in files.data.values():
+        for f in sorted(shard_files):
+            if f in listed:
+                continue
+            parts = layout.rel(f).split("/")[2:]  # data/<run>/<shard>/<name>
+            (orphans if len(parts) == 2 and _OWN_PART.fullmatch(parts[1]) else foreign).append(layout.rel(f))
+    return DataState(layout, files, markers, sorted(orphans), sorted(foreign))
 
 
-def finalize(spec: JobSpec) -> RunSummary:
+def finalize(run: Run) -> RunSummary:
     """Publish any committed part a crash left unpublished (and regenerate nothing: a shard whose part was
     deleted is uncommitted, so it shows as pending), drop markers of shards the plan no longer has, remove
     parts left by deleted markers and what replaced runs and finished attempts left, then write
     _manifest.json with the totals. Raises OutputStateError when data/ holds files no run wrote (readers
-    would take their rows for results)."""
-    with lease.hold(output_layout(spec)):
-        layout, record = current_run(spec)
-        sweep(output_layout(spec), record)
-        planned = [s.shard_id for s in plan_shards(spec)]
-        state = data_state(layout)
+    would take their rows for results). Lists the output once (lanes elsewhere committed too); reads only
+    the markers the Run does not hold yet."""
+    spec, layout = run.spec, run.layout
+    with lease.hold(run.root):
+        run.refresh()
+        sweep(run.root, run.record, run.files.folders)
+        planned = list(run.planned) if run.planned is not None else [s.shard_id for s in plan_shards(spec)]
+        state = data_state(layout, run.files, run.markers())
         if state.foreign:
             raise foreign_files(layout, state.foreign)
         wanted, markers = set(planned), []
         for marker in state.markers:
             if marker.shard_id not in wanted:  # not in the plan: never counts, and its rows leave data/
                 commits.drop(layout, marker.shard_id)
-            elif commits.repair(layout, marker):
+                run.dropped(marker.shard_id)
+            elif commits.repair(layout, marker, run.present(marker.shard_id)):
                 markers.append(marker)
+            else:
+                run.dropped(marker.shard_id)
         for orphan in state.orphans:
             layout.store.remove(layout.path(orphan))
-        for marker in markers:  # leftovers of attempts that lost a commit race, or of a cleanup cut short
-            layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
+        # leftovers of attempts that lost a commit race, or of a cleanup cut short or batched
+        done = {m.shard_id for m in markers}
+        layout.store.remove_files([p for s in done for p in run.staged_parts(s)])
+        if layout.store.is_local:
+            for shard_id in sorted(done & set(run.files.staged)):
+                layout.store.remove_tree(layout.staging(shard_id), best_effort=True)
         job = spec.config.as_record()
         summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
-                                   label_names=job_labels(job))  # fmt: skip
-        summary = with_prediction(layout, summary)
+                                   label_names=job_labels(job), files=run.files)  # fmt: skip
+        summary = with_prediction(layout, summary, run.files)
         series = load_series(layout)
         charts = [layout.rel(p) for p in write_charts(layout, series)]
         charts += [layout.rel(p) for p in write_label_charts(layout, summary)]
@@ -249,10 +255,12 @@ def finalize(spec: JobSpec) -> RunSummary:
 
 
 def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummary, RunRecord]:
-    """Where a run stands, from its output root alone (re-plans the input when it is reachable)."""
+    """Where a run stands, from its output root alone (re-plans the input when it is reachable): one
+    listing of the root, the record, and every marker once."""
     storage = storage or StorageConfig()
     root = Layout(Store.open(output, storage))
-    record = read_run_record(root)
+    listing = root.store.listing(root.store.root)
+    record = read_run_record(root) if root.record in listing else None
     if record is None:
         raise JobConfigError(f"{output} holds no prefixflow run (no _prefixflow.json); check the path")
     layout = root.for_run(record.run_id)
@@ -265,24 +273,28 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
         planned = [sh.shard_id for sh in plan_shards(spec)]
     except Exception:
         planned = None
-    state = data_state(layout)
+    files = RunFiles.of(layout, listing)
+    found = (commits.committed_marker(layout, shard_id) for shard_id in sorted(files.markers))
+    state = data_state(layout, files, [m for m in found if m is not None])
     markers, foreign = state.markers, state.foreign
-    folders = [n for n in root.store.list_dir(root.path("data")) if n != record.run_id]
+    folders = sorted(files.folders.get("data", frozenset()) - {record.run_id})
     others = [f"data/{n}" for n in folders if n not in record.retired_runs]
     replaced = [f"data/{n}" for n in folders if n in record.retired_runs]
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
     labels = job_labels(recorded) if isinstance(recorded, dict) else ()
     summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced, state,
-                               labels)  # fmt: skip
-    return with_prediction(layout, summary), record
+                               labels, files)  # fmt: skip
+    return with_prediction(layout, summary, files), record
 
 
-def with_prediction(layout: Layout, summary: RunSummary) -> RunSummary:
+def with_prediction(layout: Layout, summary: RunSummary, files: RunFiles | None = None) -> RunSummary:
     """``summary`` with the advisor's prediction for this run set beside what it measured (when the run
-    stored one; see pipeline/advisor/compare.py)."""
+    stored one; see pipeline/advisor/compare.py). ``files``: a listing that says whether there is one."""
     from prefixflow.pipeline.advisor.compare import compare, read_prediction
 
+    if files is not None and layout.prediction not in files.paths:
+        return summary
     prediction = read_prediction(layout)
     if prediction is None:
         return summary

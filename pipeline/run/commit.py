@@ -14,7 +14,7 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,14 +80,15 @@ def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartIn
                     labels, quality)  # fmt: skip
 
 
-def scan_staged(layout: Layout, shard_id: str) -> list[PartInfo]:
+def scan_staged(layout: Layout, shard_id: str, staged: tuple[str, ...] | None = None) -> list[PartInfo]:
     """Staged parts of earlier attempts that can be kept: in attempt/part order, skipping any part that
     overlaps rows already covered (possible only if two attempts of one shard ran at once).
-    Unreadable leftovers are ignored; their rows are simply generated again."""
+    Unreadable leftovers are ignored; their rows are simply generated again. ``staged``: the shard's
+    staged part paths when known (a Run's listing), else listed here."""
     store = layout.store
     chosen: list[PartInfo] = []
     covered: set[int] = set()
-    for path in store.list_files(layout.staging(shard_id)):
+    for path in store.list_files(layout.staging(shard_id)) if staged is None else sorted(staged):
         if not path.endswith(".parquet"):
             continue
         try:
@@ -188,20 +189,24 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
 
 
 def commit(
-    layout: Layout, marker: CommitMarker, before_publish: Callable[[], None] | None = None
-) -> CommitMarker:
+    layout: Layout, marker: CommitMarker, before_publish: Callable[[], None] | None = None,
+    present: Collection[str] | None = None, clean: bool = True,
+) -> CommitMarker:  # fmt: skip
     """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish
-    (after ``before_publish``, which raises to stop) and clean the shard's staging up (best effort:
-    a concurrent attempt may still write there; ``finalize`` removes what stays)."""
+    (after ``before_publish``, which raises to stop; ``present`` as in ``publish``) and, with ``clean``,
+    remove the shard's staging (best effort: a concurrent attempt may still write there; ``finalize``
+    removes what stays). A Run passes ``clean=False`` and deletes staged parts in batches instead."""
     hook("commit_begin")
     if not layout.store.create_exclusive(layout.marker(marker.shard_id), marker.to_json()):
         marker = read_marker(layout, marker.shard_id)
+        present = None  # the winner's parts: ask the store
     hook("commit_marker")
     if before_publish is not None:
         before_publish()
-    publish(layout, marker)
+    publish(layout, marker, present)
     hook("commit_end")
-    layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
+    if clean:
+        layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
     return marker
 
 
@@ -209,22 +214,34 @@ class PartLost(Exception):
     """A committed part is neither staged nor published: its rows are gone (someone deleted them)."""
 
 
-def publish(layout: Layout, marker: CommitMarker) -> None:
+def publish(layout: Layout, marker: CommitMarker, present: Collection[str] | None = None) -> None:
     """Copy every listed part to its data/ name, after removing any other file in the shard's data/
     folder (parts of an earlier commit of this shard whose marker was deleted: publishing them beside
     the new ones would show their rows twice). Idempotent; safe to repeat after a crash. Raises PartLost
-    when a part is neither staged nor published (``repair`` then regenerates the shard)."""
+    when a part is neither staged nor published (``repair`` then regenerates the shard).
+
+    ``present``: the shard's staged and data/ files known to exist (a Run's listing plus its own writes);
+    then nothing known is asked again, and only what it lacks costs a request. None: ask the store."""
     store = layout.store
     listed = {layout.path(p.data) for p in marker.parts}
-    for stale in store.list_files(layout.data_shard(marker.shard_id)):
+    folder = layout.data_shard(marker.shard_id) + "/"
+    in_data = store.list_files(folder) if present is None else [p for p in present if p.startswith(folder)]
+    for stale in in_data:
         if stale not in listed:
             store.remove(stale)
+    known = set(in_data) if present is None else set(present)
     for i, part in enumerate(marker.parts):
         src, dst = layout.path(part.staged), layout.path(part.data)
         if i == 1:
             hook("publish_mid")
-        if store.exists(dst):
+        if dst in known:
             continue
+        if src in known:
+            try:
+                store.copy(src, dst)
+                continue
+            except FileNotFoundError:  # gone since the listing: ask the store below
+                pass
         if not store.exists(src):
             if store.exists(dst):  # a concurrent publisher copied it, then cleaned staging up
                 continue
@@ -233,12 +250,12 @@ def publish(layout: Layout, marker: CommitMarker) -> None:
         store.copy(src, dst)
 
 
-def repair(layout: Layout, marker: CommitMarker) -> bool:
+def repair(layout: Layout, marker: CommitMarker, present: Collection[str] | None = None) -> bool:
     """Make a committed shard visible: publish it; True when every part is in data/. When a part is lost
     (deleted by hand), the marker and the shard's data are removed and False comes back: the shard is
     then uncommitted and the run generates it again, instead of failing on every resume."""
     try:
-        publish(layout, marker)
+        publish(layout, marker, present)
         return True
     except PartLost as exc:
         _log.warning("%s; shard %s will be generated again", exc, marker.shard_id)

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.job.spec import JobSpec
-from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.storage.sources import list_inputs
 from prefixflow.pipeline.tasks.rows import derived_id
 
@@ -69,9 +68,9 @@ def unique_derived_ids(nulls: list[tuple[str, int]], taken: set[str]) -> dict[tu
     return renamed
 
 
-def load_derived_ids(layout: Layout, relpath: str) -> dict[int, str]:
-    """Row -> derived id of the null-id rows of ``relpath`` whose default derived id is taken."""
-    table = _index(layout)
+def load_derived_ids(table: pa.Table | None, relpath: str) -> dict[int, str]:
+    """Row -> derived id of the null-id rows of ``relpath`` whose default derived id is taken, from the
+    run's id index ``table`` (``Run.id_index``)."""
     if table is None or "derived_id" not in table.column_names:
         return {}
     rows = zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist(),
@@ -79,16 +78,9 @@ def load_derived_ids(layout: Layout, relpath: str) -> dict[int, str]:
     return {r: d for f, r, d in rows if f == relpath and d is not None}
 
 
-def _index(layout: Layout) -> pa.Table | None:
-    if not layout.store.exists(layout.duplicates):
-        return None
-    return pq.read_table(io.BytesIO(layout.store.read_bytes(layout.duplicates)))
-
-
-def load_duplicates(layout: Layout, relpath: str) -> dict[tuple[str, int], tuple[str, int] | None]:
+def load_duplicates(table: pa.Table | None, relpath: str) -> dict[tuple[str, int], tuple[str, int] | None]:
     """(file, row) of each repeated id in ``relpath`` -> (file, row) of its first use (None in an index
-    written by an older prefixflow); empty without an id column."""
-    table = _index(layout)
+    written by an older prefixflow), from the run's id index ``table``; empty without an id column."""
     if table is None:
         return {}
     files, rows = table.column("source_file").to_pylist(), table.column("row_index").to_pylist()

@@ -13,14 +13,15 @@ from rich.text import Text
 
 from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.engine_access import Engine, open_engine
-from prefixflow.pipeline.errors import ShardError
+from prefixflow.pipeline.errors import PipelineError, ShardError
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
-from prefixflow.pipeline.run.planning import plan_shards
-from prefixflow.pipeline.run.record import check_output, current_run, hold_output, prepare_output
-from prefixflow.pipeline.run.shard_execution import is_committed, run_shards
+from prefixflow.pipeline.run.handle import open_run, prepare_run
+from prefixflow.pipeline.run.planning import Shard, plan_shards
+from prefixflow.pipeline.run.record import check_output, hold_output
+from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage.read_hint import polars_hint
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
@@ -38,7 +39,7 @@ def run_local(
     shards = plan_shards(spec)
     check_output(spec, new_run)
     owned = llm is None
-    if llm is None and (new_run or any(not is_committed(spec, s) for s in shards)):
+    if llm is None and (new_run or _left_to_run(spec, shards)):
         llm = open_engine(spec)
     try:
         if llm is not None:
@@ -46,30 +47,40 @@ def run_local(
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
         with hold_output(spec, driver="prefixflow run"):
-            prepare_output(spec, new_run=new_run)
-            todo = [s for s in shards if not is_committed(spec, s)]
+            run = prepare_run(spec, new_run=new_run, shards=shards)
+            todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
                           f"{len(shards) - len(todo)} already committed")  # fmt: skip
             if todo:
-                record_prediction(spec, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
+                record_prediction(run, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
                 if spec.task.keeps_run_state(spec.config):  # a label prior: made at plan time, the sample's
-                    layout, record = current_run(spec)  # prompts then sit in the prefix cache
-                    spec.task.run_state(spec, layout, record.fingerprint_hash, llm, shards,
-                                        warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True))  # fmt: skip
+                    run.cached("task_state", lambda: spec.task.run_state(  # prompts then sit in the prefix cache
+                        spec, run.layout, run.fingerprint, llm, shards,
+                        warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)))  # fmt: skip
                 mode = "off" if progress is False else "bar" if progress else "auto"
                 with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
                                      engine_stats=getattr(llm, "stats", None), console=console,
                                      log_every_s=progress_interval) as bar:  # fmt: skip
-                    for outcome in run_shards(spec, todo, llm, progress=bar):
+                    for outcome in run_shards(run, todo, llm, progress=bar):
                         if outcome.error is not None:
                             failures.append(outcome.error)
                             console.print(f"[red]shard failed[/] {outcome.error}", soft_wrap=True)
-            return finalize(spec), failures
+            return finalize(run), failures
     finally:
         close = getattr(llm, "close", None) if owned else None
         if close is not None:
             close()  # tensor-parallel worker processes leave with the run
+
+
+def _left_to_run(spec: JobSpec, shards: list[Shard]) -> bool:
+    """Whether a shard of the plan is not committed yet (also when the output holds no run of this job:
+    one listing of the output, before the engine is loaded for nothing)."""
+    try:
+        run = open_run(spec)
+    except PipelineError:
+        return True
+    return any(not run.is_committed(s.shard_id) for s in shards)
 
 
 def print_summary(console: Console, summary: RunSummary, storage: StorageConfig | None = None) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -26,13 +26,13 @@ from prefixflow.pipeline.errors import (
     JobConfigError,
     OutputNotPrepared,
     OutputStateError,
-    RunSuperseded,
 )
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.duplicates import duplicate_index
+from prefixflow.pipeline.run.files import RunFiles
 from prefixflow.pipeline.run.layout import LEASES_DIR, PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
 from prefixflow.pipeline.run.output_schema import (
     kept_column_types,
@@ -101,18 +101,23 @@ def hold_output(spec: JobSpec, driver: str = "", ref: str = "") -> Iterator[list
 
 def read_run_record(layout: Layout) -> RunRecord | None:
     """The run record, None when there is none; OutputStateError when it cannot be used."""
-    where = layout.record
     try:
-        if not layout.store.exists(where):
-            return None
-        data = json.loads(layout.store.read_bytes(where))
+        data = layout.store.read_bytes(layout.record)
     except FileNotFoundError:
         return None
+    except Exception as exc:
+        raise storage_failure(layout, exc) from exc
+    return parse_run_record(layout, data)
+
+
+def parse_run_record(layout: Layout, blob: bytes) -> RunRecord:
+    """The run record stored as ``blob``; OutputStateError when it cannot be used."""
+    where = layout.record
+    try:
+        data = json.loads(blob)
     except ValueError as exc:
         raise OutputStateError(f"{where} is not a readable prefixflow run record ({exc}); prefixflow will not "
                                "guess what in that folder is its own: move it away or write to another --output") from exc  # fmt: skip
-    except Exception as exc:
-        raise storage_failure(layout, exc) from exc
     if isinstance(data, dict) and "run_id" not in data and "fingerprint_hash" in data:
         raise OutputStateError(
             f"{layout.store.root} holds a run of an older prefixflow (its record has no run id). Finish or "
@@ -158,25 +163,6 @@ def check_fingerprint(spec: JobSpec, layout: Layout, record: RunRecord | None) -
             "(prepare_output(new_run=True)) to discard the old results."
         )
     return record
-
-
-def current_run(spec: JobSpec) -> tuple[Layout, RunRecord]:
-    """The output's run record, checked against this job, and the layout of that run's folders."""
-    layout = output_layout(spec)
-    record = check_fingerprint(spec, layout, read_run_record(layout))
-    return layout.for_run(record.run_id), record
-
-
-def ensure_current(layout: Layout, record: RunRecord) -> None:
-    """Raise RunSuperseded when the output's record no longer names ``record``'s run (a --new-run
-    replaced it): this run's rows must not be committed or published any more."""
-    now = read_run_record(layout)
-    if now is None or now.run_id != record.run_id:
-        raise RunSuperseded(
-            f"output {layout.store.url(layout.store.root)} was taken over by another run "
-            f"({now.run_id if now else 'record removed'}) while run {record.run_id} was writing it; this "
-            "process stopped without committing more. Run the command again to resume the current run"
-        )
 
 
 def _check_output_root(spec: JobSpec, layout: Layout) -> None:
@@ -258,6 +244,11 @@ def check_inputs(spec: JobSpec, existing: RunRecord, fresh: RunRecord) -> None:
 
 
 def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
+    """``prepare``, for callers that need only the record."""
+    return prepare(spec, new_run)[0]
+
+
+def prepare(spec: JobSpec, new_run: bool = False) -> tuple[RunRecord, list[commits.CommitMarker]]:
     """Write this job's run record (or check the existing one), remove what replaced runs left, index
     duplicate ids; return the record.
 
@@ -267,6 +258,7 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
     which replaces it, and is itself refused (OutputBusy) while another process still writes the output.
     A run with the same fingerprint is resumed unless its input files changed (InputChanged); ``new_run``
     always starts over. A resume first publishes what a kill left committed but unpublished.
+    Also returns the run's markers (read for that repair), so a Run opened next need not read them.
     """
     fresh = check_output(spec, new_run)
     layout = output_layout(spec)
@@ -284,10 +276,10 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
             layout.store.remove_temp_files(skip=(LEASES_DIR,))
         run = layout.for_run(record.run_id)
         mark_in_progress(layout, record)
-        repair_published(run)
+        markers = repair_published(run)
         if spec.config.id_column and not run.store.exists(run.duplicates):
             run.store.write_atomic(run.duplicates, duplicate_index(spec))
-    return record
+    return record, markers
 
 
 def mark_in_progress(layout: Layout, record: RunRecord) -> None:
@@ -298,11 +290,15 @@ def mark_in_progress(layout: Layout, record: RunRecord) -> None:
     layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
-def repair_published(run: Layout) -> None:
+def repair_published(run: Layout) -> list[commits.CommitMarker]:
     """Publish every committed shard a kill left unpublished (publishing is part of committing), and
-    uncommit those whose parts were deleted, so they are generated again (commit.repair)."""
-    for marker in commits.list_markers(run):
-        commits.repair(run, marker)
+    uncommit those whose parts were deleted, so they are generated again (commit.repair). Returns the
+    markers that stay. Two listings (data/ and staging) tell what is there, not a request per part."""
+    markers = commits.list_markers(run)
+    if not markers:
+        return []
+    files = RunFiles.of(run, {**run.store.listing(run.data), **run.store.listing(run.staging())})
+    return [m for m in markers if commits.repair(run, m, files.present(m.shard_id))]
 
 
 def _refuse_foreign_root(spec: JobSpec, layout: Layout) -> None:
@@ -348,13 +344,15 @@ def _replace(layout: Layout, fresh: RunRecord, replacing: str) -> RunRecord:
     return record
 
 
-def sweep(layout: Layout, record: RunRecord) -> None:
+def sweep(layout: Layout, record: RunRecord, folders: Mapping[str, Collection[str]] | None = None) -> None:
     """Remove the folders of retired runs; refuse anything in data/ (or the other run-scoped folders)
-    that no run record names, since readers of data/**/*.parquet would take its rows for results."""
+    that no run record names, since readers of data/**/*.parquet would take its rows for results.
+    ``folders``: the names below each run-scoped folder when a listing already tells (RunFiles)."""
     foreign: list[str] = []
     retired: list[str] = []
     for top in RUN_SCOPED:
-        for name in layout.store.list_dir(layout.path(top)):
+        names = folders.get(top, ()) if folders is not None else layout.store.list_dir(layout.path(top))
+        for name in sorted(names):
             if name == record.run_id:
                 continue
             (retired if name in record.retired_runs else foreign).append(f"{top}/{name}")

@@ -15,17 +15,15 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.job.config import OutputConfig
-from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.report.progress import Tee
 from prefixflow.pipeline.report.speculation import SPECULATION_COUNTS
 from prefixflow.pipeline.report.throughput_series import ThroughputRecorder, saver
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.duplicates import load_derived_ids, load_duplicates
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.handle import Run
 from prefixflow.pipeline.run.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.run.planning import Shard
-from prefixflow.pipeline.run.record import current_run, ensure_current, output_layout
 from prefixflow.pipeline.storage.sources import read_rows
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.base import RowWatch
@@ -70,33 +68,11 @@ class ShardResult:
                    marker.preemptions)  # fmt: skip
 
 
-def is_committed(spec: JobSpec, shard: Shard) -> bool:
-    """The current run of ``spec.output`` committed ``shard`` (False when there is no run of this job)."""
-    try:
-        layout, _ = current_run(spec)
-    except PipelineError:
-        return False
-    return commits.committed_marker(layout, shard.shard_id) is not None
-
-
-def committed_shard_ids(spec: JobSpec) -> frozenset[str]:
-    """The shards the current run of ``spec.output`` committed, from ONE listing of its marker folder
-    (empty when there is no run of this job). Markers live in the run's own folder and are created
-    whole and exclusively, so a name there is a commit. Use it instead of ``is_committed`` per shard
-    when asking about many shards: that reads the run record and a marker for each."""
-    try:
-        layout, _ = current_run(spec)
-    except PipelineError:
-        return frozenset()
-    names = (p.rsplit("/", 1)[-1] for p in layout.store.list_files(layout.commits))
-    return frozenset(n.removesuffix(".json") for n in names if n.endswith(".json"))
-
-
 class _Flusher:
     """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``."""
 
-    def __init__(self, layout: Layout, shard_id: str, schema: pa.Schema, cfg: OutputConfig) -> None:
-        self.layout, self.shard_id, self.schema = layout, shard_id, schema
+    def __init__(self, run: Run, shard_id: str, schema: pa.Schema, cfg: OutputConfig) -> None:
+        self.run, self.shard_id, self.schema = run, shard_id, schema
         self.rows, self.seconds = cfg.flush_rows, cfg.flush_seconds
         self.attempt = f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
         self.buffer: list[dict[str, Any]] = []
@@ -114,42 +90,47 @@ class _Flusher:
             return
         hook("flush_begin")
         data = encode_part(self.buffer, self.schema)
-        self.parts.append(commits.write_part(self.layout, self.shard_id, self.attempt, len(self.parts), data))
+        part = commits.write_part(self.run.layout, self.shard_id, self.attempt, len(self.parts), data)
+        self.run.wrote(self.shard_id, part.staged)
+        self.parts.append(part)
         self.buffer = []
 
 
 def run_shard(
-    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None = None, *,
+    run: Run, shard: Shard, llm: Engine, progress: ProgressSink | None = None, *,
     label_watch: RowWatch | None = None,
 ) -> ShardResult:  # fmt: skip
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
     Raises ShardError when the input file cannot be read, RunSuperseded when a --new-run replaced the
     output's run meanwhile (nothing of this shard is then published). ``label_watch`` sees every
-    finished row."""
-    with lease.hold(output_layout(spec)):
-        return _run_shard(spec, shard, llm, progress, label_watch)
+    finished row. What the Run knows (markers, staged parts, data/) is not asked of the store again."""
+    with lease.hold(run.root):
+        return _run_shard(run, shard, llm, progress, label_watch)
 
 
 def _run_shard(
-    spec: JobSpec, shard: Shard, llm: Engine, progress: ProgressSink | None, label_watch: RowWatch | None
+    run: Run, shard: Shard, llm: Engine, progress: ProgressSink | None, label_watch: RowWatch | None
 ) -> ShardResult:
     start = time.perf_counter()
-    layout, record = current_run(spec)
-    marker = commits.committed_marker(layout, shard.shard_id)
-    if marker is not None and commits.repair(layout, marker):  # a lost part uncommits it: generate again
-        if progress is not None:
-            progress.resumed(marker.rows)
-        return ShardResult.from_marker(marker, skipped=True)
+    spec, layout = run.spec, run.layout
+    marker = run.marker(shard.shard_id)
+    if marker is not None:
+        if commits.repair(layout, marker, run.present(shard.shard_id)):
+            if progress is not None:
+                progress.resumed(marker.rows)
+            return ShardResult.from_marker(marker, skipped=True)
+        run.dropped(shard.shard_id)  # a lost part uncommitted it: generate it again
     if shard.error:
         raise ShardError(shard.shard_id, shard.error)
-    kept_parts = commits.scan_staged(layout, shard.shard_id)
+    kept_parts = commits.scan_staged(layout, shard.shard_id, run.staged_parts(shard.shard_id))
     done = {k for p in kept_parts for k in p.row_keys}
     if progress is not None and done:
         progress.resumed(len(done))
     try:
         in_store = Store.open(spec.input, spec.config.storage)
-        table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns())
+        size = run.record.inputs.get(shard.relpath, {}).get("size")
+        table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns(), size)
         rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
     except Exception as exc:
         raise ShardError(
@@ -159,10 +140,10 @@ def _run_shard(
         raise ShardError(shard.shard_id, f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
                          "the file changed since planning")  # fmt: skip
     cfg = spec.config
-    flusher = _Flusher(layout, shard.shard_id, record.schema, cfg.output)
+    flusher = _Flusher(run, shard.shard_id, run.cached("schema", lambda: run.record.schema), cfg.output)
     task = spec.task
-    prep = RowPreparer(cfg, llm, load_duplicates(layout, shard.relpath), task)
-    renamed = load_derived_ids(layout, shard.relpath)  # null ids whose default derived id is a real id
+    prep = RowPreparer(cfg, llm, load_duplicates(run.id_index(), shard.relpath), task)
+    renamed = load_derived_ids(run.id_index(), shard.relpath)  # null ids whose default derived id is a real id
     pending: list[Prepared] = []
 
     def emit(rec: dict[str, Any]) -> None:
@@ -188,7 +169,7 @@ def _run_shard(
     state = None  # the run's shared state (a label job's stored prior, made now if this is the first shard)
     if pending:
         warn = getattr(label_watch, "warn", None)
-        state = task.run_state(spec, layout, record.fingerprint_hash, llm, warn=warn)
+        state = run.cached("task_state", lambda: task.run_state(spec, layout, run.fingerprint, llm, warn=warn))
     try:
         for rec in execute(llm, prep, pending, cfg.output.flush_rows, state):
             emit(rec)
@@ -199,12 +180,14 @@ def _run_shard(
     covered = sum(p.rows for p in parts)
     if covered != shard.num_rows:
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
-    marker = commits.build_marker(layout, shard.shard_id, record.fingerprint_hash, flusher.attempt, parts,
+    marker = commits.build_marker(layout, shard.shard_id, run.fingerprint, flusher.attempt, parts,
                                   time.perf_counter() - start, shard.num_rows,
                                   _preemptions(llm) - preempted,
                                   speculation_delta(speculated, speculation_counts(llm)))  # fmt: skip
-    ensure_current(layout, record)
-    marker = commits.commit(layout, marker, before_publish=lambda: ensure_current(layout, record))
+    run.ensure_current()
+    present = run.present(shard.shard_id) | {p.staged for p in parts}
+    marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=present, clean=False)
+    run.committed(marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
 
 
@@ -238,7 +221,7 @@ class ShardOutcome:
 
 
 def run_shards(
-    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None,
+    run: Run, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None,
     warn: Callable[[str], None] | None = None, lane: str = "local", devices: int | None = None,
 ) -> Iterator[ShardOutcome]:  # fmt: skip
     """The shard loop of `prefixflow run` and of every flow lane: ``shards`` in order on one engine.
@@ -249,29 +232,32 @@ def run_shards(
     ``warn`` receives warnings about the rows (label collapse); by default the progress display's
     ``warn`` when it has one, else the ``prefixflow`` logger. Throughput over time is recorded as
     ``lane``'s series beside the run record (``devices`` it holds: default the tensor-parallel size)."""
+    spec = run.spec
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
     watch = spec.task.watch(spec.config, warn)
     engine = spec.config.engine
     held = devices if devices is not None else int(engine.get("tensor_parallel_size") or 1) * int(
         engine.get("pipeline_parallel_size") or 1
     )
-    recorder = ThroughputRecorder(lane, save=saver(current_run(spec)[0]), devices=max(held, 1))
+    recorder = ThroughputRecorder(lane, save=saver(run.layout), devices=max(held, 1))
     detach = recorder.attach(llm)  # tokens per engine step, so the series shows decoding as it happens
     try:
-        yield from _shard_loop(spec, shards, llm, Tee(progress, recorder), watch)
+        with lease.hold(run.root):
+            yield from _shard_loop(run, shards, llm, Tee(progress, recorder), watch)
     finally:
         detach()
         recorder.flush()
+        run.retire_staging()
     if watch is not None:
         watch.finish()
 
 
 def _shard_loop(
-    spec: JobSpec, shards: list[Shard], llm: Engine, progress: ProgressSink | None, watch: RowWatch | None
+    run: Run, shards: list[Shard], llm: Engine, progress: ProgressSink | None, watch: RowWatch | None
 ) -> Iterator[ShardOutcome]:
     for shard in shards:
         try:
-            result = run_shard(spec, shard, llm, progress, label_watch=watch)
+            result = run_shard(run, shard, llm, progress, label_watch=watch)
         except ShardError as exc:
             yield ShardOutcome(shard, error=exc)
         except PipelineError:

@@ -115,16 +115,25 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
     return identity
 
 
-def parquet_file(store: Store, path: str) -> pq.ParquetFile:
-    return pq.ParquetFile(store.fs.open(path, "rb"))
+WHOLE_FILE_BYTES = 4 * 2**20  # a file this small is read by one request (S3: one GET instead of HEAD + ranges)
 
 
-def read_rows(store: Store, path: str, row_start: int, row_end: int, columns: list[str]) -> pa.Table:
+def parquet_file(store: Store, path: str, size: int | None = None) -> pq.ParquetFile:
+    """The file, opened for reading; ``size`` (its known size, from the run record) saves asking the
+    store for it, and a small file is then read whole in one request."""
+    if size is not None and 0 < size <= WHOLE_FILE_BYTES:
+        return pq.ParquetFile(pa.BufferReader(store.read_bytes(path)))
+    return pq.ParquetFile(store.fs.open(path, "rb", **({"size": size} if size else {})))
+
+
+def read_rows(
+    store: Store, path: str, row_start: int, row_end: int, columns: list[str], size: int | None = None
+) -> pa.Table:
     """Rows [row_start, row_end) of one file, only the needed columns that exist in it.
 
     Reads only the row groups that overlap the range. Raises on a corrupt/unreadable file.
     """
-    pf = parquet_file(store, path)
+    pf = parquet_file(store, path, size)
     present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
     groups: list[int] = []
     offset, first_offset = 0, 0

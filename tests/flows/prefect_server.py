@@ -157,8 +157,8 @@ class PrefectServer:
         """`prefect ARGS` (or `prefixflow ARGS` when args[0] is "prefixflow") against this server."""
         module = ["-m", "prefixflow.flows.cli"] if args[0] == "prefixflow" else ["-m", "prefect"]
         argv = [sys.executable, *module, *(args[1:] if args[0] == "prefixflow" else args)]
-        return subprocess.run(argv, cwd=REPO, env=self.client_env("cli"), capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
+        return subprocess.run(argv, cwd=REPO, env=self.client_env("cli"), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
 
     def start_worker(self, pool: str, name: str, limit: int | None = None, env: dict[str, str] | None = None) -> Managed:
         """`prefect worker start --pool POOL --type process` polling every second; `limit`: flow runs at once."""

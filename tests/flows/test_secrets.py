@@ -160,6 +160,7 @@ def test_a_deployment_run_with_credentials_is_refused_before_prefect_stores_it(p
 
 
 @pytest.mark.slow  # starts `prefect server start` unless the session already has it
+@pytest.mark.timeout(600)
 def test_a_deployment_run_with_credentials_is_refused_by_a_real_prefect_server_start(
     real_prefect_server: PrefectServer, tmp_path: Path
 ) -> None:
@@ -177,10 +178,12 @@ def test_a_deployment_run_with_credentials_is_refused_by_a_real_prefect_server_s
 
         with get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name(f"batch-inference/{name}").id
-        _check_credentials_refused_before_stored(server.api_url, name, deployment_id)
+        _check_credentials_refused_before_stored(server.api_url, name, deployment_id, server.client_env("cli"))
 
 
-def _check_credentials_refused_before_stored(api_url: str, name: str, deployment_id: Any) -> None:
+def _check_credentials_refused_before_stored(
+    api_url: str, name: str, deployment_id: Any, env: dict[str, str] | None = None
+) -> None:
     """The `prefect deployment run` CLI and the client, with credentials in three places: each refused by
     the server (409, no run created); no stored run holds them; a clean run is still created."""
     import os
@@ -189,10 +192,10 @@ def _check_credentials_refused_before_stored(api_url: str, name: str, deployment
 
     from prefect import get_client
 
-    env = dict(os.environ, PREFECT_API_URL=api_url)
+    env = env or dict(os.environ, PREFECT_API_URL=api_url)
     cli = [sys.executable, "-m", "prefect", "deployment", "run", f"batch-inference/{name}"]
     refused = subprocess.run([*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
-                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                             env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert refused.returncode != 0, refused.stdout
     nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
 

@@ -10,7 +10,15 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from prefixflow.pipeline import ShardError, load_job, plan_shards, prepare_output, run_shard, status
+from prefixflow.pipeline import (
+    ShardError,
+    load_job,
+    open_run,
+    plan_shards,
+    prepare_run,
+    run_shard,
+    status,
+)
 from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.tasks.label.task import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
@@ -132,16 +140,22 @@ def test_resume_inside_a_shard_keeps_flushed_rows(tmp_path: Path, tiny_llm) -> N
     cfg = job("generate", output={"shard_rows": 10, "flush_rows": 3})
     _, _, clean = _run(tmp_path, tiny_llm, cfg, "clean")
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
-    prepare_output(spec)
+    run = prepare_run(spec)
     (shard,) = plan_shards(spec)
     with pytest.raises(_Crash):
-        run_shard(spec, shard, tiny_llm, progress=_CrashAfter(7))
+        run_shard(run, shard, tiny_llm, progress=_CrashAfter(7))
     assert not (tmp_path / "out" / "data").exists()  # nothing visible before the commit
     mid, _ = status(str(tmp_path / "out"))
     assert mid.shards_in_progress == [shard.shard_id] and mid.shards_committed == 0 and not mid.complete
-    result = run_shard(spec, shard, tiny_llm)
+    second = open_run(spec)  # a new process resumes from one listing
+    result = run_shard(second, shard, tiny_llm)
     assert result.resumed_rows == 6 and result.rows == 10 and not result.skipped
-    again = run_shard(spec, shard, tiny_llm)
+    again = run_shard(second, shard, tiny_llm)  # its commit updated the Run in place
+    assert again.skipped and again.rows == 10
+    # the first Run is stale (it never saw that commit): it generates again, loses the marker race and
+    # adopts the winner's marker, so data/ still holds every row once
+    late = run_shard(run, shard, tiny_llm)
+    assert late.rows == 10 and run.marker(shard.shard_id) == second.marker(shard.shard_id)
     assert again.skipped and again.rows == 10
     df = pl.read_parquet(str(tmp_path / "out" / "data" / "**" / "*.parquet")).sort("row_index")
     assert df["id"].to_list() == clean["id"].to_list()

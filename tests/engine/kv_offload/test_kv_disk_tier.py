@@ -166,6 +166,13 @@ def test_every_rank_writes_and_reads_its_own_part(llama_dir, rows, tmp_path, rea
     assert sum(n.endswith(".1.kv") for n in names) == full_prompt_blocks(rows)  # rank 1's part of each block
 
 
+def test_a_directory_that_cannot_be_created_is_a_clear_error(llama_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="kv_cache_dir=.*cannot be used.*writable local directory"):
+        LLM(str(llama_dir), kv_cache_dir=str(blocker / "kv"), **OPTIONS)
+
+
 @pytest.mark.parametrize("value", [0, -1, True, 1.5])
 def test_bad_cap_is_refused(value):
     with pytest.raises(ValueError, match="kv_cache_dir_bytes"):

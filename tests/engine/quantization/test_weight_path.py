@@ -14,7 +14,9 @@ from prefixflow.engine.quantization.weight_path import (
     MEMORY_SHARE,
     apply_weight_path,
     choose_weight_path,
+    cpu_auto_dtype,
     gguf_dense_bytes,
+    native_bf16,
 )
 from tests.engine.gguf.test_gguf_loader import tiny_hf_model, write_gguf
 
@@ -103,3 +105,21 @@ def test_describe_model_reports_the_path_the_engine_takes(q4_file, engines):
     assert "weight_path" not in none  # nothing to choose: dense was asked for
     assert describe_model(str(q4_file), dtype="float32", device="cpu")["weight_bytes"] == none["weight_bytes"]
     assert gguf_dense_bytes(q4_file, "float32") > 0
+
+
+def test_auto_dtype_on_the_cpu_is_bf16_only_for_a_block_file_where_bf16_is_native(q4_file, tmp_path):
+    assert cpu_auto_dtype(q4_file, native=True) == "bfloat16"
+    assert cpu_auto_dtype(q4_file, native=False) == "float32"
+    assert cpu_auto_dtype(None, native=True) == "float32"  # an HF directory, a preset, an in-memory model
+    f32_file = write_gguf(tmp_path / "tiny-f32.gguf", tiny_hf_model(), qtype=Q.F32)
+    assert cpu_auto_dtype(f32_file, native=True) == "float32"  # no blocks: float32 weights keep float32
+
+
+def test_auto_dtype_engine_and_describe_model_agree_on_this_host(q4_file):
+    want = "bfloat16" if native_bf16() else "float32"
+    described = describe_model(str(q4_file), device="cpu")
+    assert described["dtype"] == want
+    llm = LLM(str(q4_file), device="cpu", num_kv_blocks=16)
+    assert llm.model_identity == described and llm.engine.runner.dtype == getattr(torch, want)
+    float32 = describe_model(str(q4_file), dtype="float32", device="cpu")
+    assert (float32["digest"] == described["digest"]) == (want == "float32")  # the fingerprint holds the resolved dtype

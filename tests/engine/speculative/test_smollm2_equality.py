@@ -38,7 +38,8 @@ def reviews(n: int) -> list[str]:
 @pytest.fixture(scope="module")
 def engines():
     torch.set_num_threads(1)
-    small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8)  # the default pool takes seconds to build
+    # the default pool takes seconds to build; float32: token equality is exact there (auto may be bf16)
+    small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, dtype="float32")
     return LLM("smollm2-135m-instruct", **small), LLM("smollm2-135m-instruct", speculative_config=NGRAM, **small)
 
 

@@ -28,7 +28,7 @@ def llm():
     from prefixflow.engine import LLM
 
     torch.set_num_threads(1)
-    return LLM("smollm2-135m-instruct")
+    return LLM("smollm2-135m-instruct", dtype="float32")  # exact equalities: float32 (auto may be bf16)
 
 
 def test_constrained_greedy_equals_free_greedy_when_the_free_answer_is_allowed(llm):
@@ -63,6 +63,6 @@ def test_preemption_mid_request_gives_identical_constrained_output(llm):
     # A pool of 4-token blocks that holds one request and a bit: admitted requests outgrow their
     # reservation while decoding, so the newest is preempted and recomputed, several times.
     longest = max(len(llm.tokenizer.encode(p)) for p in prompts) + max_tokens
-    small = LLM("smollm2-135m-instruct", num_kv_blocks=-(-longest // 4) + 6, block_size=4)
+    small = LLM("smollm2-135m-instruct", dtype="float32", num_kv_blocks=-(-longest // 4) + 6, block_size=4)
     assert [o.token_ids for o in small.generate(prompts, params)] == [o.token_ids for o in expected]
     assert small.stats().preemptions > 0

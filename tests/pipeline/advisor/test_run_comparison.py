@@ -9,8 +9,8 @@ from prefixflow.engine import LLM
 from prefixflow.pipeline.advisor.compare import read_prediction, record_prediction
 from prefixflow.pipeline.job.spec import load_job
 from prefixflow.pipeline.report.summary import status
+from prefixflow.pipeline.run.handle import open_run
 from prefixflow.pipeline.run.local_run import print_summary, run_local
-from prefixflow.pipeline.run.record import current_run
 from tests.pipeline.advisor.support import unique_texts, write_rows
 from tests.pipeline.support import ENGINE, job
 
@@ -20,7 +20,7 @@ def test_a_run_is_compared_with_its_prediction(tmp_path, tiny_llm, capsys) -> No
     spec = load_job(folder, str(tmp_path / "out"), "tiny", job("generate"))
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert not failures and summary.complete
-    layout, _ = current_run(spec)
+    layout = open_run(spec).layout
     prediction = read_prediction(layout)
     assert prediction is not None and prediction["rows"] == 20 and prediction["device"] == "cpu"
     rows = {r["metric"]: r for r in summary.predicted_vs_measured}
@@ -41,9 +41,9 @@ def test_a_resumed_run_keeps_its_first_prediction(tmp_path, tiny_llm) -> None:
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(12))])
     spec = load_job(folder, str(tmp_path / "out"), "tiny", job("generate"))
     run_local(spec, llm=tiny_llm, progress=False)
-    layout, _ = current_run(spec)
+    layout = open_run(spec).layout
     layout.store.write_atomic(layout.prediction, json.dumps({**read_prediction(layout), "rows": 999}).encode())
-    record_prediction(spec)
+    record_prediction(open_run(spec))
     assert read_prediction(layout)["rows"] == 999
 
 
@@ -71,10 +71,9 @@ def test_a_prediction_that_fails_never_fails_the_run(tmp_path, tiny_llm, monkeyp
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(6))])
     spec = load_job(folder, str(tmp_path / "out"), "tiny", job("generate"))
     warnings: list[str] = []
-    from prefixflow.pipeline.run.record import prepare_output
+    from prefixflow.pipeline.run.handle import prepare_run
 
-    prepare_output(spec)
-    record_prediction(spec, warn=warnings.append)
+    record_prediction(prepare_run(spec), warn=warnings.append)
     assert warnings == ["no prediction for this run (RuntimeError: no tokenizer today); the summary will not compare"]
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert not failures and summary.complete and summary.predicted_vs_measured == []

@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 
-from prefixflow.pipeline import InputChanged, finalize, load_job, plan_shards, prepare_output, status
+from prefixflow.pipeline import (
+    InputChanged,
+    finalize,
+    load_job,
+    open_run,
+    plan_shards,
+    prepare_output,
+    status,
+)
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import docs, job, write_dataset, write_parquet
@@ -165,7 +173,7 @@ def test_markers_of_shards_outside_the_plan_never_count(tmp_path: Path, tiny_llm
     (commits / f"{ghost['shard_id']}.json").write_text(json.dumps(ghost))
     summary, _ = status(str(tmp_path / "out"))
     assert summary.rows == 12 and summary.shards_committed == 4 and summary.shards_unplanned == [ghost["shard_id"]]
-    summary = finalize(_spec(tmp_path))
+    summary = finalize(open_run(_spec(tmp_path)))
     assert summary.rows == 12 and summary.complete
     assert _ids(tmp_path, errors=True) == _input_ids(tmp_path)  # its rows left data/
 

@@ -13,9 +13,10 @@ from prefixflow.pipeline import (
     OutputNotPrepared,
     finalize,
     load_job,
+    open_run,
     plan_shards,
     prepare_output,
-    run_shard,
+    prepare_run,
 )
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.run import commit as commits
@@ -55,7 +56,7 @@ def test_fingerprint_mismatch_is_refused_and_new_run_resets(tmp_path: Path) -> N
         prepare_output(changed)
     assert "max_tokens" in str(info.value) and "--new-run" in str(info.value)
     with pytest.raises(FingerprintMismatch):
-        run_shard(changed, plan_shards(changed)[0], llm=None)
+        open_run(changed)
     first = json.loads((tmp_path / "out" / "_prefixflow.json").read_text())["run_id"]
     (tmp_path / "out" / "data" / first / "x").mkdir(parents=True)
     prepare_output(changed, new_run=True)
@@ -82,7 +83,7 @@ def test_new_run_always_starts_over_also_for_the_same_job(tmp_path: Path) -> Non
 def test_run_shard_requires_prepared_output(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     with pytest.raises(OutputNotPrepared, match="prepare_output"):
-        run_shard(spec, plan_shards(spec)[0], llm=None)
+        open_run(spec)
 
 
 def _part(spec, keys: list[int]) -> bytes:
@@ -120,7 +121,7 @@ def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> No
     assert published == ["part-a1-00000.parquet", "part-a1-00001.parquet"]
     assert not (tmp_path / "out" / "_staging" / layout.run_id / s1).exists()
     commits.publish(layout, marker)  # again: nothing to do, no error
-    summary = finalize(spec)
+    summary = finalize(open_run(spec))
     assert summary.shards_committed == 1 and summary.rows == 3 and not summary.complete
 
 
@@ -138,8 +139,9 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
     from prefixflow.pipeline.run.shard_execution import _Flusher
 
     spec = _spec(tmp_path, output={"flush_rows": 1000, "flush_seconds": 0.05})
-    layout = output_layout(spec).for_run(prepare_output(spec).run_id)
-    flusher = _Flusher(layout, "s1", output_schema(spec.config, spec.task), spec.config.output)
+    run = prepare_run(spec)
+    layout = run.layout
+    flusher = _Flusher(run, "s1", output_schema(spec.config, spec.task), spec.config.output)
     for k in range(3):
         time.sleep(0.06)
         flusher.add(base_record(k, f"id{k}", "f.parquet", {}))

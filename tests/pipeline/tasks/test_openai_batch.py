@@ -11,6 +11,7 @@ import pytest
 
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.run.batch_run import prepare_batch, read_results
+from prefixflow.pipeline.run.handle import open_run
 from prefixflow.pipeline.run.planning import plan_shards
 from prefixflow.pipeline.run.record import prepare_output
 from prefixflow.pipeline.run.shard_execution import run_shard
@@ -125,7 +126,7 @@ def test_an_interrupted_batch_resumes_and_answers_each_request_once(tmp_path: Pa
     job = prepare_batch(str(batch), str(results), "tiny", {"engine": dict(ENGINE)}, shard_rows=3)
     run_id = prepare_output(job.spec).run_id
     first = plan_shards(job.spec)[0]
-    run_shard(job.spec, first, tiny_llm)  # then the process "dies": one shard committed, no results file
+    run_shard(open_run(job.spec), first, tiny_llm)  # then the process "dies": one shard committed, no results file
     assert not results.exists()
     committed = sorted(p.name for p in (Path(job.spec.output) / "data").rglob("*.parquet"))
     assert _run(str(batch), str(results)) == 0

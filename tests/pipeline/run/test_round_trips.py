@@ -1,0 +1,182 @@
+"""Issue 23 item 1: the storage round trips of a shard, counted through an instrumented filesystem, on a
+local folder and on S3 (moto's server, every HTTP request counted by botocore's own event hooks).
+
+A shard costs exactly: one read of its input, one write of its part, one exclusive create of its marker,
+one copy of the part into data/ (publishing is part of committing, issue 22). Nothing else per shard: no
+read of the run record, no existence check, no listing. A run adds a constant on top (prepare, one
+listing, finalize), and deleting committed shards' staged parts is batched (one request per run here).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import s3fs
+
+from prefixflow.pipeline import load_job, plan_shards, prepare_run, run_shards
+from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.run.record import hold_output
+from prefixflow.pipeline.storage.store import Store
+from tests.pipeline.support import ENGINE, write_parquet
+
+SHARDS = 8  # two files of four one-row row groups, one shard per row
+PER_SHARD = {("read", "input"): 1, ("write", "_staging"): 1, ("create", "_commits"): 1, ("copy", "data"): 1}
+# Store methods and fsspec calls that reach the storage, by what kind of round trip they are
+KINDS = {"read_bytes": "read", "exists": "exists", "list_files": "list", "list_dir": "list", "listing": "list",
+         "write_atomic": "write", "create_exclusive": "create", "copy": "copy", "remove": "delete",
+         "remove_files": "delete", "remove_tree": "delete", "open": "read", "cat_file": "read", "info": "exists",
+         "find": "list", "ls": "list", "pipe_file": "write", "rm": "delete", "rm_file": "delete"}  # fmt: skip
+S3_KINDS = {"GetObject": "read", "HeadObject": "exists", "ListObjectsV2": "list", "PutObject": "write",
+            "CopyObject": "copy", "DeleteObjects": "delete", "DeleteObject": "delete"}  # fmt: skip
+
+
+def _write_input(folder: Path, shards: int = SHARDS) -> None:
+    for f in range(2):
+        rows = [{"id": f"r{f}-{i}", "text": f"item {f} {i}"} for i in range(shards // 2)]
+        write_parquet(folder / f"part-{f}.parquet", rows, row_group_size=1)
+
+
+JOB = {"task": "generate", "id_column": "id", "template": "Say {{ text }}", "engine": dict(ENGINE),
+       "sampling": {"max_tokens": 1}, "output": {"shard_rows": 1, "flush_rows": 4}}  # fmt: skip
+
+
+def _where(path: str, out_root: str) -> str:
+    """The folder of the output a path is in (``_commits``, ``data`` ...), or ``input``."""
+    path = str(path).split("://", 1)[-1]
+    root = out_root.split("://", 1)[-1].rstrip("/")
+    if not path.startswith(root + "/"):
+        return "input" if path != root else "root"
+    rest = path[len(root) + 1 :]
+    return rest.split("/", 1)[0] if "/" in rest else rest
+
+
+@contextmanager
+def counted_calls(out_root: str, store: Store) -> Iterator[Counter[tuple[str, str]]]:
+    """Every storage call, counted once at its outermost level: the pipeline's Store methods (the local
+    primitives go to the OS directly) and the fsspec filesystem's own methods (pyarrow reads through them)."""
+    calls: Counter[tuple[str, str]] = Counter()
+    depth = threading.local()
+    undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*a: Any, **k: Any) -> Any:
+            args = a[1:] if owner is Store else a
+            level = getattr(depth, "n", 0)
+            if level == 0 and args:
+                first = args[0][0] if isinstance(args[0], list) and args[0] else args[-1 if name == "copy" else 0]
+                calls[(KINDS[name], _where(str(first), out_root))] += 1
+            depth.n = level + 1
+            try:
+                return original(*a, **k)
+            finally:
+                depth.n = level
+
+        undo.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    for name in ("read_bytes", "exists", "list_files", "list_dir", "listing", "write_atomic", "create_exclusive",
+                 "copy", "remove", "remove_files", "remove_tree"):  # fmt: skip
+        wrap(Store, name)
+    for name in ("open", "cat_file", "info", "find", "ls", "pipe_file", "rm", "rm_file"):
+        wrap(store.fs, name)
+    try:
+        yield calls
+    finally:
+        for owner, name, original in reversed(undo):
+            if owner is Store:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+
+
+@contextmanager
+def counted_requests(out_root: str, store: Store) -> Iterator[Counter[tuple[str, str]]]:
+    """Every HTTP request the S3 client sends (botocore's ``before-send``), by operation and folder."""
+    calls: Counter[tuple[str, str]] = Counter()
+
+    def on_send(request: Any, event_name: str, **_: Any) -> None:
+        op = event_name.rsplit(".", 1)[-1]
+        key = request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+        if op == "DeleteObjects":  # a batch: the folder of its first key
+            key = re.search(rb"<Key>([^<]+)</Key>", request.body).group(1).decode()
+            key = out_root.split("://", 1)[-1].split("/", 1)[0] + "/" + key
+        kind = "create" if op == "PutObject" and request.headers.get("If-None-Match") else S3_KINDS.get(op, op)
+        calls[(kind, _where(key, out_root))] += 1
+
+    store.fs.connect()
+    store.fs.s3.meta.events.register("before-send.s3", on_send)
+    try:
+        yield calls
+    finally:
+        store.fs.s3.meta.events.unregister("before-send.s3", on_send)
+
+
+def _shard_loop_calls(inp: str, out: str, llm: Any, storage: dict[str, Any], count: Any) -> Counter[tuple[str, str]]:
+    spec = load_job(inp, out, "tiny", JOB, **storage)
+    shards = plan_shards(spec)
+    assert len(shards) == SHARDS
+    store = Store.open(out, spec.config.storage)
+    with hold_output(spec):
+        run = prepare_run(spec, shards=shards)
+        with count(out, store) as calls:
+            outcomes = list(run_shards(run, shards, llm))
+    assert all(o.error is None for o in outcomes)
+    calls.pop(("write", "_leases"), None)  # renewals are per process and time (every TTL/4), not per shard
+    return calls
+
+
+def _check(calls: Counter[tuple[str, str]]) -> None:
+    per_shard = {k: v for k, v in calls.items() if v >= SHARDS}
+    assert per_shard == {k: v * SHARDS for k, v in PER_SHARD.items()}, calls
+    # once per loop: the id index, the staged parts of committed shards in one batch, the throughput series
+    once = {("read", "_ids"): 1, ("delete", "_staging"): 1, ("write", "_metrics"): 1}
+    assert {k: v for k, v in calls.items() if v < SHARDS} == once, calls
+
+
+def test_a_shard_costs_one_read_one_part_one_marker_one_publish_locally(tmp_path: Path, tiny_llm) -> None:
+    _write_input(tmp_path / "in")
+    calls = _shard_loop_calls(str(tmp_path / "in"), str(tmp_path / "out"), tiny_llm, {}, counted_calls)
+    _check(calls)
+
+
+def test_a_shard_costs_one_read_one_part_one_marker_one_publish_on_s3(
+    tmp_path: Path, s3_endpoint: str, tiny_llm
+) -> None:
+    bucket = f"trips-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    fs.mkdir(bucket)
+    _write_input(tmp_path / "in")
+    fs.put(str(tmp_path / "in") + "/", f"{bucket}/in/", recursive=True)
+    calls = _shard_loop_calls(f"s3://{bucket}/in", f"s3://{bucket}/out", tiny_llm, {"endpoint_url": s3_endpoint},
+                              counted_requests)  # fmt: skip
+    _check(calls)
+
+
+def _whole_run(folder: Path, shards: int, llm: Any) -> Counter[tuple[str, str]]:
+    _write_input(folder / "in", shards)
+    out = str(folder / "out")
+    spec = load_job(str(folder / "in"), out, "tiny", JOB)
+    with counted_calls(out, Store.open(out, spec.config.storage)) as calls:
+        summary, failures = run_local(spec, llm=llm, progress=False)
+    assert not failures and summary.complete and summary.rows == shards
+    calls.pop(("write", "_leases"), None)
+    return calls
+
+
+def test_a_whole_run_adds_only_the_shards_own_round_trips_per_shard(tmp_path: Path, tiny_llm) -> None:
+    """The whole `prefixflow run` path (plan, prepare, the loop, finalize) of 8 shards against 4 shards
+    of the same two files: on the output, the 4 more shards cost exactly 4 x PER_SHARD; everything else
+    is constant. (The input side is left out: the advisor's prediction samples rows shard by shard.)"""
+    small = _whole_run(tmp_path / "small", 4, tiny_llm)
+    large = _whole_run(tmp_path / "large", 8, tiny_llm)
+    extra = {k: large[k] - small[k] for k in set(large) | set(small) if large[k] != small[k] and k[1] != "input"}
+    assert extra == {k: v * 4 for k, v in PER_SHARD.items() if k[1] != "input"}, (small, large)
