@@ -120,6 +120,6 @@ def test_auto_dtype_engine_and_describe_model_agree_on_this_host(q4_file):
     described = describe_model(str(q4_file), device="cpu")
     assert described["dtype"] == want
     llm = LLM(str(q4_file), device="cpu", num_kv_blocks=16)
-    assert llm.model_identity == described and llm.engine.runner.dtype == getattr(torch, want)
+    assert llm.model_identity == described and llm.engine.runner.shard.dtype == getattr(torch, want)
     float32 = describe_model(str(q4_file), dtype="float32", device="cpu")
     assert (float32["digest"] == described["digest"]) == (want == "float32")  # the fingerprint holds the resolved dtype
