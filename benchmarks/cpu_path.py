@@ -8,11 +8,14 @@ tokens = prompt + generated. The CPU matmul ceiling (benchmarks/roofline.py) is 
 count in the same run; ``ceiling_frac`` = model FLOPs of the run / wall / ceiling.
 
 Engines (``--engines``):
-- ``pf-default``: ``LLM("smollm2-135m-instruct")`` as a newcomer gets it (describe_model says the path);
+- ``pf-default``: ``LLM("smollm2-135m-instruct")`` as a newcomer gets it (describe_model says the path
+  and the dtype: bf16 on a CPU with native bf16, else float32);
+- ``pf-float32``: ``dtype="float32"`` (dense float32);
 - ``pf-packed``: ``quantization="gguf"`` (the Q4_1 blocks kept packed, float32 activations);
 - ``pf-bf16``: ``dtype="bfloat16"`` (dense on a CPU with native bf16, else packed);
 - ``pf-packed-bf16``: ``dtype="bfloat16", quantization="gguf"`` (torch's int4 pack matmul);
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
+  ``hf-bf16``: the same model cast to bf16 (transformers' faster configuration on a native-bf16 CPU);
 - ``llama.cpp``: ``llama-batched-bench`` built by benchmarks/build_llama_cpp.sh (same GGUF, same
   threads, ``-npp P -ntg G -npl B``, every sequence its own prompt). Its wall time is its own timed
   part; its CPU-seconds are the child process's minus those of a 1-token run (model load, warm-up).
@@ -41,6 +44,7 @@ MODEL = "smollm2-135m-instruct"
 KV_TOKEN_BYTES = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M float32: layers x (K, V) x KV heads x head dim
 ENGINES = {
     "pf-default": {},
+    "pf-float32": {"dtype": "float32"},
     "pf-packed": {"quantization": "gguf"},
     "pf-bf16": {"dtype": "bfloat16"},
     "pf-packed-bf16": {"dtype": "bfloat16", "quantization": "gguf"},
@@ -69,7 +73,7 @@ def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float
     return {"wall_s": wall, "cpu_s": cpu, "output_tokens": sum(len(o.token_ids) for o in outs)}
 
 
-def load_hf() -> Any:
+def load_hf(dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForCausalLM
 
     from prefixflow.engine.embedded import resolve_embedded
@@ -77,6 +81,7 @@ def load_hf() -> Any:
     path = resolve_embedded(MODEL)
     assert path is not None
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = model.to(dtype)
     return model.eval()
 
 
@@ -91,6 +96,11 @@ def run_hf(model: Any, batch: list[list[int]], max_tokens: int) -> dict[str, flo
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
     wall, cpu = time.perf_counter() - w, time.process_time() - c
     return {"wall_s": wall, "cpu_s": cpu, "output_tokens": int(out[:, ids.shape[1] :].numel())}
+
+
+# --no-repack: on the AMX host of RESULTS.md "Issue 24", llama.cpp's AMX weight repack (GGML_NATIVE
+# builds it in) crashed with SIGSEGV in ggml_backend_amx_mul_mat on this Q4_1 file, at any batch.
+LLAMA_CPP_FLAGS = tuple(os.environ.get("PREFIXFLOW_LLAMA_CPP_FLAGS", "--no-repack").split())
 
 
 def llama_cpp_binary() -> str:
@@ -110,7 +120,7 @@ def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_to
     ctx = batch * (prompt_len + max_tokens) + 16
     cmd = [binary, "-m", str(resolve_embedded(MODEL)), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(prompt_len), "-ntg", str(max_tokens), "-npl", str(batch), "-t", str(threads),
-           "-tb", str(threads), "--output-format", "jsonl"]  # fmt: skip
+           "-tb", str(threads), "--output-format", "jsonl", *LLAMA_CPP_FLAGS]  # fmt: skip
     c = _child_cpu()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     cpu = _child_cpu() - c
@@ -164,8 +174,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             loaded[e] = load_pf(e, max(batches) * (args.prompt_len + args.max_tokens))
             run_pf(loaded[e], [[11] * 8] * 2, 2)  # warm-up
             paths[e] = loaded[e].model_identity.get("weight_path")
-        elif e == "hf":
-            loaded[e] = load_hf()
+        elif e in ("hf", "hf-bf16"):
+            loaded[e] = load_hf(torch.bfloat16 if e == "hf-bf16" else torch.float32)
         elif e == "llama.cpp":
             loaded[e] = llama_cpp_binary()
     runs: list[dict[str, Any]] = []
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for e in engines:
                     if e.startswith("pf-"):
                         m = run_pf(loaded[e], batch, args.max_tokens)
-                    elif e == "hf":
+                    elif e in ("hf", "hf-bf16"):
                         m = run_hf(loaded[e], batch, args.max_tokens)
                     else:
                         m = run_llama_cpp(loaded[e], t, b, args.prompt_len, args.max_tokens)
