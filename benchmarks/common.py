@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from prefixflow.engine.dtypes import torch_dtype
+from prefixflow.engine.loading.model_identity import resolve_dtype
 
 
 def add_common_args(ap, preset: str = "tiny") -> None:
@@ -50,10 +51,8 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bf16 on CUDA and float32 on CPU (the engine's own default)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    """The engine's own rule for ``auto`` (``resolve_dtype``; no model file here, so float32 on the CPU)."""
+    return torch_dtype(resolve_dtype(name, device.type))
 
 
 @dataclass
@@ -84,8 +83,8 @@ def build_model(preset: str, device: str = "auto", dtype: str = "auto", seed: in
     """Random-init the preset's transformers model directly on the device (fixed seed), in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from prefixflow.engine.presets import hf_config_of, load_preset
-    from prefixflow.engine.tokenizer_train import train_tokenizer
+    from prefixflow.engine.loading.presets import hf_config_of, load_preset
+    from prefixflow.engine.loading.tokenizer_train import train_tokenizer
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
@@ -123,7 +122,7 @@ def model_source(bm: BenchModel):
 
 def engine_options(bm: BenchModel, **overrides) -> dict:
     """EngineConfig keywords matching the benchmark model's device and dtype."""
-    dtype_name = {v: k for k, v in DTYPES.items()}[bm.dtype]
+    dtype_name = str(bm.dtype).removeprefix("torch.")
     return {"device": bm.device.type, "dtype": dtype_name, **overrides}
 
 

@@ -76,7 +76,7 @@ def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float
 def load_hf(dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForCausalLM
 
-    from prefixflow.engine.embedded import resolve_embedded
+    from prefixflow.engine.loading.embedded import resolve_embedded
 
     path = resolve_embedded(MODEL)
     assert path is not None
@@ -115,7 +115,7 @@ def _child_cpu() -> float:
 
 
 def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_tokens: int) -> dict[str, float]:
-    from prefixflow.engine.embedded import resolve_embedded
+    from prefixflow.engine.loading.embedded import resolve_embedded
 
     ctx = batch * (prompt_len + max_tokens) + 16
     cmd = [binary, "-m", str(resolve_embedded(MODEL)), "-c", str(ctx), "-b", "2048", "-ub", "512",
@@ -133,8 +133,8 @@ def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_to
 
 def matmul_flops(prompt_len: int, max_tokens: int, batch: int) -> float:
     """2 x linear parameters per token (prompt and generated) + the LM head per sampled token."""
-    from prefixflow.engine.embedded import resolve_embedded
     from prefixflow.engine.gguf.header import gguf_tensor_table
+    from prefixflow.engine.loading.embedded import resolve_embedded
 
     path = resolve_embedded(MODEL)
     assert path is not None

@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     setup_threads(args.threads)
 
     from prefixflow.engine import LLM
-    from prefixflow.engine.embedded import resolve_embedded
+    from prefixflow.engine.loading.embedded import resolve_embedded
 
     start = time.perf_counter()
     llm = LLM(model=MODEL, dtype=args.dtype)

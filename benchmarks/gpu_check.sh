@@ -47,11 +47,11 @@ step spec_decode 240 python benchmarks/spec_bench.py --model llama-3.1-8b --draf
   --batches 1,16,256 --per-batch 1:2,16:16,256:256 --max-num-seqs 256 --repeats 2 --out "$LOG/spec_decode.json"
 # Issue 29: 2:4 sparse (to_sparse_semi_structured) vs dense GEMM at M = 16..8192 on the 8B layer shapes,
 # and prefill-heavy end-to-end tok/s dense vs sparsity="2:4" on llama-3.2-1b, after its GPU tests.
-step sparse24 90 bash -c "python -m pytest -m gpu tests/engine/test_sparse24_gpu.py -q -rs -p no:cacheprovider && \
+step sparse24 90 bash -c "python -m pytest -m gpu tests/engine/quantization/test_sparse24_gpu.py -q -rs -p no:cacheprovider && \
   python benchmarks/sparse24_gpu_bench.py --json $LOG/sparse24.json"
 # Issue 28: the host KV tier on CUDA (pinned memory, side-stream copies), then its copy bandwidth
 # device<->host against one contiguous pinned copy of the same bytes (the measured PCIe ceiling).
-step kv_tier 60 bash -c "python -m pytest -m gpu tests/engine/test_kv_offload_gpu.py -q -rs -p no:cacheprovider && \
+step kv_tier 60 bash -c "python -m pytest -m gpu tests/engine/kv_offload/test_kv_offload_gpu.py -q -rs -p no:cacheprovider && \
   python -m benchmarks.kv_copy_bandwidth --json $LOG/kv_copy.json"
 # Engine throughput benchmark (lead: adjust the command; the step limits add up to 470 s < 8 min):
 THROUGHPUT_CMD=${THROUGHPUT_CMD-python -m benchmarks.throughput --preset llama-3.1-8b --workload varied --peer-prompts 32 --json $LOG/throughput.json}

@@ -17,7 +17,7 @@ if [[ "$GPUS" -lt 2 ]]; then
   exit 0
 fi
 nvidia-smi topo -m 2>&1 | tee "$LOG/topology.txt"  # NVLink (NV#) or PCIe (PIX/PHB/SYS) between the GPUs
-timeout --kill-after=10 300 python -m pytest -m gpu tests/engine/test_pipeline_parallel_gpu.py -q -rs -p no:cacheprovider \
+timeout --kill-after=10 300 python -m pytest -m gpu tests/engine/distributed/test_pipeline_parallel_gpu.py -q -rs -p no:cacheprovider \
   2>&1 | tee "$LOG/pp_gpu_tests.log"
 timeout --kill-after=10 1200 python -m benchmarks.pp_bench --model llama-3.1-8b --device cuda --dtype bfloat16 \
   --num-prompts 256 --prompt-len 512 --max-tokens 128 --repeats 2 --json "$LOG/pp_bench.json" 2>&1 | tee "$LOG/pp_bench.log"

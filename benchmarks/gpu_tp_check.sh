@@ -15,7 +15,7 @@ if [[ "$GPUS" -lt 2 ]]; then
   echo "needs 2 GPUs, found $GPUS: tensor-parallel GPU checks stay owed" | tee "$LOG/summary.txt"
   exit 0
 fi
-timeout --kill-after=10 300 python -m pytest -m gpu tests/engine/test_tensor_parallel_gpu.py -q -rs -p no:cacheprovider \
+timeout --kill-after=10 300 python -m pytest -m gpu tests/engine/distributed/test_tensor_parallel_gpu.py -q -rs -p no:cacheprovider \
   2>&1 | tee "$LOG/tp_gpu_tests.log"
 timeout --kill-after=10 900 python -m benchmarks.tp_bench --preset llama-3.1-8b --device cuda --dtype bfloat16 --tp 2 \
   --num-prompts 256 --prompt-len 512 --max-tokens 128 --repeats 2 --json "$LOG/tp_bench.json" 2>&1 | tee "$LOG/tp_bench.log"

@@ -227,7 +227,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from prefixflow.engine.loader import resolve_model
+    from prefixflow.engine.loading.loader import resolve_model
 
     src = resolve_model(args.model)
     tok, vocab, eos = src.tokenizer, int(src.hf_config["vocab_size"]), list(src.eos_token_ids)

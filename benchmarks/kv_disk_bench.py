@@ -30,7 +30,7 @@ from benchmarks import prefix_workloads as pw
 from benchmarks.common import environment, print_table, write_json
 from benchmarks.peers import release
 from benchmarks.pp_bench import MODEL, model_dir
-from prefixflow.engine.presets import available_presets
+from prefixflow.engine.loading.presets import available_presets
 
 COLUMNS = [
     "config", "computed_prompt_tokens", "computed/distinct", "disk_hits", "disk_read_MB", "disk_written_MB",

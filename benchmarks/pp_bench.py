@@ -45,7 +45,7 @@ SMOLLM2_SHAPE = {
 
 def model_dir(name: str) -> str:
     """A preset's HF directory, or the SmolLM2-shaped random model (built once in the cache)."""
-    from prefixflow.engine import presets
+    from prefixflow.engine.loading import presets
 
     if name != MODEL:
         return str(presets.materialize(name))

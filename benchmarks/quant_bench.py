@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = args.variants.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     bench_model = None
-    from prefixflow.engine.presets import available_presets
+    from prefixflow.engine.loading.presets import available_presets
 
     if args.model in available_presets():
         from benchmarks.common import build_model
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     rows = []
     for v in variants:
-        kernels = linear_kernels(llms[v].engine.runner.model)
+        kernels = linear_kernels(llms[v].engine.runner.shard.model)
         for b in batches:
             s = speeds[(v, b)]
             rows.append({

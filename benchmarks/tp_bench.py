@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from prefixflow.engine.presets import load_preset, materialize
+    from prefixflow.engine.loading.presets import load_preset, materialize
 
     model = str(materialize(args.preset))
     vocab = int(load_preset(args.preset)["vocab_size"])

@@ -10,20 +10,23 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+if __name__ != "prefixflow.engine":  # every file has one import path (docs/architecture.md, Packaging)
+    raise ImportError(f"import prefixflow.engine, not {__name__}: engine/ is the prefixflow.engine package")
+
 _EXPORTS = {
     "LLM": "prefixflow.engine.llm",
     "Logprob": "prefixflow.engine.outputs",
     "EngineConfig": "prefixflow.engine.config",
-    "EngineStats": "prefixflow.engine.stats",
-    "ModelCard": "prefixflow.engine.model_card",
-    "ModelSource": "prefixflow.engine.model_source",
+    "EngineStats": "prefixflow.engine.core.stats",
+    "ModelCard": "prefixflow.engine.loading.model_card",
+    "ModelSource": "prefixflow.engine.loading.model_source",
     "RequestOutput": "prefixflow.engine.outputs",
-    "SamplingParams": "prefixflow.engine.sampling_params",
+    "SamplingParams": "prefixflow.engine.sampling.sampling_params",
     "StructuredOutputs": "prefixflow.engine.structured",
     "TokenLogprob": "prefixflow.engine.outputs",
     "NgramIndex": "prefixflow.engine.speculative.ngram",
-    "describe_model": "prefixflow.engine.model_identity",
-    "inspect_model": "prefixflow.engine.model_card",
+    "describe_model": "prefixflow.engine.loading.model_identity",
+    "inspect_model": "prefixflow.engine.loading.model_card",
     "structured_outputs_error": "prefixflow.engine.structured",
 }
 
@@ -46,14 +49,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from prefixflow.engine.config import EngineConfig
+    from prefixflow.engine.core.stats import EngineStats
     from prefixflow.engine.llm import LLM
-    from prefixflow.engine.model_card import ModelCard, inspect_model
-    from prefixflow.engine.model_identity import describe_model
-    from prefixflow.engine.model_source import ModelSource
+    from prefixflow.engine.loading.model_card import ModelCard, inspect_model
+    from prefixflow.engine.loading.model_identity import describe_model
+    from prefixflow.engine.loading.model_source import ModelSource
     from prefixflow.engine.outputs import Logprob, RequestOutput, TokenLogprob
-    from prefixflow.engine.sampling_params import SamplingParams
+    from prefixflow.engine.sampling.sampling_params import SamplingParams
     from prefixflow.engine.speculative.ngram import NgramIndex
-    from prefixflow.engine.stats import EngineStats
     from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 
 

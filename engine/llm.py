@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any, cast
 
-from prefixflow.engine.call_streams import CallStreams
 from prefixflow.engine.config import EngineConfig
-from prefixflow.engine.llm_engine import LLMEngine
-from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.core.call_streams import CallStreams
+from prefixflow.engine.core.llm_engine import LLMEngine
+from prefixflow.engine.core.request import RequestSpec
+from prefixflow.engine.core.stats import EngineStats
+from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
-from prefixflow.engine.request import RequestSpec
-from prefixflow.engine.sample_groups import SampleGroups
-from prefixflow.engine.sampling_params import SamplingParams
-from prefixflow.engine.stats import EngineStats
+from prefixflow.engine.sampling.sample_groups import SampleGroups
+from prefixflow.engine.sampling.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 Choice = str | Sequence[int]  # a choice to score: text, or the exact token ids
@@ -313,12 +313,3 @@ class LLM:
         """Weights, config, tokenizer, chat template, generation config and resolved dtype of the loaded
         model: equal to ``describe_model(model, dtype, device)`` (one function computes both)."""
         return dict(self.engine.model_identity)
-
-
-def _as_batch(prompts: Sequence[Prompt] | Prompt) -> list[Prompt]:
-    """One prompt (a string or a list of token ids) or a sequence of prompts, as a list of prompts."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if len(prompts) and isinstance(prompts[0], int):
-        return [cast(Sequence[int], prompts)]
-    return list(cast(Sequence[Prompt], prompts))

@@ -8,6 +8,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+if __name__ != "prefixflow.flows":  # every file has one import path (docs/architecture.md, Packaging)
+    raise ImportError(f"import prefixflow.flows, not {__name__}: flows/ is the prefixflow.flows package")
+
 _EXPORTS = {
     "batch_inference": "prefixflow.flows.flow",
     "ShardsFailed": "prefixflow.flows.flow",

@@ -127,22 +127,6 @@ def dequantize(w: PackedWeight, dtype: torch.dtype = torch.float32) -> torch.Ten
     return dense.t().contiguous().to(dtype)
 
 
-def dequantize_rows(w: PackedWeight, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-    """Output rows ``start:stop`` of the dense weight (``[stop - start, K]``), for chunked matmuls."""
-    part = PackedWeight(
-        w.qweight[:, start:stop],
-        w.scales[:, start:stop],
-        w.bits,
-        w.in_features,
-        w.group_size,
-        None if w.zeros is None else w.zeros[:, start:stop],
-        w.default_zero,
-        None if w.mins is None else w.mins[:, start:stop],
-        w.g_idx,
-    )
-    return dequantize(part, dtype)
-
-
 def quant_linear_reference(
     x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from prefixflow.pipeline.errors import JobConfigError, PipelineError, storage_problem
+from prefixflow.pipeline.errors import JobConfigError, PipelineError
 from prefixflow.pipeline.interrupts import INTERRUPTED_HINT, Terminated, interruptible
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.flags import (
@@ -24,7 +24,12 @@ from prefixflow.pipeline.job.flags import (
     add_storage_flags,
     overrides_from_args,
 )
-from prefixflow.pipeline.storage.errors import RESUME_HINT, describe_storage_error, transient_problem
+from prefixflow.pipeline.storage.errors import (
+    RESUME_HINT,
+    describe_storage_error,
+    storage_problem,
+    transient_problem,
+)
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.job.spec import JobSpec

@@ -110,7 +110,7 @@ def open_engine(spec: JobSpec) -> Engine:
 
     try:
         llm: Engine = LLM(model=spec.model, **spec.config.engine)
-    except ValueError as exc:  # engine.loader.ModelNotFoundError and EngineConfig/KV-budget checks
+    except ValueError as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
         settings = spec.config.engine or "the default engine settings"
         raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
     return llm

@@ -48,19 +48,6 @@ class ShardError(PipelineError):
         self.shard_id = shard_id
 
 
-_STORAGE_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3", "gcsfs", "adlfs")
-
-
-def storage_problem(exc: BaseException) -> str | None:
-    """One line for an error of the storage layer (endpoint down, credentials refused, DNS), or None when
-    ``exc`` is something else (a bug, which should keep its traceback)."""
-    module = type(exc).__module__.split(".")[0]
-    if module in _STORAGE_MODULES or isinstance(exc, (ConnectionError, TimeoutError)):
-        return (f"storage cannot be reached or read ({type(exc).__name__}: {exc}); check the URL, "
-                "--endpoint-url, the network and the credentials (environment or AWS profile)")  # fmt: skip
-    return None
-
-
 # Row-level error classes: a bad row becomes an output row with one of these in `error_class`.
 NULL_ID = "null_id"
 DUPLICATE_ID = "duplicate_id"

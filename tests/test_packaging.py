@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_engine_names_come_from_the_namespace(tmp_path: Path) -> None:
                   tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == [
-        "prefixflow.engine.llm", "prefixflow.engine.sampling_params", "prefixflow.engine.config", "batch-inference"
+        "prefixflow.engine.llm", "prefixflow.engine.sampling.sampling_params", "prefixflow.engine.config", "batch-inference"
     ]
 
 
@@ -59,6 +60,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(wheels), str(source)], check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = wheels.glob("prefixflow-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {f"prefixflow/{p.relative_to(REPO)}" for layer in ("engine", "kernels", "pipeline", "flows", "configs")
+              for p in (REPO / layer).rglob("*") if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+    assert wanted - shipped == set(), "files the wheel lacks"
     # The venv sees this interpreter's packages (torch, ...) but gets its own prefixflow from the wheel.
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
@@ -67,7 +72,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _python("import prefixflow.engine, prefixflow.engine.presets as p; print(prefixflow.engine.__file__);"
+    where = _python("import prefixflow.engine, prefixflow.engine.loading.presets as p; print(prefixflow.engine.__file__);"
                     "print(p.configs_dir())", elsewhere, py)  # fmt: skip
     assert where.returncode == 0, where.stderr
     engine_file, configs = where.stdout.split()
@@ -80,13 +85,20 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo_outside_the_checkout
     assert list((elsewhere / "demo" / "tiny" / "label-out" / "data").rglob("*.parquet"))
 
 
-def test_the_wheel_lists_every_package_of_the_checkout() -> None:
-    """pyproject.toml lists the packages explicitly (package-dir maps them); a new subpackage must be added."""
-    import tomllib
+def _folders_to_ship() -> set[str]:
+    """Every folder of the layers and configs/, as the package name it installs under."""
+    names = {"prefixflow"}
+    for layer in ("engine", "kernels", "pipeline", "flows", "configs"):
+        for folder in [REPO / layer, *(REPO / layer).rglob("*")]:
+            if folder.is_dir() and folder.name != "__pycache__":
+                names.add(".".join(("prefixflow", *folder.relative_to(REPO).parts)))
+    return names
 
-    from setuptools import find_packages
 
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    on_disk = set(find_packages(str(REPO), include=["prefixflow*"]))  # follows the prefixflow/* links
-    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
-    assert listed - on_disk == {"prefixflow.configs"}
+def test_package_discovery_finds_every_folder_of_the_layers() -> None:
+    """pyproject.toml lists no package: [tool.setuptools.packages.find] discovers them through the prefixflow/
+    links, so a new sub-folder ships without anyone editing a list."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    packages = read_configuration(REPO / "pyproject.toml", expand=True)["tool"]["setuptools"]["packages"]
+    assert sorted(packages) == sorted(_folders_to_ship())

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prefixflow.engine.distributed.group import ParallelGroup
 from prefixflow.engine.distributed.sharding import TPLayout, tp_layout
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

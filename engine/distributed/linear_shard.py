@@ -27,10 +27,6 @@ class LinearShard:
     outputs: tuple[Partition, ...] | None = None
     input: Partition | None = None
 
-    @property
-    def is_row_parallel(self) -> bool:
-        return self.input is not None and self.input.size != self.input.total
-
     def out_sizes(self, global_sizes: list[int]) -> list[int]:
         return list(global_sizes) if self.outputs is None else [p.size for p in self.outputs]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup, _new_group, dist
 from prefixflow.engine.distributed.sharding import ShardingError
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

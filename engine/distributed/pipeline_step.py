@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from prefixflow.engine.step_inputs import StepInputs
+from prefixflow.engine.runner.step_inputs import StepInputs
 
 if TYPE_CHECKING:
-    from prefixflow.engine.model_shard import ModelShard
+    from prefixflow.engine.runner.model_shard import ModelShard
 
 
 @dataclass

@@ -141,10 +141,6 @@ def tp_layout(
     return TPLayout(rank, world, attention, intermediate, vocab_shard(vocab_size, rank, world))
 
 
-def single_rank_layout(num_heads: int, num_kv_heads: int, intermediate_size: int, vocab_size: int) -> TPLayout:
-    return tp_layout(num_heads, num_kv_heads, intermediate_size, vocab_size, 0, 1)
-
-
 def _check_rank(rank: int, world: int) -> None:
     if world < 1:
         raise ShardingError(f"tensor_parallel_size must be >= 1, got {world}")

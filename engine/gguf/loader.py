@@ -11,8 +11,8 @@ from prefixflow.engine.gguf.files import find_gguf_file
 from prefixflow.engine.gguf.metadata import build_hf_config
 from prefixflow.engine.gguf.tensors import check_tensors, iter_hf_weights, tensor_types
 from prefixflow.engine.gguf.tokenizer import build_tokenizer, chat_template, eos_token_ids
-from prefixflow.engine.model_identity import ModelLocation, gguf_digests
-from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.loading.model_identity import ModelLocation, gguf_digests
+from prefixflow.engine.loading.model_source import ModelSource
 
 
 def load_gguf_source(

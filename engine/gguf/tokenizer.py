@@ -70,7 +70,7 @@ def _cache_dir(cache_key: str) -> Path:
     import tokenizers
     import transformers
 
-    from prefixflow.engine.presets import cache_dir
+    from prefixflow.engine.loading.presets import cache_dir
 
     versions = f"{transformers.__version__}/{tokenizers.__version__}"
     key = hashlib.sha256(f"{cache_key}/{versions}".encode()).hexdigest()[:24]

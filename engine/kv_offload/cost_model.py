@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.model_config import ModelConfig
 
 # (sustained prefill FLOP/s, host<->device bytes/s, fixed seconds per reload)
 RATES = {

@@ -25,7 +25,7 @@ from typing import Any
 from prefixflow.engine.kv_offload import disk_files
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.cost_model import CostModel
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.model_config import ModelConfig
 
 RECENT = 1 << 16  # digests this engine wrote lately: not looked up on disk again
 STAGING_BYTES = 1 << 30  # kv_cache_dir without kv_offload_bytes: host memory to read blocks into

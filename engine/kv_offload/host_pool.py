@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefixflow.engine.block_pool import chain_hash
+from prefixflow.engine.core.block_pool import chain_hash
 
 Key = tuple[int | None, tuple[int, ...]]
 
@@ -42,9 +42,6 @@ class HostBlockPool:
             return None
         block = self.blocks[block_id]
         return block if block.key == (parent, tuple(token_ids)) else None
-
-    def holds(self, block_hash: int) -> bool:
-        return block_hash in self.cached
 
     def touch(self, block: HostBlock) -> None:
         if block.pins == 0:

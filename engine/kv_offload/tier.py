@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefixflow.engine.block_pool import Block, chain_hash
+from prefixflow.engine.core.block_pool import Block, chain_hash
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
 from prefixflow.engine.kv_offload.cost_model import CostModel
 from prefixflow.engine.kv_offload.disk_tier import DiskTier

@@ -14,15 +14,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prefixflow.engine.attention import AttentionBackend
 from prefixflow.engine.distributed.context import TensorParallel, single_rank
 from prefixflow.engine.distributed.pipeline import PipelineStage
 from prefixflow.engine.distributed.sharding import Partition
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
+from prefixflow.engine.runner.attention import AttentionBackend
 from prefixflow.kernels import KernelBackend
 
 KVCache = tuple[torch.Tensor, torch.Tensor]

@@ -101,8 +101,6 @@ class CompressedTensorsConfig(QuantizationConfig):
         if not groups:
             raise field_error("config_groups", groups, "at least one group of quantized layers")
         default_format = str(qc.get("format", "pack-quantized"))
-        if qc.get("sparsity_config"):
-            raise QuantizationError("quantization_config.sparsity_config (sparse checkpoints) is not supported")
         status = qc.get("quantization_status", "compressed")
         if status not in ("compressed", "frozen"):
             raise field_error("quantization_status", status, "compressed")

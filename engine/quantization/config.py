@@ -9,7 +9,7 @@ allocation.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefixflow.engine.config import CHECKPOINT_QUANTIZATION as CHECKPOINT_METHODS
@@ -79,6 +79,35 @@ def uniform(prefixes: Sequence[str], decide: list[bool], what: str) -> bool:
     )
 
 
+def _gptq(qc: dict[str, Any]) -> QuantizationConfig:
+    from prefixflow.engine.quantization.gptq import GPTQConfig
+
+    return GPTQConfig.from_dict(qc)
+
+
+def _awq(qc: dict[str, Any]) -> QuantizationConfig:
+    from prefixflow.engine.quantization.awq import AWQConfig
+
+    return AWQConfig.from_dict(qc)
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> QuantizationConfig:
+    from prefixflow.engine.quantization.compressed_tensors import CompressedTensorsConfig
+
+    if qc.get("sparsity_config") and not qc.get("config_groups"):
+        return NO_QUANTIZATION  # 2:4 sparse only: dense weights (with_sparsity wraps them)
+    return CompressedTensorsConfig.from_dict({k: v for k, v in qc.items() if k != "sparsity_config"})
+
+
+# quant_method -> the config of a checkpoint in that format (imported on use: each pulls its kernels).
+# GGUF is not here: its blocks combine with on-the-fly methods, so _resolve handles it first.
+CHECKPOINT_FORMATS: dict[str, Callable[[dict[str, Any]], QuantizationConfig]] = {
+    "gptq": _gptq,
+    "awq": _awq,
+    "compressed-tensors": _compressed_tensors,
+}
+
+
 def resolve_quantization(
     hf_config: dict[str, Any], requested: str | None = None, sparsity: str | None = None
 ) -> QuantizationConfig:
@@ -142,18 +171,6 @@ def _resolve(hf_config: dict[str, Any], requested: str | None = None) -> Quantiz
         return NO_QUANTIZATION
     if method in _REFUSED:
         raise QuantizationError(f"quantization_config.quant_method={method!r}: {_REFUSED[method]}")
-    if method == "gptq":
-        from prefixflow.engine.quantization.gptq import GPTQConfig
-
-        return GPTQConfig.from_dict(qc)
-    if method == "awq":
-        from prefixflow.engine.quantization.awq import AWQConfig
-
-        return AWQConfig.from_dict(qc)
-    if method == "compressed-tensors":
-        from prefixflow.engine.quantization.compressed_tensors import CompressedTensorsConfig
-
-        if qc.get("sparsity_config") and not qc.get("config_groups"):
-            return NO_QUANTIZATION  # 2:4 sparse only: dense weights (with_sparsity wraps them)
-        return CompressedTensorsConfig.from_dict({k: v for k, v in qc.items() if k != "sparsity_config"})
+    if method in CHECKPOINT_FORMATS:
+        return CHECKPOINT_FORMATS[method](qc)
     raise field_error("quant_method", method, ", ".join(CHECKPOINT_METHODS))

@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 
+from prefixflow.engine.dtypes import torch_dtype
 from prefixflow.engine.quantization.config import QuantizationConfig, resolve_quantization
 from prefixflow.engine.quantization.report import weight_bytes
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def describe_weights(
@@ -26,9 +25,9 @@ def describe_weights(
     """``{"quantization": {...}, "weight_bytes": n}`` for a model given by its HF-shaped config
     (``weight_bytes`` None for a config the engine cannot shape; loading it fails with the reason)."""
     from prefixflow import kernels
-    from prefixflow.engine.attention import make_attention_backend
-    from prefixflow.engine.model_config import ModelConfig
+    from prefixflow.engine.loading.model_config import ModelConfig
     from prefixflow.engine.models.llama import LlamaForCausalLM
+    from prefixflow.engine.runner.attention import make_attention_backend
 
     quant = resolve_quantization(hf_config, quantization, sparsity)  # a bad quantization fails here, before loading
     try:
@@ -37,7 +36,7 @@ def describe_weights(
         return {"quantization": quant.describe(), "weight_bytes": None}
     ops = kernels.select("torch", torch.device("cpu"))  # the kernels do not change what weights take
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, DTYPES[dtype], ops, make_attention_backend(ops), quant=quant)
+        model = LlamaForCausalLM(cfg, torch_dtype(dtype), ops, make_attention_backend(ops), quant=quant)
     return {"quantization": quant.describe(), "weight_bytes": weight_bytes(model)}
 
 
@@ -68,7 +67,7 @@ def describe_gguf_weights(
     quant: QuantizationConfig = resolve_quantization({"quantization_config": qc}, quantization, sparsity)
     path_taken = weight_path_for(quant, quantization, device, dtype, path)
     quant = apply_weight_path(quant, path_taken)
-    size = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    size = torch.empty((), dtype=torch_dtype(dtype)).element_size()
     total = 0
     for hf, shape in shapes.items():
         module = hf.removesuffix(".weight")
@@ -77,7 +76,7 @@ def describe_gguf_weights(
         if isinstance(method, GGUFMethod) and types[hf] in BLOCK_BYTES:
             total += stored[hf]
         elif method is not None and len(shape) == 2:
-            total += sum(_numel(s.shape) * s.dtype.itemsize for s in method.param_specs(shape[1], [shape[0]], DTYPES[dtype]))
+            total += sum(_numel(s.shape) * s.dtype.itemsize for s in method.param_specs(shape[1], [shape[0]], torch_dtype(dtype)))
         else:
             total += _numel(shape) * size
     out: dict[str, Any] = {"quantization": quant.describe(), "weight_bytes": total}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from prefixflow.kernels.quant_weight import pack_along_rows, unpack_rows
+from prefixflow.kernels.quant_weight import pack_along_rows
 
 # AWQ's GEMM layout puts output column 8j + AWQ_ORDER[i] in nibble i of word j.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -29,10 +29,6 @@ def unpack_cols(packed: torch.Tensor, bits: int, cols: int, order: tuple[int, ..
 def repack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Unsigned values ``[K, N]`` -> the engine's ``PackedWeight.qweight`` layout."""
     return pack_along_rows(q, bits)
-
-
-def unpack_qweight(qweight: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
-    return unpack_rows(qweight, bits, rows)
 
 
 def narrow_scales(scales: torch.Tensor) -> torch.Tensor:

@@ -35,10 +35,6 @@ class ParamSpec:
     exact_dtype: bool = True  # integer / fp8 codes must arrive in their own dtype; float scales may be cast
 
 
-def stored_rows(size: int, pack: int) -> int:
-    return -(-size // pack)
-
-
 def allocate(layer: nn.Module, spec: ParamSpec) -> None:
     """A zeroed buffer for ``spec`` on the layer (buffers: counted in weight bytes, moved with the layer)."""
     layer.register_buffer(spec.name, torch.zeros(spec.shape, dtype=spec.dtype), persistent=False)

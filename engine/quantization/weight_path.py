@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from prefixflow.engine.dtypes import DTYPE_BYTES
 from prefixflow.engine.quantization.config import QuantizationConfig
 from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig
 from prefixflow.engine.quantization.method import DenseMethod, LinearMethod
 
 MEMORY_SHARE = 8  # dense weights may take 1/MEMORY_SHARE of usable memory (KV pool, activations, others)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefixflow.engine.config import EngineConfig
-from prefixflow.engine.model_source import ModelSource
+from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.speculative.decoder import NgramProposer, Proposer, Speculator
 from prefixflow.engine.speculative.forced import ForcedDrafts
 from prefixflow.engine.speculative.runs import SpeculationStats

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.request import Request
+from prefixflow.engine.core.step_types import SchedulerOutput
 from prefixflow.engine.speculative.config import SpeculativeConfig
 from prefixflow.engine.speculative.cost_model import LinearCost
 from prefixflow.engine.speculative.forced import ForcedDrafts
@@ -25,7 +26,6 @@ from prefixflow.engine.speculative.policy import (
     plan_drafts,
 )
 from prefixflow.engine.speculative.runs import SpeculationStats
-from prefixflow.engine.step_types import SchedulerOutput
 
 
 @dataclass

@@ -19,14 +19,14 @@ import warnings
 from dataclasses import replace
 
 from prefixflow.engine.config import EngineConfig
-from prefixflow.engine.kv_cache_manager import KVCacheManager
-from prefixflow.engine.loader import resolve_model
-from prefixflow.engine.model_config import ModelConfig
-from prefixflow.engine.model_runner import ModelRunner
-from prefixflow.engine.model_source import ModelSource
-from prefixflow.engine.request import Request, Status
+from prefixflow.engine.core.kv_cache_manager import KVCacheManager
+from prefixflow.engine.core.request import Request, Status
+from prefixflow.engine.core.step_types import ScheduledChunk, SchedulerOutput
+from prefixflow.engine.loading.loader import resolve_model
+from prefixflow.engine.loading.model_config import ModelConfig
+from prefixflow.engine.loading.model_source import ModelSource
+from prefixflow.engine.runner.model_runner import ModelRunner
 from prefixflow.engine.speculative.config import SpeculativeConfig
-from prefixflow.engine.step_types import ScheduledChunk, SchedulerOutput
 
 
 def tokenizer_difference(target: ModelSource, draft: ModelSource, target_vocab: int, draft_vocab: int) -> str | None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixflow.engine.kv_cache_manager import KVCacheManager
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.kv_cache_manager import KVCacheManager
+from prefixflow.engine.core.request import Request
 
 JUMP_FORWARD = "jump_forward"  # drafts the grammar forced (forced.py), counted apart from the method's own
 

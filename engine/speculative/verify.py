@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from prefixflow.engine.core.request import Request
+from prefixflow.engine.core.step_types import ModelOutput, TokenMasks
 from prefixflow.engine.outputs import TokenLogprob
-from prefixflow.engine.request import Request
-from prefixflow.engine.sampler import LogprobsMode, sample
-from prefixflow.engine.step_types import ModelOutput, TokenMasks
+from prefixflow.engine.sampling.sampler import LogprobsMode, sample
 from prefixflow.engine.structured.bitmask import allocate_bitmask
 
 

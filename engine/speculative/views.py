@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.request import Request
 
 
 def position_views(req: Request) -> list[Request]:

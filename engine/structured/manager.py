@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from prefixflow.engine.request import Request
+from prefixflow.engine.core.request import Request
 from prefixflow.engine.structured.backend import (
     GrammarError,
     StructuredOutputsUnavailable,

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, replace
 
 GIB = 1 << 30
-CPU_DEFAULT_KV_BYTES = 512 * (1 << 20)  # engine/model_runner.py: the CPU KV pool when none is configured
+CPU_DEFAULT_KV_BYTES = 512 * (1 << 20)  # engine/runner/model_runner.py: the CPU KV pool when none is configured
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,6 @@ class Rendered:
     chunks_per_row: list[int] = field(default_factory=list)  # 1, or the map_reduce chunk count
     suffixes: list[list[int]] = field(default_factory=list)  # label scoring: each label's tokens
 
-    @property
-    def engine_requests(self) -> int:
-        return len(self.requests) * max(1, len(self.suffixes))
-
 
 def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> Rendered:
     """Prepare every sampled row; bad rows are counted by error class, as a run would write them."""
@@ -92,4 +88,3 @@ def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> 
             out.requests += [PlannedRequest(c, limit, i, "map") for c in p.chunks]
     out.errors_by_class = dict(sorted(errors.items()))
     return out
-

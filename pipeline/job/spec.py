@@ -135,7 +135,7 @@ def _describe(model: str, dtype: str, device: str, quantization: str | None, sta
 
     try:
         return dict(describe_model(model, dtype=dtype, device=device, quantization=quantization))
-    except ValueError as exc:  # engine.loader.ModelNotFoundError names what is accepted
+    except ValueError as exc:  # engine.loading.model_identity.ModelNotFoundError names what is accepted
         text = str(exc)
         raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc
 

@@ -46,6 +46,7 @@ from prefixflow.pipeline.run.planning import (
     input_identities,
     input_schemas,
 )
+from prefixflow.pipeline.storage.errors import REACH_HINT
 from prefixflow.pipeline.storage.store import Store
 
 RECORD_VERSION = 3  # 3: run ids, run-scoped folders, the output schema
@@ -133,8 +134,7 @@ def parse_run_record(layout: Layout, blob: bytes) -> RunRecord:
 def storage_failure(layout: Layout, exc: BaseException) -> OutputStateError:
     """One line for a store that cannot be reached or read (endpoint down, credentials refused)."""
     return OutputStateError(
-        f"output {layout.store.url(layout.store.root)}: cannot be reached ({type(exc).__name__}: {exc}); "
-        "check the URL, --endpoint-url, the network and the credentials (environment or AWS profile)"
+        f"output {layout.store.url(layout.store.root)}: cannot be reached ({type(exc).__name__}: {exc}); {REACH_HINT}"
     )
 
 

@@ -1,4 +1,5 @@
-"""One clean line for storage failures (missing credentials, access denied, no such bucket, no endpoint).
+"""Storage failures classified in one place: one clean line each (missing credentials, access denied, no
+such bucket, no endpoint, a store down or a disk full) and whether the run can resume after it.
 
 These surface from deep inside s3fs/botocore, wrapped or not, in any command. The CLI turns each
 into ``error: <what failed> ... <what to fix>`` and exit code 2 instead of a traceback, the same
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 CREDENTIAL_HINT = ("credentials come from --storage-option key=/secret=, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                    "AWS_PROFILE or the machine's role (docs/pipeline.md#credentials)")  # fmt: skip
 ENDPOINT_HINT = "check --endpoint-url (or AWS_ENDPOINT_URL) and that the store is reachable"
+REACH_HINT = "check the URL, --endpoint-url, the network and the credentials (environment or AWS profile)"
 
 # botocore exception class name -> what to fix
 _BY_NAME = {
@@ -54,6 +56,18 @@ def describe_storage_error(exc: BaseException) -> str | None:
             return f"{code}: {_BY_CODE[code]}"
         if isinstance(err, PermissionError):
             return f"permission denied ({err}); " + CREDENTIAL_HINT
+    return None
+
+
+_STORAGE_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3", "gcsfs", "adlfs")
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """One line for an error of the storage layer that ``describe_storage_error`` does not name (endpoint
+    down, DNS), or None when ``exc`` is something else (a bug, which should keep its traceback)."""
+    module = type(exc).__module__.split(".")[0]
+    if module in _STORAGE_MODULES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return f"storage cannot be reached or read ({type(exc).__name__}: {exc}); {REACH_HINT}"
     return None
 
 

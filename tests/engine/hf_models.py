@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from prefixflow.engine.presets import save_random_model
+from prefixflow.engine.loading.presets import save_random_model
 
 BASE = dict(
     vocab_size=512,

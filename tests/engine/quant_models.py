@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from prefixflow import kernels
-from prefixflow.engine.attention import make_attention_backend
-from prefixflow.engine.loader import resolve_model
-from prefixflow.engine.model_config import ModelConfig
+from prefixflow.engine.loading.loader import resolve_model
+from prefixflow.engine.loading.model_config import ModelConfig
+from prefixflow.engine.loading.presets import save_random_model
 from prefixflow.engine.models.linear import Linear
 from prefixflow.engine.models.llama import LlamaForCausalLM
 from prefixflow.engine.models.weights import copy_weights
-from prefixflow.engine.presets import save_random_model
 from prefixflow.engine.quantization import KernelMethod, resolve_quantization
+from prefixflow.engine.runner.attention import make_attention_backend
 from prefixflow.kernels.fp8_linear import Fp8Weight, quantize_fp8_rows
 from prefixflow.kernels.quant_weight import dequantize
 from tests.engine.hf_models import ARCHITECTURES, _spread_biases

@@ -142,7 +142,7 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
 
 def test_demo_keeps_each_models_results_apart(tmp_path: Path) -> None:
     """`demo --model tiny` after a demo with another model must not replace that model's results."""
-    from prefixflow.engine.presets import hf_config_of, load_preset, save_random_model
+    from prefixflow.engine.loading.presets import hf_config_of, load_preset, save_random_model
     from prefixflow.pipeline.demo import model_folder
 
     other = tmp_path / "models" / "my-model"

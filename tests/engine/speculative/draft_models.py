@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from prefixflow.engine.presets import hf_config_of, load_preset, materialize, save_random_model
+from prefixflow.engine.loading.presets import hf_config_of, load_preset, materialize, save_random_model
 
 
 def grown_tiny(root: Path, scale: float = 0.3) -> Path:

@@ -10,14 +10,14 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixflow.engine.block_pool import chain_hash
-from prefixflow.engine.kv_cache_manager import KVCacheManager
-from prefixflow.engine.request import Request, Status
-from prefixflow.engine.sampling_params import SamplingParams
-from prefixflow.engine.scheduler import Scheduler, SchedulerLimits
-from prefixflow.engine.step_types import ModelOutput
-from prefixflow.engine.stop_checker import StopChecker
-from tests.engine.test_scheduler_properties import apply_copies, check_invariants
+from prefixflow.engine.core.block_pool import chain_hash
+from prefixflow.engine.core.kv_cache_manager import KVCacheManager
+from prefixflow.engine.core.request import Request, Status
+from prefixflow.engine.core.scheduler import Scheduler, SchedulerLimits
+from prefixflow.engine.core.step_types import ModelOutput
+from prefixflow.engine.sampling.sampling_params import SamplingParams
+from prefixflow.engine.sampling.stop_checker import StopChecker
+from tests.engine.core.test_scheduler_properties import apply_copies, check_invariants
 
 VOCAB = 7  # few tokens: proposals that copy the true continuation are often right
 

@@ -126,7 +126,7 @@ def _shaped_model(root, name: str, **shape) -> str:
     import json
     import shutil
 
-    from prefixflow.engine.presets import materialize
+    from prefixflow.engine.loading.presets import materialize
 
     target = root / name
     shutil.copytree(materialize("tiny"), target)
