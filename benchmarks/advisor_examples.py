@@ -16,11 +16,25 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-TOPICS = ("battery life", "screen", "delivery", "price", "build quality", "customer support", "sound",
-          "size", "software updates", "packaging", "warranty", "comfort")  # fmt: skip
-WORDS = ("the arrived late box damaged works great after week stopped charging support replaced quickly "
-         "cheap plastic feels solid bright screen colours accurate battery lasts two days would buy again "
-         "not recommend price fair refund took month sound clear bass weak").split()  # fmt: skip
+TOPICS = (
+    "battery life",
+    "screen",
+    "delivery",
+    "price",
+    "build quality",
+    "customer support",
+    "sound",
+    "size",
+    "software updates",
+    "packaging",
+    "warranty",
+    "comfort",
+)
+WORDS = (
+    "the arrived late box damaged works great after week stopped charging support replaced quickly "
+    "cheap plastic feels solid bright screen colours accurate battery lasts two days would buy again "
+    "not recommend price fair refund took month sound clear bass weak"
+).split()
 
 
 def instruction(sentences: int = 13) -> str:
@@ -28,8 +42,10 @@ def instruction(sentences: int = 13) -> str:
     lines = ["You label customer reviews with exactly one topic from the list below.", ""]
     for i in range(sentences):
         topic = TOPICS[i % len(TOPICS)]
-        lines.append(f"Rule {i + 1}: a review that mainly discusses {topic} gets the label '{topic}', even when "
-                     f"it also mentions other topics in passing; judge by what most sentences are about.")
+        lines.append(
+            f"Rule {i + 1}: a review that mainly discusses {topic} gets the label '{topic}', even when "
+            f"it also mentions other topics in passing; judge by what most sentences are about."
+        )
     lines += ["", "Answer with the label only."]
     return "\n".join(lines)
 
@@ -49,11 +65,13 @@ def write(out: Path, rows: int = 10_000_000, files: int = 20, distinct: int = 30
             idx = pa.array([rng.randrange(distinct) for _ in range(per)], pa.int32())
             columns[name] = pa.DictionaryArray.from_arrays(idx, pool)
         pq.write_table(pa.table(columns), out / "reviews" / f"part-{f:02d}.parquet", row_group_size=250_000)
-    job = ("task: label\nid_column: id\nchat: off\ntemplate: |\n"
-           + "".join(f"  {line}\n" for line in instruction().splitlines())
-           + "\n  Review: {{ opening }} {{ body }}\n  Topic:\n"
-           + f"label:\n  labels: [{', '.join(repr(t) for t in TOPICS)}]\n  mode: score\n  choice_prefix: ' '\n"
-           + "output: {shard_rows: 100000}\n")  # fmt: skip
+    job = (
+        "task: label\nid_column: id\nchat: off\ntemplate: |\n"
+        + "".join(f"  {line}\n" for line in instruction().splitlines())
+        + "\n  Review: {{ opening }} {{ body }}\n  Topic:\n"
+        + f"label:\n  labels: [{', '.join(repr(t) for t in TOPICS)}]\n  mode: score\n  choice_prefix: ' '\n"
+        + "output: {shard_rows: 100000}\n"
+    )
     (out / "label.yaml").write_text(job)
 
 

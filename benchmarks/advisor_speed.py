@@ -24,9 +24,11 @@ import pyarrow.parquet as pq
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("kettle boils quickly handle stays cool battery lasts charger broke after weeks support refused "
-         "refund sound quality great bass weak screen bright colours accurate shipping late box damaged "
-         "would buy again not recommend price fair cheap plastic feels solid sturdy design elegant").split()  # fmt: skip
+WORDS = (
+    "kettle boils quickly handle stays cool battery lasts charger broke after weeks support refused "
+    "refund sound quality great bass weak screen bright colours accurate shipping late box damaged "
+    "would buy again not recommend price fair cheap plastic feels solid sturdy design elegant"
+).split()
 RUN = "import sys; sys.modules['torch'] = None; from prefixflow.pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -45,8 +47,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--sample-rows", type=int, default=5000)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--job", default=str(REPO / "pipeline" / "data" / "demo_label.yaml"),
-                    help="job config (its output.shard_rows is set to 10000)")
+    ap.add_argument(
+        "--job",
+        default=str(REPO / "pipeline" / "data" / "demo_label.yaml"),
+        help="job config (its output.shard_rows is set to 10000)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
@@ -57,8 +62,23 @@ def main(argv: list[str] | None = None) -> dict:
         job["output"] = {**job.get("output", {}), "shard_rows": 10_000}
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(yaml.safe_dump(job))
-        cmd = [sys.executable, "-c", RUN, "plan", "--input", str(data), "--job", str(job_file), "--model",
-               args.model, "--advise", "--sample-rows", str(args.sample_rows), "--gpu", "h200"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-c",
+            RUN,
+            "plan",
+            "--input",
+            str(data),
+            "--job",
+            str(job_file),
+            "--model",
+            args.model,
+            "--advise",
+            "--sample-rows",
+            str(args.sample_rows),
+            "--gpu",
+            "h200",
+        ]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         walls, inner = [], []
         for _ in range(args.repeats):
@@ -68,9 +88,18 @@ def main(argv: list[str] | None = None) -> dict:
             done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, check=True)
             inner.append(json.loads(done.stdout)["advise"]["timings_s"])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    result = {"commit": commit.stdout.strip(), "rows": args.rows, "sample_rows": args.sample_rows, "model": args.model, "job": Path(args.job).name,
-              "wall_s": walls, "wall_min_s": min(walls), "wall_median_s": sorted(walls)[len(walls) // 2],
-              "advise_timings_s": inner, "loadavg": Path("/proc/loadavg").read_text().split()[:3]}  # fmt: skip
+    result = {
+        "commit": commit.stdout.strip(),
+        "rows": args.rows,
+        "sample_rows": args.sample_rows,
+        "model": args.model,
+        "job": Path(args.job).name,
+        "wall_s": walls,
+        "wall_min_s": min(walls),
+        "wall_median_s": sorted(walls)[len(walls) // 2],
+        "advise_timings_s": inner,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+    }
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

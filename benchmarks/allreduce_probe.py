@@ -40,7 +40,9 @@ class Probe:
         return times
 
 
-def measure(world: int, hidden: int, tokens: list[int], repeats: int, device: str = "cpu") -> dict[int, float]:
+def measure(
+    world: int, hidden: int, tokens: list[int], repeats: int, device: str = "cpu"
+) -> dict[int, float]:
     """Median seconds of one all-reduce of ``[t, hidden]`` float32, per ``t``."""
     devices = [torch.device(device if device == "cpu" else f"cuda:{r}") for r in range(world)]
     import importlib
@@ -72,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     for t, s in measure(args.world, args.hidden, args.tokens, args.repeats, args.device).items():
         mib = t * args.hidden * 4 / 2**20
         rows.append({"tokens": t, "hidden": args.hidden, "mib": mib, "median_us": 1e6 * s})
-        print(f"all-reduce [{t}, {args.hidden}] float32 ({mib:.2f} MiB) over {args.world} ranks: {1e6 * s:.0f} us")
-    write_json(args.json, {"benchmark": "allreduce_probe", "args": vars(args), "environment": environment(), "rows": rows})
+        print(
+            f"all-reduce [{t}, {args.hidden}] float32 ({mib:.2f} MiB) over {args.world} ranks: {1e6 * s:.0f} us"
+        )
+    write_json(
+        args.json,
+        {"benchmark": "allreduce_probe", "args": vars(args), "environment": environment(), "rows": rows},
+    )
     return 0
 
 

@@ -29,10 +29,12 @@ def add_common_args(ap, preset: str = "tiny") -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="torch CPU threads (default on CPU: 1, because the benchmark host is shared and "
         "oversubscribed OpenMP threads distort timings; pass the core count on an idle machine)",
-    )  # fmt: skip
+    )
     ap.add_argument("--json", default=None, help="write the result here")
 
 

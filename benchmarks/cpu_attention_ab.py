@@ -31,8 +31,12 @@ CASES = [(16, 1, 144), (64, 1, 144), (16, 128, 128), (1, 1, 1024), (16, 1, 1024)
 
 def old_module(rev: str) -> ModuleType:
     root = Path(cpu_attention.__file__).resolve().parents[1]  # the checkout this tree imports
-    text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:kernels/cpu_attention.py"],
-                          check=True, capture_output=True, text=True).stdout  # fmt: skip
+    text = subprocess.run(
+        ["git", "-C", str(root), "show", f"{rev}:kernels/cpu_attention.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "cpu_attention_old.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location("cpu_attention_old", path)
@@ -71,8 +75,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     old = old_module(args.old)
-    print(f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; old = {args.old}", file=sys.stderr)
-    print("| dtype | batch | query | context | old ms min / median | new ms min / median | old / new (medians) |")
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; old = {args.old}", file=sys.stderr
+    )
+    print(
+        "| dtype | batch | query | context | old ms min / median | new ms min / median | old / new (medians) |"
+    )
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):
@@ -83,8 +91,11 @@ def main(argv: list[str] | None = None) -> None:
                     times["old"].append(cpu_ms(old.paged_attention, inputs, args.calls))
                     times["new"].append(cpu_ms(cpu_attention.paged_attention, inputs, args.calls))
                 o, n = (statistics.median(times[x]) for x in ("old", "new"))
-                print(f"| {str(dtype).removeprefix('torch.')} | {b} | {q} | {length} | {min(times['old']):.2f} / {o:.2f} "
-                      f"| {min(times['new']):.2f} / {n:.2f} | {o / n:.1f}x |", flush=True)  # fmt: skip
+                print(
+                    f"| {str(dtype).removeprefix('torch.')} | {b} | {q} | {length} | {min(times['old']):.2f} / {o:.2f} "
+                    f"| {min(times['new']):.2f} / {n:.2f} | {o / n:.1f}x |",
+                    flush=True,
+                )
     print(f"load average after {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 

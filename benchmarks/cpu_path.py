@@ -61,7 +61,13 @@ def load_pf(name: str, kv_tokens: int = 16 * 160) -> Any:
     from prefixflow.engine import LLM
 
     opts: dict[str, Any] = {"dtype": "auto", **ENGINES[name]}
-    return LLM(MODEL, device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20), **opts)
+    return LLM(
+        MODEL,
+        device="cpu",
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20),
+        **opts,
+    )
 
 
 def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -89,8 +95,13 @@ def run_hf(model: Any, batch: list[list[int]], max_tokens: int) -> dict[str, flo
     from transformers import GenerationConfig
 
     ids = torch.tensor(batch)
-    gen = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                           eos_token_id=None, pad_token_id=0)  # fmt: skip
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     c, w = time.process_time(), time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
@@ -114,17 +125,44 @@ def _child_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_llama_cpp(binary: str, threads: int, batch: int, prompt_len: int, max_tokens: int) -> dict[str, float]:
+def run_llama_cpp(
+    binary: str, threads: int, batch: int, prompt_len: int, max_tokens: int
+) -> dict[str, float]:
     from prefixflow.engine.loading.embedded import resolve_embedded
 
     ctx = batch * (prompt_len + max_tokens) + 16
-    cmd = [binary, "-m", str(resolve_embedded(MODEL)), "-c", str(ctx), "-b", "2048", "-ub", "512",
-           "-npp", str(prompt_len), "-ntg", str(max_tokens), "-npl", str(batch), "-t", str(threads),
-           "-tb", str(threads), "--output-format", "jsonl", *LLAMA_CPP_FLAGS]  # fmt: skip
+    cmd = [
+        binary,
+        "-m",
+        str(resolve_embedded(MODEL)),
+        "-c",
+        str(ctx),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(prompt_len),
+        "-ntg",
+        str(max_tokens),
+        "-npl",
+        str(batch),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--output-format",
+        "jsonl",
+        *LLAMA_CPP_FLAGS,
+    ]
     c = _child_cpu()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     cpu = _child_cpu() - c
-    rows = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    rows = [
+        json.loads(line)
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.startswith('{"n_kv_max"')
+    ]
     if not rows:
         raise RuntimeError(f"llama-batched-bench printed no result:\n{done.stderr[-2000:]}")
     row = rows[-1]
@@ -202,24 +240,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     m.update(engine=e, threads=t, batch=b, round=r, load_average=os.getloadavg()[0])
                     runs.append(m)
                     tok = b * args.prompt_len + m["output_tokens"]
-                    print(f"t{t} b{b:3d} r{r} {e:15s} wall {m['wall_s']:7.2f}s cpu {m['cpu_s']:7.2f}s "
-                          f"{tok / m['wall_s']:8.1f} tok/s {tok / m['cpu_s']:8.1f} tok/cpu-s", flush=True)  # fmt: skip
+                    print(
+                        f"t{t} b{b:3d} r{r} {e:15s} wall {m['wall_s']:7.2f}s cpu {m['cpu_s']:7.2f}s "
+                        f"{tok / m['wall_s']:8.1f} tok/s {tok / m['cpu_s']:8.1f} tok/cpu-s",
+                        flush=True,
+                    )
     rows = summarize(runs, engines, threads, batches, args.prompt_len, ceilings)
-    print_table(rows, ["engine", "threads", "batch", "tok_s_min", "tok_s_median", "tok_per_cpu_s_max",
-                       "tok_per_cpu_s_median", "cpu_s_median", "ceiling_frac"])  # fmt: skip
+    print_table(
+        rows,
+        [
+            "engine",
+            "threads",
+            "batch",
+            "tok_s_min",
+            "tok_s_median",
+            "tok_per_cpu_s_max",
+            "tok_per_cpu_s_median",
+            "cpu_s_median",
+            "ceiling_frac",
+        ],
+    )
     result = {
-        "benchmark": "cpu_path", "model": MODEL, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-        "rounds": args.rounds, "rows": rows, "runs": runs, "ceilings": ceilings, "weight_paths": paths,
-        "describe_default": describe_model(MODEL).get("weight_path"), "llama_cpp_overhead_cpu_s": overhead,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment(),
-    }  # fmt: skip
+        "benchmark": "cpu_path",
+        "model": MODEL,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "rows": rows,
+        "runs": runs,
+        "ceilings": ceilings,
+        "weight_paths": paths,
+        "describe_default": describe_model(MODEL).get("weight_path"),
+        "llama_cpp_overhead_cpu_s": overhead,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": environment(),
+    }
     if args.json:
         write_json(args.json, result)
     return result
 
 
-def summarize(runs: list[dict[str, Any]], engines: list[str], threads: list[int], batches: list[int],
-              prompt_len: int, ceilings: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+def summarize(
+    runs: list[dict[str, Any]],
+    engines: list[str],
+    threads: list[int],
+    batches: list[int],
+    prompt_len: int,
+    ceilings: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
     rows = []
     for t in threads:
         for b in batches:
@@ -230,15 +299,21 @@ def summarize(runs: list[dict[str, Any]], engines: list[str], threads: list[int]
                 tok = b * prompt_len + mine[0]["output_tokens"]
                 walls, cpus = [m["wall_s"] for m in mine], [m["cpu_s"] for m in mine]
                 flops = matmul_flops(prompt_len, mine[0]["output_tokens"] // b, b)
-                rows.append({
-                    "engine": e, "threads": t, "batch": b, "tokens": tok,
-                    "tok_s_min": round(tok / max(walls), 1), "tok_s_median": round(tok / statistics.median(walls), 1),
-                    "tok_per_cpu_s_max": round(tok / min(cpus), 1),
-                    "tok_per_cpu_s_median": round(tok / statistics.median(cpus), 1),
-                    "cpu_s_median": round(statistics.median(cpus), 2),
-                    "ceiling_frac": round(flops / min(walls) / ceilings[t]["flops_per_s"], 3),
-                    "ceiling_frac_cpu": round(flops / (min(cpus) / t) / ceilings[t]["flops_per_s"], 3),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "engine": e,
+                        "threads": t,
+                        "batch": b,
+                        "tokens": tok,
+                        "tok_s_min": round(tok / max(walls), 1),
+                        "tok_s_median": round(tok / statistics.median(walls), 1),
+                        "tok_per_cpu_s_max": round(tok / min(cpus), 1),
+                        "tok_per_cpu_s_median": round(tok / statistics.median(cpus), 1),
+                        "cpu_s_median": round(statistics.median(cpus), 2),
+                        "ceiling_frac": round(flops / min(walls) / ceilings[t]["flops_per_s"], 3),
+                        "ceiling_frac_cpu": round(flops / (min(cpus) / t) / ceilings[t]["flops_per_s"], 3),
+                    }
+                )
     return rows
 
 

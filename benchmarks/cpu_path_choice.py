@@ -22,12 +22,22 @@ import torch
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 from prefixflow.engine import LLM, SamplingParams  # noqa: E402
 
-variants = {"packed-f32": ("float32", "gguf"), "dense-f32": ("float32", "none"), "dense-bf16": ("bfloat16", "none"),
-            "packed-bf16": ("bfloat16", "gguf")}  # fmt: skip
+variants = {
+    "packed-f32": ("float32", "gguf"),
+    "dense-f32": ("float32", "none"),
+    "dense-bf16": ("bfloat16", "none"),
+    "packed-bf16": ("bfloat16", "gguf"),
+}
 llms = {}
 for k, (dt, q) in variants.items():
-    llms[k] = LLM("smollm2-135m-instruct", dtype=dt, device="cpu", quantization=q, kv_cache_memory_bytes=256 << 20,
-                  enable_prefix_caching=False)  # fmt: skip
+    llms[k] = LLM(
+        "smollm2-135m-instruct",
+        dtype=dt,
+        device="cpu",
+        quantization=q,
+        kv_cache_memory_bytes=256 << 20,
+        enable_prefix_caching=False,
+    )
     llms[k].generate([[5] * 8] * 2, SamplingParams(max_tokens=2, ignore_eos=True))
 rng = random.Random(0)
 for b in [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64").split(",")]:
@@ -37,6 +47,8 @@ for b in [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1,16,64").spli
             c0, w0 = time.process_time(), time.perf_counter()
             llm.generate(ps, SamplingParams(max_tokens=32, ignore_eos=True))
             c, w = time.process_time() - c0, time.perf_counter() - w0
-            print(f"b{b} r{r} {k:12s} cpu {c:6.2f}s wall {w:6.2f}s  tot-tok/cpu-s {b * 160 / c:7.1f} out/cpu-s {b * 32 / c:6.1f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"b{b} r{r} {k:12s} cpu {c:6.2f}s wall {w:6.2f}s  tot-tok/cpu-s {b * 160 / c:7.1f} out/cpu-s {b * 32 / c:6.1f}",
+                flush=True,
+            )
 print(os.getloadavg())

@@ -47,13 +47,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     from prefixflow.engine import LLM, SamplingParams
 
-    llm = LLM("smollm2-135m-instruct", device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=512 << 20)
+    llm = LLM(
+        "smollm2-135m-instruct", device="cpu", enable_prefix_caching=False, kv_cache_memory_bytes=512 << 20
+    )
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate([[11] * 8] * 2, SamplingParams(max_tokens=2, ignore_eos=True))
     rng = random.Random(0)
-    out: dict[str, Any] = {"benchmark": "cpu_profile", "weight_path": llm.model_identity.get("weight_path"),
-                           "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "threads": args.threads,
-                           "batches": {}, "load_average_before": os.getloadavg()}  # fmt: skip
+    out: dict[str, Any] = {
+        "benchmark": "cpu_profile",
+        "weight_path": llm.model_identity.get("weight_path"),
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "batches": {},
+        "load_average_before": os.getloadavg(),
+    }
     for b in (int(x) for x in args.batches.split(",")):
         prompts = [[rng.randrange(10, 49000) for _ in range(args.prompt_len)] for _ in range(b)]
         before = llm.stats().steps, llm.stats().host_s
@@ -70,12 +78,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         profiled = sum(totals.values()) or 1.0
         top = sorted(ops, reverse=True)[:12]
         out["batches"][str(b)] = {
-            "wall_s": wall, "cpu_s": cpu, "steps": steps, "host_ms_per_step": 1000 * host / max(steps, 1),
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "steps": steps,
+            "host_ms_per_step": 1000 * host / max(steps, 1),
             "shares": {k: round(v / profiled, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
-            "top_ops": [{"op": k, "self_ms": round(t / 1000, 1), "calls": n, "share": round(t / profiled, 3)}
-                        for t, k, n in top],
-        }  # fmt: skip
-        print(f"batch {b}: wall {wall:.2f} s, cpu {cpu:.2f} s, {steps} steps, host {1000 * host / max(steps, 1):.2f} ms/step")
+            "top_ops": [
+                {"op": k, "self_ms": round(t / 1000, 1), "calls": n, "share": round(t / profiled, 3)}
+                for t, k, n in top
+            ],
+        }
+        print(
+            f"batch {b}: wall {wall:.2f} s, cpu {cpu:.2f} s, {steps} steps, host {1000 * host / max(steps, 1):.2f} ms/step"
+        )
         for k, v in out["batches"][str(b)]["shares"].items():
             print(f"  {v:6.1%}  {k}")
         for row in out["batches"][str(b)]["top_ops"][:8]:

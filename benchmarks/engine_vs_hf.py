@@ -85,10 +85,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "greedy_agreement": greedy_agreement(engine.outputs, hf.outputs),
         "environment": environment(),
     }
-    print_table(rows, ["engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s"],
-                title=f"engine vs transformers generate ({args.preset}, {bm.device.type})")  # fmt: skip
-    print(f"ratio prefixflow / hf_generate (output tok/s): {ratio:.2f}x; "
-          f"identical greedy outputs: {result['greedy_agreement']:.0%}")  # fmt: skip
+    print_table(
+        rows,
+        ["engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s"],
+        title=f"engine vs transformers generate ({args.preset}, {bm.device.type})",
+    )
+    print(
+        f"ratio prefixflow / hf_generate (output tok/s): {ratio:.2f}x; "
+        f"identical greedy outputs: {result['greedy_agreement']:.0%}"
+    )
     write_json(args.json, result)
     return result
 

@@ -66,26 +66,70 @@ TICKET_DESCRIPTIONS = (
     "- account: login, password, profile, email address, users and access\n"
 )
 SETS = (
-    LabelSet("tickets", "tickets.jsonl", ("billing", "shipping", "technical", "account"), (
-        Style("chat", "Classify this customer support message into one of these categories: {labels}. "
-              "Answer with the category only.\n\nMessage: {{{{ text }}}}", "on", "", permute=True),
-        Style("chat-described", "Classify this customer support message into one of these categories:\n"
-              + TICKET_DESCRIPTIONS + "Answer with the category only.\n\nMessage: {{{{ text }}}}", "on", "",
-              system_prompt="You sort customer support messages into categories."),
-        Style("plain", "Customer message: {{{{ text }}}}\nThe message is about a problem with", "off", " "),
-        Style("plain-category", "Support ticket: {{{{ text }}}}\nCategory:", "off", " "),
-    )),
-    LabelSet("news", "news_topics.jsonl", ("sports", "politics", "science and technology", "business and finance"), (
-        Style("chat", "Classify this news snippet into one of these topics: {labels}. "
-              "Answer with the topic only.\n\nNews: {{{{ text }}}}", "on", ""),
-        Style("plain", "News: {{{{ text }}}}\nThis news story is about", "off", " "),
-    )),
-    LabelSet("reviews", "reviews.jsonl", ("positive", "negative"), (
-        Style("chat", "Is the sentiment of this product review positive or negative? Answer with one word."
-              "\n\nReview: {{{{ text }}}}", "on", ""),
-        Style("plain", "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is", "off", " "),
-    )),
-)  # fmt: skip
+    LabelSet(
+        "tickets",
+        "tickets.jsonl",
+        ("billing", "shipping", "technical", "account"),
+        (
+            Style(
+                "chat",
+                "Classify this customer support message into one of these categories: {labels}. "
+                "Answer with the category only.\n\nMessage: {{{{ text }}}}",
+                "on",
+                "",
+                permute=True,
+            ),
+            Style(
+                "chat-described",
+                "Classify this customer support message into one of these categories:\n"
+                + TICKET_DESCRIPTIONS
+                + "Answer with the category only.\n\nMessage: {{{{ text }}}}",
+                "on",
+                "",
+                system_prompt="You sort customer support messages into categories.",
+            ),
+            Style(
+                "plain", "Customer message: {{{{ text }}}}\nThe message is about a problem with", "off", " "
+            ),
+            Style("plain-category", "Support ticket: {{{{ text }}}}\nCategory:", "off", " "),
+        ),
+    ),
+    LabelSet(
+        "news",
+        "news_topics.jsonl",
+        ("sports", "politics", "science and technology", "business and finance"),
+        (
+            Style(
+                "chat",
+                "Classify this news snippet into one of these topics: {labels}. "
+                "Answer with the topic only.\n\nNews: {{{{ text }}}}",
+                "on",
+                "",
+            ),
+            Style("plain", "News: {{{{ text }}}}\nThis news story is about", "off", " "),
+        ),
+    ),
+    LabelSet(
+        "reviews",
+        "reviews.jsonl",
+        ("positive", "negative"),
+        (
+            Style(
+                "chat",
+                "Is the sentiment of this product review positive or negative? Answer with one word."
+                "\n\nReview: {{{{ text }}}}",
+                "on",
+                "",
+            ),
+            Style(
+                "plain",
+                "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is",
+                "off",
+                " ",
+            ),
+        ),
+    ),
+)
 CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. 2021's three, each also measured alone
 DEFAULT_CONTENT_FREE = LabelConfig().content_free  # the pipeline's default
 
@@ -97,9 +141,13 @@ def read_jsonl(name: str) -> list[dict]:
 
 def job_dict(label_set: LabelSet, style: Style, order: Sequence[str] | None = None, **label: Any) -> dict:
     listed = ", ".join(order or label_set.labels)
-    job = {"task": "label", "id_column": "id", "template": style.template.format(labels=listed),
-           "chat": style.chat, "label": {"labels": list(label_set.labels), "choice_prefix": style.choice_prefix,
-                                         **label}}  # fmt: skip
+    job = {
+        "task": "label",
+        "id_column": "id",
+        "template": style.template.format(labels=listed),
+        "chat": style.chat,
+        "label": {"labels": list(label_set.labels), "choice_prefix": style.choice_prefix, **label},
+    }
     if style.system_prompt:
         job["system_prompt"] = style.system_prompt
     return job
@@ -138,8 +186,15 @@ def score_style(llm, label_set: LabelSet, style: Style, rows: list[dict], order=
     }
 
 
-def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm: str, case: bool,
-                 rows: Sequence[int] | None = None) -> list[list[float]]:  # fmt: skip
+def method_probs(
+    label_set: LabelSet,
+    style: Style,
+    raw: dict,
+    method: str,
+    norm: str,
+    case: bool,
+    rows: Sequence[int] | None = None,
+) -> list[list[float]]:
     """Label distributions of ``rows`` (all when None) under one method, from the raw scores."""
     from prefixflow.pipeline.tasks.label.scoring import (
         LabelChoices,
@@ -157,6 +212,7 @@ def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm
 
     index = range(len(raw["rows"])) if rows is None else rows
     scores = [per_label(raw["rows"][i], raw["row_tokens"][i]) for i in index]
+
     def references(keys: Sequence[str]) -> list[float] | None:
         return reference_bias([per_label(*raw["refs"][k]) for k in keys if k in raw["refs"]])
 
@@ -170,8 +226,10 @@ def method_probs(label_set: LabelSet, style: Style, raw: dict, method: str, norm
     elif method == "batch+contextual":
         bias = batch_bias(scores, references(contextual))
     else:
-        keys = {"contextual": [f"cf:{v}" for v in DEFAULT_CONTENT_FREE],
-                "contextual-3": [f"cf:{v}" for v in CONTENT_FREE]}.get(method, [method])  # fmt: skip
+        keys = {
+            "contextual": [f"cf:{v}" for v in DEFAULT_CONTENT_FREE],
+            "contextual-3": [f"cf:{v}" for v in CONTENT_FREE],
+        }.get(method, [method])
         bias = reference_bias([per_label(*raw["refs"][k]) for k in keys if k in raw["refs"]])
     return [calibrated_probs(s, bias) for s in scores]
 
@@ -194,8 +252,11 @@ METHODS = (
     ("batch + case, every 3rd row as the sample", "batch-third", "sum", True),
 )
 DEFAULT_METHOD = "batch+contextual + case (default, issue 26)"
-METHOD_OF = {"batch": "batch + case", "batch+contextual": DEFAULT_METHOD,
-             "contextual": "contextual + case (default until issue 26)"}  # pipeline calibration -> row name
+METHOD_OF = {
+    "batch": "batch + case",
+    "batch+contextual": DEFAULT_METHOD,
+    "contextual": "contextual + case (default until issue 26)",
+}  # pipeline calibration -> row name
 
 
 def evaluate_style(llm, label_set: LabelSet, style: Style, rows: list[dict], permute: bool = True) -> dict:
@@ -237,16 +298,25 @@ def permutations(llm, label_set: LabelSet, style: Style, rows: list[dict], gold:
     labels, k = label_set.labels, len(label_set.labels)
     runs = [score_style(llm, label_set, style, rows, order=labels[i:] + labels[:i]) for i in range(k)]
     out = {}
-    for name, method in (("permutation average + case", "none"), ("permutation average + contextual + case",
-                                                                  "contextual")):  # fmt: skip
+    for name, method in (
+        ("permutation average + case", "none"),
+        ("permutation average + contextual + case", "contextual"),
+    ):
         per_run = [method_probs(label_set, style, raw, method, "sum", True) for raw in runs]
         probs = [[sum(run[i][j] for run in per_run) / k for j in range(k)] for i in range(len(rows))]
         out[name] = label_metrics(gold, probs, k)
     return out
 
 
-def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: list[dict], repeats: int,
-             modes: Sequence[str] = ("none", "contextual")) -> dict:  # fmt: skip
+def overhead(
+    model: str,
+    dtype: str,
+    label_set: LabelSet,
+    style: Style,
+    rows: list[dict],
+    repeats: int,
+    modes: Sequence[str] = ("none", "contextual"),
+) -> dict:
     """What calibration costs: the default job with each calibration of ``modes``, each on a fresh
     engine (an empty prefix cache), interleaved ``repeats`` times: prompt tokens the engine computed
     (exact), wall time and process CPU-seconds (min, median); ``runs[mode]``: the last run's metrics."""
@@ -262,15 +332,24 @@ def overhead(model: str, dtype: str, label_set: LabelSet, style: Style, rows: li
             llm = LLM(model=model, dtype=dtype)
             cpu = time.process_time()
             res = pipeline_run(llm, model, label_set, style, rows, calibration=mode)
-            runs[mode].append({"s": res["elapsed_s"], "cpu_s": time.process_time() - cpu,
-                               "computed": llm.stats().computed_prompt_tokens})  # fmt: skip
+            runs[mode].append(
+                {
+                    "s": res["elapsed_s"],
+                    "cpu_s": time.process_time() - cpu,
+                    "computed": llm.stats().computed_prompt_tokens,
+                }
+            )
             last[mode] = res
     out: dict[str, Any] = {}
     for mode, rs in runs.items():
         times, cpus = [r["s"] for r in rs], [r["cpu_s"] for r in rs]
-        out[mode] = {"computed_prompt_tokens": rs[0]["computed"], "min_s": min(times),
-                     "median_s": statistics.median(times), "min_cpu_s": min(cpus),
-                     "median_cpu_s": statistics.median(cpus)}  # fmt: skip
+        out[mode] = {
+            "computed_prompt_tokens": rs[0]["computed"],
+            "min_s": min(times),
+            "median_s": statistics.median(times),
+            "min_cpu_s": min(cpus),
+            "median_cpu_s": statistics.median(cpus),
+        }
     out["loadavg"] = os.getloadavg()
     out["runs"] = last
     return out
@@ -288,12 +367,14 @@ def sample_tokens(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> d
     prep = RowPreparer(cfg, llm, {}, task_of(cfg))
     sampled = rows[: cfg.label.calibration_rows]
     tokens = sum(len(prep.prepare(r, {"id": r["id"]}, "eval", i).prompt_ids) for i, r in enumerate(sampled))
-    return {"rows": len(sampled), "prompt_tokens": tokens, "requests": len(sampled) * len(label_choices(cfg).choices)}
+    return {
+        "rows": len(sampled),
+        "prompt_tokens": tokens,
+        "requests": len(sampled) * len(label_choices(cfg).choices),
+    }
 
 
-def pipeline_run(
-    llm, model: str, label_set: LabelSet, style: Style, rows: list[dict], **label: Any
-) -> dict:
+def pipeline_run(llm, model: str, label_set: LabelSet, style: Style, rows: list[dict], **label: Any) -> dict:
     """The default job (no label options beyond labels and choice_prefix, unless given) through run_local."""
     import polars as pl
 
@@ -312,8 +393,12 @@ def pipeline_run(
     labels = label_set.labels
     probs = [[p[lb] for lb in labels] for p in df["label_probs"].to_list()]
     gold = [labels.index(r["label"]) for r in rows]
-    return {**label_metrics(gold, probs, len(labels)), "elapsed_s": elapsed,
-            "prefix_hit_rate": summary.prefix_hit_rate, "calibration": summary.label_calibration}  # fmt: skip
+    return {
+        **label_metrics(gold, probs, len(labels)),
+        "elapsed_s": elapsed,
+        "prefix_hit_rate": summary.prefix_hit_rate,
+        "calibration": summary.label_calibration,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -324,26 +409,49 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     ap.add_argument("--sets", default=",".join(s.name for s in SETS))
     ap.add_argument("--pipeline", action="store_true", help="also run the default job end to end per style")
-    ap.add_argument("--overhead", type=int, default=0, metavar="REPEATS",
-                    help="only measure what calibration costs on tickets/chat (fresh engines, interleaved)")
+    ap.add_argument(
+        "--overhead",
+        type=int,
+        default=0,
+        metavar="REPEATS",
+        help="only measure what calibration costs on tickets/chat (fresh engines, interleaved)",
+    )
     ap.add_argument("--styles", default=None, help="only these prompt styles (e.g. chat,plain)")
     ap.add_argument("--no-permute", action="store_true", help="skip label-order permutation averaging")
-    ap.add_argument("--cost", action="store_true",
-                    help="per style: the job with calibration none / contextual / batch on fresh engines")
-    ap.add_argument("--cost-only", action="store_true",
-                    help="only the --cost runs (no method table): computed prompt tokens per calibration")
+    ap.add_argument(
+        "--cost",
+        action="store_true",
+        help="per style: the job with calibration none / contextual / batch on fresh engines",
+    )
+    ap.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="only the --cost runs (no method table): computed prompt tokens per calibration",
+    )
     ap.add_argument("--raw", default=None, help="also write every raw log-probability here (JSON)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
     from prefixflow.engine import LLM
 
-    result: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "environment": environment(), "sets": {}}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "environment": environment(),
+        "sets": {},
+    }
     if args.overhead:
         tickets = SETS[0]
         rows = read_jsonl(tickets.file)[: args.limit]
-        result["overhead"] = overhead(args.model, args.dtype, tickets, tickets.styles[0], rows, args.overhead,
-                                      ("none", "contextual", "batch+contextual"))
+        result["overhead"] = overhead(
+            args.model,
+            args.dtype,
+            tickets,
+            tickets.styles[0],
+            rows,
+            args.overhead,
+            ("none", "contextual", "batch+contextual"),
+        )
         result["overhead"].pop("runs")
         print(json.dumps(result["overhead"], indent=1))
         write_json(args.json, result)
@@ -356,36 +464,66 @@ def main(argv: Sequence[str] | None = None) -> dict:
             if args.styles and style.name not in args.styles.split(","):
                 continue
             if args.cost_only:
-                per_style[style.name] = cost = overhead(args.model, args.dtype, label_set, style, rows, 1,
-                                                        ("none", "contextual", "batch", "batch+contextual"))
+                per_style[style.name] = cost = overhead(
+                    args.model,
+                    args.dtype,
+                    label_set,
+                    style,
+                    rows,
+                    1,
+                    ("none", "contextual", "batch", "batch+contextual"),
+                )
                 cost.pop("runs")
-                print(f"{label_set.name}/{style.name}: computed prompt tokens (fresh engine): "
-                      + ", ".join(f"{m} {cost[m]['computed_prompt_tokens']:,} ({cost[m]['median_cpu_s']:.1f} CPU-s)"
-                                  for m in ("none", "contextual", "batch", "batch+contextual")), flush=True)
+                print(
+                    f"{label_set.name}/{style.name}: computed prompt tokens (fresh engine): "
+                    + ", ".join(
+                        f"{m} {cost[m]['computed_prompt_tokens']:,} ({cost[m]['median_cpu_s']:.1f} CPU-s)"
+                        for m in ("none", "contextual", "batch", "batch+contextual")
+                    ),
+                    flush=True,
+                )
                 continue
             res = evaluate_style(llm, label_set, style, rows, permute=not args.no_permute)
             if args.cost:
-                res["cost"] = overhead(args.model, args.dtype, label_set, style, rows, 1, ("none", "contextual", "batch"))
+                res["cost"] = overhead(
+                    args.model, args.dtype, label_set, style, rows, 1, ("none", "contextual", "batch")
+                )
                 res["pipeline_default"] = res["cost"].pop("runs")["batch"]
             elif args.pipeline:
                 res["pipeline_default"] = pipeline_run(llm, args.model, label_set, style, rows)
             res["sample_prompt_tokens"] = sample_tokens(llm, label_set, style, rows)
             per_style[style.name] = res
-            table = [{"method": m, **{k: v for k, v in r.items() if k != "n"}} for m, r in res["methods"].items()]
+            table = [
+                {"method": m, **{k: v for k, v in r.items() if k != "n"}} for m, r in res["methods"].items()
+            ]
             if "pipeline_default" in res:
                 table.append({"method": "pipeline default (run_local)", **res["pipeline_default"]})
-            print_table(table, ["method", "accuracy", "macro_f1", "largest_share", "ece", "predicted"],
-                        title=f"{label_set.name} / {style.name}: {len(rows)} rows, chance "
-                        f"{1 / len(label_set.labels):.2f}")  # fmt: skip
+            print_table(
+                table,
+                ["method", "accuracy", "macro_f1", "largest_share", "ece", "predicted"],
+                title=f"{label_set.name} / {style.name}: {len(rows)} rows, chance "
+                f"{1 / len(label_set.labels):.2f}",
+            )
             imb = res["imbalanced"]
-            print(f"  imbalanced subset ({imb['rows']} rows, first label {imb['first_label_share']:.0%}): "
-                  f"contextual acc {imb['contextual']['accuracy']:.3f}, batch acc {imb['batch']['accuracy']:.3f}, "
-                  f"batch+contextual acc {imb['batch+contextual']['accuracy']:.3f}")
+            print(
+                f"  imbalanced subset ({imb['rows']} rows, first label {imb['first_label_share']:.0%}): "
+                f"contextual acc {imb['contextual']['accuracy']:.3f}, batch acc {imb['batch']['accuracy']:.3f}, "
+                f"batch+contextual acc {imb['batch+contextual']['accuracy']:.3f}"
+            )
             if "cost" in res:
-                print("  computed prompt tokens (fresh engine): "
-                      + ", ".join(f"{m} {res['cost'][m]['computed_prompt_tokens']:,}" for m in ("none", "contextual", "batch")))
-    raw = {f"{name}/{style}": res.pop("raw") for name, per in result["sets"].items() for style, res in per.items()
-           if "raw" in res}
+                print(
+                    "  computed prompt tokens (fresh engine): "
+                    + ", ".join(
+                        f"{m} {res['cost'][m]['computed_prompt_tokens']:,}"
+                        for m in ("none", "contextual", "batch")
+                    )
+                )
+    raw = {
+        f"{name}/{style}": res.pop("raw")
+        for name, per in result["sets"].items()
+        for style, res in per.items()
+        if "raw" in res
+    }
     write_json(args.raw, raw)
     write_json(args.json, result)
     return result

@@ -90,8 +90,11 @@ def evaluate(llm, label_set: LabelSet, style: Style, rows: list[dict]) -> dict[s
         outs = llm.generate([p.prompt_ids for p in todo], [p.params for p in todo])
         found = [constrained_label(o.text, cfg) for o in outs]
         onehot = [[1.0 if lb == f else 0.0 for lb in labels] if f else [0.0] * len(labels) for f in found]
-        out["methods"][method] = {**label_metrics(gold, onehot, len(labels)), "unparsed": found.count(None),
-                                  "generate_cpu_s": time.process_time() - cpu}  # fmt: skip
+        out["methods"][method] = {
+            **label_metrics(gold, onehot, len(labels)),
+            "unparsed": found.count(None),
+            "generate_cpu_s": time.process_time() - cpu,
+        }
         out["methods"][method].pop("ece")  # one label per row, no probabilities
     return out
 
@@ -105,7 +108,9 @@ def pipeline_run(llm, model: str, label_set: LabelSet, style: Style, rows: list[
 
     with tempfile.TemporaryDirectory() as tmp:
         pl.DataFrame(rows).write_parquet(f"{tmp}/in.parquet")
-        spec = load_job(f"{tmp}/in.parquet", f"{tmp}/out", model, job_dict(label_set, style, mode="constrained"))
+        spec = load_job(
+            f"{tmp}/in.parquet", f"{tmp}/out", model, job_dict(label_set, style, mode="constrained")
+        )
         summary, failures = run_local(spec, llm=llm, progress=False)
         df = pl.read_parquet(summary.data_glob).sort("row_index")
     if failures:
@@ -131,8 +136,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     setup_threads(args.threads)
     from prefixflow.engine import LLM
 
-    result: dict[str, Any] = {"model": args.model, "environment": environment(), "loadavg_start": os.getloadavg(),
-                              "sets": {}}  # fmt: skip
+    result: dict[str, Any] = {
+        "model": args.model,
+        "environment": environment(),
+        "loadavg_start": os.getloadavg(),
+        "sets": {},
+    }
     llm = LLM(model=args.model, dtype=args.dtype)
     for label_set in (s for s in SETS if s.name in args.sets.split(",")):
         rows = read_jsonl(label_set.file)[: args.limit]
@@ -145,9 +154,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
             table = [{"method": m, **r} for m, r in res["methods"].items()]
             if "pipeline_default" in res:
                 table.append({"method": "pipeline default (run_local)", **res["pipeline_default"]})
-            print_table(table, ["method", "accuracy", "macro_f1", "largest_share", "unparsed", "predicted"],
-                        title=f"constrained {label_set.name} / {style.name}: {len(rows)} rows, first tokens "
-                        f"{res['first_tokens']}")  # fmt: skip
+            print_table(
+                table,
+                ["method", "accuracy", "macro_f1", "largest_share", "unparsed", "predicted"],
+                title=f"constrained {label_set.name} / {style.name}: {len(rows)} rows, first tokens "
+                f"{res['first_tokens']}",
+            )
     result["loadavg_end"] = os.getloadavg()
     write_json(args.json, result)
     return result

@@ -20,13 +20,29 @@ from benchmarks.eval_labels import METHODS, MODEL, LabelSet, Style, method_probs
 
 # The demo's 24 reviews (pipeline/data/demo_reviews.jsonl) ship without labels; this is one reading of
 # them (pos / neg / neu, "mix" for reviews that weigh both ways, left out of the agreement count).
-DEMO_READING = "pos neg pos pos neg pos mix pos neg mix pos neg mix neg pos neu pos neg mix pos neg pos pos neg"
-DEMO_SET = LabelSet("demo", "", ("positive", "negative", "neutral"), (
-    Style("chat (the demo's job before issue 14)", "Is the sentiment of this review positive, negative or neutral?"
-          "\n\nReview: {{{{ text }}}}", "on", "", system_prompt="You label product reviews. Answer with one word."),
-    Style("plain (the demo's job now)", "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is",
-          "off", " "),
-))  # fmt: skip
+DEMO_READING = (
+    "pos neg pos pos neg pos mix pos neg mix pos neg mix neg pos neu pos neg mix pos neg pos pos neg"
+)
+DEMO_SET = LabelSet(
+    "demo",
+    "",
+    ("positive", "negative", "neutral"),
+    (
+        Style(
+            "chat (the demo's job before issue 14)",
+            "Is the sentiment of this review positive, negative or neutral?\n\nReview: {{{{ text }}}}",
+            "on",
+            "",
+            system_prompt="You label product reviews. Answer with one word.",
+        ),
+        Style(
+            "plain (the demo's job now)",
+            "Review: {{{{ text }}}}\nOverall, the reviewer's opinion of the product is",
+            "off",
+            " ",
+        ),
+    ),
+)
 
 
 def demo_agreement(llm) -> dict:
@@ -44,8 +60,11 @@ def demo_agreement(llm) -> dict:
                 continue
             probs = method_probs(DEMO_SET, style, raw, method, norm, case)
             pred = [DEMO_SET.labels[max(range(3), key=lambda k: p[k])][:3] for p in probs]
-            out[style.name][name] = {"agree": sum(pred[i] == reading[i] for i in clear), "of": len(clear),
-                                     "counts": [pred.count(lb[:3]) for lb in DEMO_SET.labels]}  # fmt: skip
+            out[style.name][name] = {
+                "agree": sum(pred[i] == reading[i] for i in clear),
+                "of": len(clear),
+                "counts": [pred.count(lb[:3]) for lb in DEMO_SET.labels],
+            }
     return out
 
 
@@ -62,8 +81,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "environment": environment()}
     result["demo"] = demo_agreement(LLM(model=args.model, dtype=args.dtype))
     for style, methods in result["demo"].items():
-        rows = [{"method": m, "agree": f"{r['agree']}/{r['of']}", "counts (pos, neg, neu)": r["counts"]}
-                for m, r in methods.items()]  # fmt: skip
+        rows = [
+            {"method": m, "agree": f"{r['agree']}/{r['of']}", "counts (pos, neg, neu)": r["counts"]}
+            for m, r in methods.items()
+        ]
         print_table(rows, ["method", "agree", "counts (pos, neg, neu)"], title=f"demo reviews / {style}")
     write_json(args.json, result)
     return result

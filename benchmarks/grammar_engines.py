@@ -74,17 +74,29 @@ ORDER = {
     "additionalProperties": False,
 }
 CASES: list[tuple[str, str, Any, str]] = [
-    ("json:review", "json", REVIEW,
-     '{"sentiment": "negative", "product": "wireless headphones", "issues": ["left ear cup stopped working", '
-     '"return shipping at own cost"]}'),
-    ("json:person", "json", PERSON,
-     '{"name": "Ada Lovelace", "age": 36, "address": {"city": "London", "zip": "10115"}}'),
-    ("json:order", "json", ORDER,
-     '{"order_id": 4471, "items": [{"sku": "KT-100", "qty": 2}, {"sku": "LMP-7", "qty": 1}], '
-     '"express": true, "total": 84.5}'),
+    (
+        "json:review",
+        "json",
+        REVIEW,
+        '{"sentiment": "negative", "product": "wireless headphones", "issues": ["left ear cup stopped working", '
+        '"return shipping at own cost"]}',
+    ),
+    (
+        "json:person",
+        "json",
+        PERSON,
+        '{"name": "Ada Lovelace", "age": 36, "address": {"city": "London", "zip": "10115"}}',
+    ),
+    (
+        "json:order",
+        "json",
+        ORDER,
+        '{"order_id": 4471, "items": [{"sku": "KT-100", "qty": 2}, {"sku": "LMP-7", "qty": 1}], '
+        '"express": true, "total": 84.5}',
+    ),
     ("regex:phone", "regex", r"\(\d{3}\) \d{3}-\d{4}", "(555) 867-5309"),
     ("choice", "choice", ["positive", "negative", "neutral"], "neutral"),
-]  # fmt: skip
+]
 
 
 def choice_regex(options: list[str]) -> str:

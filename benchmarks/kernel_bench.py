@@ -159,15 +159,19 @@ def main(argv: list[str] | None = None) -> int:
         per_s = row.work / (row.triton_ms / 1e3)
         row.fraction = per_s / (ceilings.bytes_per_s if row.unit == "B" else ceilings.flops_per_s)
 
-    print(f"ceilings on {ceilings.device}: copy {ceilings.bytes_per_s / 1e12:.2f} TB/s, "
-          f"bf16 matmul {ceilings.flops_per_s / 1e12:.0f} TFLOP/s")  # fmt: skip
+    print(
+        f"ceilings on {ceilings.device}: copy {ceilings.bytes_per_s / 1e12:.2f} TB/s, "
+        f"bf16 matmul {ceilings.flops_per_s / 1e12:.0f} TFLOP/s"
+    )
     print(
         f"{'kernel':30} {'shape':30} {'triton ms':>10} {'torch ms':>10} {'speedup':>8} {'of ceiling':>11} {'goal':>6}"
     )
     for r in rows:
         goal = f"{r.goal:.0%}" if r.goal is not None else ""
-        print(f"{r.kernel:30} {r.shape:30} {r.triton_ms:10.3f} {r.torch_ms:10.3f} {r.speedup:7.1f}x "
-              f"{r.fraction:10.1%} {r.unit:>4} {goal:>6}")  # fmt: skip
+        print(
+            f"{r.kernel:30} {r.shape:30} {r.triton_ms:10.3f} {r.torch_ms:10.3f} {r.speedup:7.1f}x "
+            f"{r.fraction:10.1%} {r.unit:>4} {goal:>6}"
+        )
     result = {"ceilings": asdict(ceilings), "rows": [asdict(r) | {"speedup": r.speedup} for r in rows]}
     text = json.dumps(result, indent=2)
     if args.json:

@@ -64,12 +64,17 @@ def main() -> None:
     exact = bool(torch.equal(cache[:, :, src], before))
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "block_bytes": block_bytes, "blocks_moved": n, "bytes_moved": moved,
-        "d2h_ceiling_gb_s": d2h_ceiling / 1e9, "h2d_ceiling_gb_s": h2d_ceiling / 1e9,
-        "offload_gb_s": off_bw / 1e9, "reload_gb_s": re_bw / 1e9,
-        "offload_fraction": off_bw / d2h_ceiling, "reload_fraction": re_bw / h2d_ceiling,
+        "block_bytes": block_bytes,
+        "blocks_moved": n,
+        "bytes_moved": moved,
+        "d2h_ceiling_gb_s": d2h_ceiling / 1e9,
+        "h2d_ceiling_gb_s": h2d_ceiling / 1e9,
+        "offload_gb_s": off_bw / 1e9,
+        "reload_gb_s": re_bw / 1e9,
+        "offload_fraction": off_bw / d2h_ceiling,
+        "reload_fraction": re_bw / h2d_ceiling,
         "reloaded_bytes_equal": exact,
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -33,9 +33,18 @@ from benchmarks.pp_bench import MODEL, model_dir
 from prefixflow.engine.loading.presets import available_presets
 
 COLUMNS = [
-    "config", "computed_prompt_tokens", "computed/distinct", "disk_hits", "disk_read_MB", "disk_written_MB",
-    "declined_tokens", "wall_min_s", "wall_median_s", "cpu_min_s", "cpu_median_s",
-]  # fmt: skip
+    "config",
+    "computed_prompt_tokens",
+    "computed/distinct",
+    "disk_hits",
+    "disk_read_MB",
+    "disk_written_MB",
+    "declined_tokens",
+    "wall_min_s",
+    "wall_median_s",
+    "cpu_min_s",
+    "cpu_median_s",
+]
 
 
 def one_run(model: str, work: pw.Workload, options: dict) -> tuple[dict, list[list[int]]]:
@@ -52,10 +61,14 @@ def one_run(model: str, work: pw.Workload, options: dict) -> tuple[dict, list[li
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     s = llm.stats()
     row = dict(
-        computed_prompt_tokens=s.computed_prompt_tokens, disk_hits=s.kv_disk_hits,
-        disk_read_MB=s.kv_disk_read_bytes / 1e6, disk_written_MB=s.kv_disk_written_bytes / 1e6,
-        declined_tokens=s.kv_disk_declined_tokens, wall_s=wall, cpu_s=cpu,
-    )  # fmt: skip
+        computed_prompt_tokens=s.computed_prompt_tokens,
+        disk_hits=s.kv_disk_hits,
+        disk_read_MB=s.kv_disk_read_bytes / 1e6,
+        disk_written_MB=s.kv_disk_written_bytes / 1e6,
+        declined_tokens=s.kv_disk_declined_tokens,
+        wall_s=wall,
+        cpu_s=cpu,
+    )
     tokens = [list(o.token_ids) for o in outs]
     del llm, outs
     release()
@@ -64,7 +77,11 @@ def one_run(model: str, work: pw.Workload, options: dict) -> tuple[dict, list[li
 
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=MODEL, help="smollm2-shape (default), a preset, a directory or smollm2-135m-instruct")
+    ap.add_argument(
+        "--model",
+        default=MODEL,
+        help="smollm2-shape (default), a preset, a directory or smollm2-135m-instruct",
+    )
     ap.add_argument("--instructions", type=int, default=8)
     ap.add_argument("--docs", type=int, default=4)
     ap.add_argument("--instruction-len", type=int, default=600)
@@ -72,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--dir", default=None, help="where the cache directories go (default: a temporary folder)")
+    ap.add_argument(
+        "--dir", default=None, help="where the cache directories go (default: a temporary folder)"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -80,8 +99,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         torch.set_num_threads(args.threads)
     model = model_dir(args.model) if args.model == MODEL or args.model in available_presets() else args.model
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"] if Path(model).is_dir() else 49152
-    work = pw.labeling(vocab, args.instructions, args.docs, args.instruction_len, args.doc_len, 4, 1.0, seed=0)
+    vocab = (
+        json.loads((Path(model) / "config.json").read_text())["vocab_size"] if Path(model).is_dir() else 49152
+    )
+    work = pw.labeling(
+        vocab, args.instructions, args.docs, args.instruction_len, args.doc_len, 4, 1.0, seed=0
+    )
     distinct = pw.distinct_prefix_tokens(work.prompts)
     base = dict(device="cpu", dtype="float32", block_size=args.block_size, max_num_batched_tokens=2048)
     root = Path(args.dir or tempfile.mkdtemp(prefix="kv_disk_bench_"))
@@ -91,8 +114,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for rep in range(args.repeats):
         folder = root / f"run{rep}"
         shutil.rmtree(folder, ignore_errors=True)
-        for config, opts in (("recompute", base), ("cold", dict(base, kv_cache_dir=str(folder))),
-                             ("warm", dict(base, kv_cache_dir=str(folder)))):  # fmt: skip
+        for config, opts in (
+            ("recompute", base),
+            ("cold", dict(base, kv_cache_dir=str(folder))),
+            ("warm", dict(base, kv_cache_dir=str(folder))),
+        ):
             row, tokens = one_run(model, work, opts)
             if reference is None:
                 reference = tokens
@@ -104,19 +130,35 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for config, rs in runs.items():
         walls, cpus = [r["wall_s"] for r in rs], [r["cpu_s"] for r in rs]
         first = rs[0]
-        rows.append(dict(
-            config=config, computed_prompt_tokens=first["computed_prompt_tokens"],
-            **{"computed/distinct": first["computed_prompt_tokens"] / distinct},
-            disk_hits=first["disk_hits"], disk_read_MB=first["disk_read_MB"], disk_written_MB=first["disk_written_MB"],
-            declined_tokens=first["declined_tokens"], wall_min_s=min(walls), wall_median_s=statistics.median(walls),
-            cpu_min_s=min(cpus), cpu_median_s=statistics.median(cpus), walls=walls, cpus=cpus,
-        ))  # fmt: skip
-    print_table(rows, COLUMNS, title=f"labeling on {args.model}: {work.describe()}, distinct tokens {distinct}")
+        rows.append(
+            dict(
+                config=config,
+                computed_prompt_tokens=first["computed_prompt_tokens"],
+                **{"computed/distinct": first["computed_prompt_tokens"] / distinct},
+                disk_hits=first["disk_hits"],
+                disk_read_MB=first["disk_read_MB"],
+                disk_written_MB=first["disk_written_MB"],
+                declined_tokens=first["declined_tokens"],
+                wall_min_s=min(walls),
+                wall_median_s=statistics.median(walls),
+                cpu_min_s=min(cpus),
+                cpu_median_s=statistics.median(cpus),
+                walls=walls,
+                cpus=cpus,
+            )
+        )
+    print_table(
+        rows, COLUMNS, title=f"labeling on {args.model}: {work.describe()}, distinct tokens {distinct}"
+    )
     result = {
-        "benchmark": "kv_disk_bench", "args": vars(args), "environment": environment(),
-        "distinct_prompt_tokens": distinct, "load_average_before": load_before,
-        "load_average_after": os.getloadavg(), "runs": rows,
-    }  # fmt: skip
+        "benchmark": "kv_disk_bench",
+        "args": vars(args),
+        "environment": environment(),
+        "distinct_prompt_tokens": distinct,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "runs": rows,
+    }
     write_json(args.json, result)
     return result
 

@@ -34,9 +34,21 @@ from benchmarks.common import (
 from benchmarks.peers import make_llm, release, run_prefixflow
 
 COLUMNS = [
-    "workload", "config", "kv_blocks", "computed_prompt_tokens", "computed/distinct", "offloaded", "reloaded",
-    "recomputed", "host_hit_rate", "preemptions", "wall_min_s", "wall_median_s", "cpu_s", "output_tok_s",
-]  # fmt: skip
+    "workload",
+    "config",
+    "kv_blocks",
+    "computed_prompt_tokens",
+    "computed/distinct",
+    "offloaded",
+    "reloaded",
+    "recomputed",
+    "host_hit_rate",
+    "preemptions",
+    "wall_min_s",
+    "wall_median_s",
+    "cpu_s",
+    "output_tok_s",
+]
 
 
 def long_docs(vocab: int, n: int, lo: int, hi: int, output_len: int, seed: int) -> pw.Workload:
@@ -65,27 +77,43 @@ def run_pair(bm, work: pw.Workload, configs: list[dict], repeats: int) -> list[d
             cpu = time.process_time() - cpu0
             s = llm.stats()
             row = res.summary()
-            runs[cfg["config"]].append(dict(
-                row, cpu_s=cpu, kv_blocks=llm.engine.runner.num_blocks, offloaded=s.kv_offloaded_tokens,
-                reloaded=s.kv_reloaded_tokens, recomputed=s.kv_recomputed_tokens, host_hit_rate=s.host_hit_rate,
-                preemptions=s.preemptions,
-            ))  # fmt: skip
+            runs[cfg["config"]].append(
+                dict(
+                    row,
+                    cpu_s=cpu,
+                    kv_blocks=llm.engine.runner.num_blocks,
+                    offloaded=s.kv_offloaded_tokens,
+                    reloaded=s.kv_reloaded_tokens,
+                    recomputed=s.kv_recomputed_tokens,
+                    host_hit_rate=s.host_hit_rate,
+                    preemptions=s.preemptions,
+                )
+            )
             del llm, res
             release()
     out = []
     for name, rs in runs.items():
         walls = [r["elapsed_s"] for r in rs]
         first = rs[0]
-        out.append({
-            "workload": work.name, "config": name, "kv_blocks": first["kv_blocks"],
-            "computed_prompt_tokens": first["computed_prompt_tokens"],
-            "computed/distinct": first["computed_prompt_tokens"] / distinct,
-            "offloaded": first["offloaded"], "reloaded": first["reloaded"], "recomputed": first["recomputed"],
-            "host_hit_rate": first["host_hit_rate"], "preemptions": first["preemptions"],
-            "wall_min_s": min(walls), "wall_median_s": statistics.median(walls),
-            "cpu_s": statistics.median(r["cpu_s"] for r in rs),
-            "output_tok_s": max(r["output_tok_s"] for r in rs), "walls": walls,
-        })  # fmt: skip
+        out.append(
+            {
+                "workload": work.name,
+                "config": name,
+                "kv_blocks": first["kv_blocks"],
+                "computed_prompt_tokens": first["computed_prompt_tokens"],
+                "computed/distinct": first["computed_prompt_tokens"] / distinct,
+                "offloaded": first["offloaded"],
+                "reloaded": first["reloaded"],
+                "recomputed": first["recomputed"],
+                "host_hit_rate": first["host_hit_rate"],
+                "preemptions": first["preemptions"],
+                "wall_min_s": min(walls),
+                "wall_median_s": statistics.median(walls),
+                "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                "output_tok_s": max(r["output_tok_s"] for r in rs),
+                "walls": walls,
+            }
+        )
     return out
 
 
@@ -120,9 +148,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
             )
             longest = max(map(len, work.prompts)) + 160
             pool = 3 * -(-longest // bs)  # about three long documents at once
-            cfgs = [dict(config="recompute", ordering="fifo", num_kv_blocks=pool, max_num_seqs=32, **base),
-                    dict(config="host tier", ordering="fifo", num_kv_blocks=pool, max_num_seqs=32,
-                         kv_offload_bytes=host, **base)]  # fmt: skip
+            cfgs = [
+                dict(config="recompute", ordering="fifo", num_kv_blocks=pool, max_num_seqs=32, **base),
+                dict(
+                    config="host tier",
+                    ordering="fifo",
+                    num_kv_blocks=pool,
+                    max_num_seqs=32,
+                    kv_offload_bytes=host,
+                    **base,
+                ),
+            ]
         elif name == "short":
             work = pw.labeling(bm.vocab_size, 8, 64, 60, 40, 4, 1.0, seed=2)
             cfgs = [
@@ -134,9 +170,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         results += run_pair(bm, work, cfgs, args.repeats)
         print_table(results[-2:], COLUMNS, title=f"{name}: {work.describe()}")
     result = {
-        "benchmark": "kv_hierarchy_bench", "args": vars(args), "environment": environment(),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(), "runs": results,
-    }  # fmt: skip
+        "benchmark": "kv_hierarchy_bench",
+        "args": vars(args),
+        "environment": environment(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "runs": results,
+    }
     write_json(args.json, result)
     return result
 

@@ -30,8 +30,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-JOB = {"task": "generate", "id_column": "id", "template": "Say {{ text }}", "sampling": {"max_tokens": 1},
-       "engine": {"max_model_len": 160, "max_num_seqs": 32}, "output": {"shard_rows": 1}}  # fmt: skip
+JOB = {
+    "task": "generate",
+    "id_column": "id",
+    "template": "Say {{ text }}",
+    "sampling": {"max_tokens": 1},
+    "engine": {"max_model_len": 160, "max_num_seqs": 32},
+    "output": {"shard_rows": 1},
+}
 PACKAGES = ("prefixflow/pipeline/", "prefixflow/flows/", "/pipeline/", "/flows/")
 
 
@@ -54,8 +60,13 @@ class Walk:
             if m in seen and self.sequence[i - 1] != m:
                 returns[m] += 1
             seen.add(m)
-        return {"calls": self.calls, "modules": len(seen), "returns": sum(returns.values()),
-                "returns_by_module": dict(returns.most_common()), "visited": sorted(seen)}  # fmt: skip
+        return {
+            "calls": self.calls,
+            "modules": len(seen),
+            "returns": sum(returns.values()),
+            "returns_by_module": dict(returns.most_common()),
+            "visited": sorted(seen),
+        }
 
 
 def _module(frame: FrameType) -> str | None:
@@ -87,7 +98,11 @@ def trace(spec: Any, llm: Any) -> dict[str, Any]:
             return
         walks["all calls"].enter(module)
         code = frame.f_code
-        names = [n for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if n not in ("self", "cls")]
+        names = [
+            n
+            for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            if n not in ("self", "cls")
+        ]
         values = [frame.f_locals.get(n) for n in names]
         if any(v is spec for v in values):
             walks["spec walk"].enter(module)
@@ -120,7 +135,9 @@ def main() -> None:
         result = trace(spec, llm)
     for name, r in result.items():
         top = ", ".join(f"{m} {n}" for m, n in list(r["returns_by_module"].items())[:6])
-        print(f"{name}: {r['calls']} calls, {r['modules']} modules, {r['returns']} returns to a module left ({top})")
+        print(
+            f"{name}: {r['calls']} calls, {r['modules']} modules, {r['returns']} returns to a module left ({top})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -28,8 +28,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-STORE_OPS = ("exists", "read_bytes", "list_files", "write_atomic", "create_exclusive", "copy", "list_dir",
-             "remove", "remove_tree", "listing", "remove_files")  # fmt: skip (the last two: issue 23's Store)
+STORE_OPS = (
+    "exists",
+    "read_bytes",
+    "list_files",
+    "write_atomic",
+    "create_exclusive",
+    "copy",
+    "list_dir",
+    "remove",
+    "remove_tree",
+    "listing",
+    "remove_files",
+)  # fmt: skip (the last two: issue 23's Store)
 JOB: dict[str, Any] = {
     "id_column": "id",
     "prompt_column": "prompt",
@@ -43,8 +54,12 @@ def write_input(root: str, shards: int, fs: Any = None) -> None:
     """`shards` rows in files of 100 rows, one row per row group (so shard_rows=1 gives one shard per row)."""
     for f in range(0, shards, ROWS_PER_FILE):
         n = min(ROWS_PER_FILE, shards - f)
-        table = pa.table({"id": [f"r{f + i:06d}" for i in range(n)],
-                          "prompt": [f"Item {f + i}: one word?" for i in range(n)]})  # fmt: skip
+        table = pa.table(
+            {
+                "id": [f"r{f + i:06d}" for i in range(n)],
+                "prompt": [f"Item {f + i}: one word?" for i in range(n)],
+            }
+        )
         path = f"{root}/part-{f // ROWS_PER_FILE:05d}.parquet"
         if fs is None:
             pq.write_table(table, path, row_group_size=1)
@@ -146,9 +161,18 @@ def run_flow(
     cpu0 = time.process_time()
     start = time.perf_counter()
     with instrumented(counters):
-        state = batch_inference(input=inp, output=out, model="tiny", job=JOB, shard_rows=1, lanes=lanes,
-                                concurrency_limit=None, progress_poll_s=poll_s, return_state=True,
-                                **(storage or {}))  # fmt: skip
+        state = batch_inference(
+            input=inp,
+            output=out,
+            model="tiny",
+            job=JOB,
+            shard_rows=1,
+            lanes=lanes,
+            concurrency_limit=None,
+            progress_poll_s=poll_s,
+            return_state=True,
+            **(storage or {}),
+        )
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     result = state.result()
@@ -182,8 +206,11 @@ def _s3_figures(shards: int) -> dict[str, Any]:
     if not S3_REQUESTS:
         return {}
     total = sum(S3_REQUESTS.values())
-    return {"s3_requests": total, "s3_requests_per_shard": round(total / shards, 2),
-            "s3_requests_top": S3_REQUESTS.most_common(12)}  # fmt: skip
+    return {
+        "s3_requests": total,
+        "s3_requests_per_shard": round(total / shards, 2),
+        "s3_requests_top": S3_REQUESTS.most_common(12),
+    }
 
 
 def _count_s3_requests(app: Any) -> Any:
@@ -241,8 +268,9 @@ def main() -> None:
                 with moto_s3() as (endpoint, fs):
                     write_input(f"bench/in-{n}", n, fs)
                     S3_REQUESTS.clear()
-                    r = run_flow(f"s3://bench/in-{n}", f"s3://bench/out-{n}", n, args.lanes,
-                                 {"endpoint_url": endpoint})  # fmt: skip
+                    r = run_flow(
+                        f"s3://bench/in-{n}", f"s3://bench/out-{n}", n, args.lanes, {"endpoint_url": endpoint}
+                    )
             else:
                 Path(tmp, f"in-{n}").mkdir()
                 write_input(f"{tmp}/in-{n}", n)

@@ -36,11 +36,20 @@ from benchmarks.common import environment, print_table, write_json
 
 MODEL = "smollm2-shape"
 SMOLLM2_SHAPE = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
-    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
-    "head_dim": 72, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 72,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
     "tie_word_embeddings": True,
-}  # fmt: skip
+}
 
 
 def model_dir(name: str) -> str:
@@ -53,8 +62,19 @@ def model_dir(name: str) -> str:
     if not (out / "config.json").exists():
         presets.save_random_model(SMOLLM2_SHAPE, out, seed=0)
     return str(out)
-COLUMNS = ["run", "mode", "output_tok_s", "elapsed_s", "cpu_s", "steps", "bytes_per_step", "bubble_rank0",
-           "bubble_rank1"]  # fmt: skip
+
+
+COLUMNS = [
+    "run",
+    "mode",
+    "output_tok_s",
+    "elapsed_s",
+    "cpu_s",
+    "steps",
+    "bytes_per_step",
+    "bubble_rank0",
+    "bubble_rank1",
+]
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -91,8 +111,16 @@ def engine_run(model: str, mode: str, work: list[list[int]], max_tokens: int, op
         elapsed, cpu = time.perf_counter() - t0, time.process_time() + cpu_of(pids) - cpu0
         steps = llm.stats().steps - steps0
         out_tokens = sum(o.num_output_tokens for o in outs)
-        row = {"mode": mode, "output_tokens": out_tokens, "elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed,
-               "cpu_s": cpu, "steps": steps, "bubble_rank0": None, "bubble_rank1": None}  # fmt: skip
+        row = {
+            "mode": mode,
+            "output_tokens": out_tokens,
+            "elapsed_s": elapsed,
+            "output_tok_s": out_tokens / elapsed,
+            "cpu_s": cpu,
+            "steps": steps,
+            "bubble_rank0": None,
+            "bubble_rank1": None,
+        }
         cfg = llm.engine.model_cfg
         if mode == "pp2":
             d = (runner.pipeline_stats() - pp0).numpy()  # per rank: compute s, wait s, bytes sent, steps
@@ -119,16 +147,46 @@ def child(args: argparse.Namespace) -> None:
     sys.stdin.readline()
     cpu0, t0 = time.process_time(), time.perf_counter()
     outs = llm.generate(work, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
-    print(json.dumps({"elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
-                      "output_tokens": sum(o.num_output_tokens for o in outs), "steps": llm.stats().steps}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "elapsed_s": time.perf_counter() - t0,
+                "cpu_s": time.process_time() - cpu0,
+                "output_tokens": sum(o.num_output_tokens for o in outs),
+                "steps": llm.stats().steps,
+            }
+        ),
+        flush=True,
+    )
 
 
 def dp_run(args: argparse.Namespace, model: str, options: dict) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.pp_bench", "--child", "--model", model, "--num-prompts", str(args.num_prompts),
-           "--prompt-len", str(args.prompt_len), "--max-tokens", str(args.max_tokens), "--options", json.dumps(options)]  # fmt: skip
-    env = [dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(i)} if args.device == "cuda" else {})) for i in (0, 1)]
-    procs = [subprocess.Popen([*cmd, "--part", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=env[i]) for i in (0, 1)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.pp_bench",
+        "--child",
+        "--model",
+        model,
+        "--num-prompts",
+        str(args.num_prompts),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--options",
+        json.dumps(options),
+    ]
+    env = [
+        dict(os.environ, **({"CUDA_VISIBLE_DEVICES": str(i)} if args.device == "cuda" else {}))
+        for i in (0, 1)
+    ]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--part", str(i)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env[i]
+        )
+        for i in (0, 1)
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     for p in procs:
@@ -141,9 +199,17 @@ def dp_run(args: argparse.Namespace, model: str, options: dict) -> dict:
         results.append(json.loads(out.strip().splitlines()[-1]))
     elapsed = max(r["elapsed_s"] for r in results)
     tokens = sum(r["output_tokens"] for r in results)
-    return {"mode": "dp2", "output_tokens": tokens, "elapsed_s": elapsed, "output_tok_s": tokens / elapsed,
-            "cpu_s": sum(r["cpu_s"] for r in results), "steps": max(r["steps"] for r in results),
-            "bytes_per_step": 0.0, "bubble_rank0": None, "bubble_rank1": None}  # fmt: skip
+    return {
+        "mode": "dp2",
+        "output_tokens": tokens,
+        "elapsed_s": elapsed,
+        "output_tok_s": tokens / elapsed,
+        "cpu_s": sum(r["cpu_s"] for r in results),
+        "steps": max(r["steps"] for r in results),
+        "bytes_per_step": 0.0,
+        "bubble_rank0": None,
+        "bubble_rank1": None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
-    options = {"dtype": args.dtype, "device": args.device, "max_num_seqs": args.num_prompts,
-               "enable_prefix_caching": False}  # fmt: skip
+    options = {
+        "dtype": args.dtype,
+        "device": args.device,
+        "max_num_seqs": args.num_prompts,
+        "enable_prefix_caching": False,
+    }
     if args.device == "cpu":
         options["kv_cache_memory_bytes"] = 128 * 2**20
     model = model_dir(args.model)
@@ -174,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.repeats):
         for mode in args.modes.split(","):
             loads.append(os.getloadavg()[0])
-            row = dp_run(args, model, options) if mode == "dp2" else engine_run(model, mode, work, args.max_tokens, options)
+            row = (
+                dp_run(args, model, options)
+                if mode == "dp2"
+                else engine_run(model, mode, work, args.max_tokens, options)
+            )
             rows.append({"run": f"{i + 1}{mode}", **row})
             print_table(rows[-1:], COLUMNS)
             sys.stdout.flush()
@@ -182,15 +256,29 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes.split(","):
         mine = [r for r in rows if r["mode"] == mode]
         rates = [r["output_tok_s"] for r in mine]
-        summary[mode] = {"output_tok_s_min": min(rates), "output_tok_s_median": statistics.median(rates),
-                         "cpu_s_median": statistics.median(r["cpu_s"] for r in mine),
-                         "bytes_per_step_median": statistics.median(r["bytes_per_step"] for r in mine)}  # fmt: skip
+        summary[mode] = {
+            "output_tok_s_min": min(rates),
+            "output_tok_s_median": statistics.median(rates),
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in mine),
+            "bytes_per_step_median": statistics.median(r["bytes_per_step"] for r in mine),
+        }
         if mode == "pp2":
-            summary[mode]["bubble_median"] = [statistics.median(r[f"bubble_rank{k}"] for r in mine) for k in (0, 1)]
+            summary[mode]["bubble_median"] = [
+                statistics.median(r[f"bubble_rank{k}"] for r in mine) for k in (0, 1)
+            ]
     print_table(rows, COLUMNS, title=f"{args.model}: PP=2 vs TP=2 vs one engine per device ({args.device})")
     print(json.dumps(summary, indent=1), f"\nload average per run: {loads}")
-    write_json(args.json, {"benchmark": "pp_bench", "args": vars(args), "environment": environment(), "rows": rows,
-                           "summary": summary, "load_average_per_run": loads})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "benchmark": "pp_bench",
+            "args": vars(args),
+            "environment": environment(),
+            "rows": rows,
+            "summary": summary,
+            "load_average_per_run": loads,
+        },
+    )
     return 0
 
 

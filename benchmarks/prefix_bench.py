@@ -30,9 +30,17 @@ from benchmarks.common import (
 from benchmarks.peers import make_llm, release, run_prefixflow
 
 COLUMNS = [
-    "config", "kv_blocks", "computed_prompt_tokens", "computed/distinct", "computed/block_min",
-    "prefix_hit_rate", "preemptions", "elapsed_s", "output_tok_s", "total_tok_s",
-]  # fmt: skip
+    "config",
+    "kv_blocks",
+    "computed_prompt_tokens",
+    "computed/distinct",
+    "computed/block_min",
+    "prefix_hit_rate",
+    "preemptions",
+    "elapsed_s",
+    "output_tok_s",
+    "total_tok_s",
+]
 
 
 def configs(small_pool_blocks: int) -> list[dict]:
@@ -41,11 +49,19 @@ def configs(small_pool_blocks: int) -> list[dict]:
         {"config": "prefix+cache", "ordering": "prefix", "enable_prefix_caching": True},
         {"config": "fifo+cache", "ordering": "fifo", "enable_prefix_caching": True},
         {"config": "no-cache", "ordering": "fifo", "enable_prefix_caching": False},
-        {"config": "prefix+cache small-pool", "ordering": "prefix", "enable_prefix_caching": True,
-         "num_kv_blocks": small_pool_blocks},
-        {"config": "fifo+cache small-pool", "ordering": "fifo", "enable_prefix_caching": True,
-         "num_kv_blocks": small_pool_blocks},
-    ]  # fmt: skip
+        {
+            "config": "prefix+cache small-pool",
+            "ordering": "prefix",
+            "enable_prefix_caching": True,
+            "num_kv_blocks": small_pool_blocks,
+        },
+        {
+            "config": "fifo+cache small-pool",
+            "ordering": "fifo",
+            "enable_prefix_caching": True,
+            "num_kv_blocks": small_pool_blocks,
+        },
+    ]
 
 
 def small_pool(work: pw.Workload, block_size: int, frac: float) -> int:
@@ -55,8 +71,14 @@ def small_pool(work: pw.Workload, block_size: int, frac: float) -> int:
     return max(floor, math.ceil(frac * pw.distinct_prefix_tokens(work.prompts) / block_size))
 
 
-def run_workload(bm: BenchModel, work: pw.Workload, engine_kw: dict, small_pool_blocks: int | None,
-                 small_pool_frac: float, only: Sequence[str] | None = None) -> dict:  # fmt: skip
+def run_workload(
+    bm: BenchModel,
+    work: pw.Workload,
+    engine_kw: dict,
+    small_pool_blocks: int | None,
+    small_pool_frac: float,
+    only: Sequence[str] | None = None,
+) -> dict:
     """All configs on one workload; returns the workload's description and one row per config."""
     bs = engine_kw.get("block_size", 16)
     distinct = pw.distinct_prefix_tokens(work.prompts)
@@ -90,11 +112,29 @@ def build_workloads(args, vocab_size: int) -> list[pw.Workload]:
     out = []
     for name in args.workloads.split(","):
         if name == "labeling":
-            out.append(pw.labeling(vocab_size, args.num_prefixes, args.num_docs, args.prefix_len, args.doc_len,
-                                   args.output_len, args.scale, args.seed))  # fmt: skip
+            out.append(
+                pw.labeling(
+                    vocab_size,
+                    args.num_prefixes,
+                    args.num_docs,
+                    args.prefix_len,
+                    args.doc_len,
+                    args.output_len,
+                    args.scale,
+                    args.seed,
+                )
+            )
         elif name == "chat":
-            out.append(pw.chat(vocab_size, args.conversations, args.turns, scale=args.scale, seed=args.seed,
-                               output_len=args.chat_output_len))  # fmt: skip
+            out.append(
+                pw.chat(
+                    vocab_size,
+                    args.conversations,
+                    args.turns,
+                    scale=args.scale,
+                    seed=args.seed,
+                    output_len=args.chat_output_len,
+                )
+            )
         else:
             raise SystemExit(f"unknown workload {name!r}; choose from labeling, chat")
     return out
@@ -126,8 +166,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     setup_threads(args.threads, args.device)
 
     bm = build_model(args.preset, args.device, args.dtype, args.seed)
-    engine_kw = {"block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
-                 "max_num_batched_tokens": args.max_num_batched_tokens}  # fmt: skip
+    engine_kw = {
+        "block_size": args.block_size,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
     if args.num_kv_blocks:
         engine_kw["num_kv_blocks"] = args.num_kv_blocks
     results = []
@@ -135,9 +178,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         only = args.configs.split(",") if args.configs else None
         res = run_workload(bm, work, engine_kw, args.small_pool_blocks, args.small_pool_frac, only)
         d = res["workload"]
-        title = (f"{work.name}: {d['requests']} requests, {d['prompt_tokens']} prompt tokens, "
-                 f"{d['distinct_prefix_tokens']} distinct (trie), block-cache minimum {d['block_cache_min_tokens']}, "
-                 f"small pool {d['small_pool_blocks']} blocks")  # fmt: skip
+        title = (
+            f"{work.name}: {d['requests']} requests, {d['prompt_tokens']} prompt tokens, "
+            f"{d['distinct_prefix_tokens']} distinct (trie), block-cache minimum {d['block_cache_min_tokens']}, "
+            f"small pool {d['small_pool_blocks']} blocks"
+        )
         print_table(res["runs"], COLUMNS, title=title)
         results.append(res)
     result = {

@@ -65,8 +65,15 @@ def labeling(
     docs = [random_tokens(rng, _around(rng, d_len), vocab_size) for _ in range(num_docs)]
     rows = [(p + d, _around(rng, output_len, 0.25)) for p in prefixes for d in docs]
     rng.shuffle(rows)
-    params = dict(num_prefixes=num_prefixes, num_docs=num_docs, prefix_len=p_len, doc_len=d_len,
-                  output_len=output_len, scale=scale, seed=seed)  # fmt: skip
+    params = dict(
+        num_prefixes=num_prefixes,
+        num_docs=num_docs,
+        prefix_len=p_len,
+        doc_len=d_len,
+        output_len=output_len,
+        scale=scale,
+        seed=seed,
+    )
     return Workload("labeling", [r[0] for r in rows], [r[1] for r in rows], params)
 
 
@@ -95,6 +102,14 @@ def chat(
             rows.append((list(history), _around(rng, output_len, 0.25)))
             history += random_tokens(rng, _around(rng, a_len), vocab_size)
     rng.shuffle(rows)
-    params = dict(num_conversations=num_conversations, turns=turns, system_len=s_len, user_len=u_len,
-                  assistant_len=a_len, output_len=output_len, scale=scale, seed=seed)  # fmt: skip
+    params = dict(
+        num_conversations=num_conversations,
+        turns=turns,
+        system_len=s_len,
+        user_len=u_len,
+        assistant_len=a_len,
+        output_len=output_len,
+        scale=scale,
+        seed=seed,
+    )
     return Workload("chat", [r[0] for r in rows], [r[1] for r in rows], params)

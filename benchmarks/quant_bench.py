@@ -25,8 +25,16 @@ from typing import Any
 
 from benchmarks.common import environment, print_table, setup_threads, write_json
 
-COLUMNS = ["variant", "batch", "output_tokens", "tok_s_min_round", "tok_s_median", "tok_s_best",
-           "weight_bytes", "linear_kernels"]  # fmt: skip
+COLUMNS = [
+    "variant",
+    "batch",
+    "output_tokens",
+    "tok_s_min_round",
+    "tok_s_median",
+    "tok_s_best",
+    "weight_bytes",
+    "linear_kernels",
+]
 
 
 def load(model: str, variant: str, dtype: str, kv_bytes: int, bench_model: Any = None) -> Any:
@@ -58,7 +66,9 @@ def run_once(llm: Any, batch: int, prompt_len: int, max_tokens: int, seed: int) 
     before = llm.stats()
     out0, t0 = before.output_tokens, before.elapsed_s
     vocab = llm.engine.model_cfg.vocab_size
-    llm.generate(prompts(batch, prompt_len, vocab, seed), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    llm.generate(
+        prompts(batch, prompt_len, vocab, seed), SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    )
     after = llm.stats()
     return after.output_tokens - out0, after.elapsed_s - t0
 
@@ -111,17 +121,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kernels = linear_kernels(llms[v].engine.runner.shard.model)
         for b in batches:
             s = speeds[(v, b)]
-            rows.append({
-                "variant": v, "batch": b, "output_tokens": tokens[(v, b)], "tok_s_min_round": round(min(s), 2),
-                "tok_s_median": round(statistics.median(s), 2), "tok_s_best": round(max(s), 2),
-                "weight_bytes": llms[v].stats().weight_bytes, "linear_kernels": kernels,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "variant": v,
+                    "batch": b,
+                    "output_tokens": tokens[(v, b)],
+                    "tok_s_min_round": round(min(s), 2),
+                    "tok_s_median": round(statistics.median(s), 2),
+                    "tok_s_best": round(max(s), 2),
+                    "weight_bytes": llms[v].stats().weight_bytes,
+                    "linear_kernels": kernels,
+                }
+            )
     print_table(rows, COLUMNS)
     result = {
-        "benchmark": "quant_bench", "model": args.model, "dtype": args.dtype, "prompt_len": args.prompt_len,
-        "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": rows, "load_s": load_s,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": env,
-    }  # fmt: skip
+        "benchmark": "quant_bench",
+        "model": args.model,
+        "dtype": args.dtype,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "rows": rows,
+        "load_s": load_s,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": env,
+    }
     if args.json:
         write_json(args.json, result)
     return result

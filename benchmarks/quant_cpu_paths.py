@@ -41,7 +41,9 @@ def packed(w: torch.Tensor, bits: int) -> PackedWeight:
         q, s = quantize_int8(w)
         return PackedWeight(pack_along_rows(q.t().contiguous(), 8), s[None, :], 8, k, k)
     q, s, z = quantize_int4(w)
-    return PackedWeight(pack_along_rows(q.t().contiguous(), 4), s.t().contiguous(), 4, k, INT4_GROUP, z.t().contiguous())
+    return PackedWeight(
+        pack_along_rows(q.t().contiguous(), 4), s.t().contiguous(), 4, k, INT4_GROUP, z.t().contiguous()
+    )
 
 
 def paths(w: torch.Tensor) -> dict[tuple[str, str], Callable[[torch.Tensor], torch.Tensor]]:
@@ -88,16 +90,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     times[key].append(time_call(fn, xs[key[1]], args.repeats))
             for (path, dtype), t in times.items():
                 base = statistics.median(times[("dense", dtype)])
-                rows.append({
-                    "shape": f"{shape} {k}x{n}", "m": m, "path": path, "dtype": dtype,
-                    "ms_min": round(min(t), 3), "ms_median": round(statistics.median(t), 3),
-                    "vs_dense_same_dtype": round(statistics.median(t) / base, 2),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "shape": f"{shape} {k}x{n}",
+                        "m": m,
+                        "path": path,
+                        "dtype": dtype,
+                        "ms_min": round(min(t), 3),
+                        "ms_median": round(statistics.median(t), 3),
+                        "vs_dense_same_dtype": round(statistics.median(t) / base, 2),
+                    }
+                )
             print(f"{shape} m={m} done", flush=True)
     print_table(rows, COLUMNS)
-    result = {"benchmark": "quant_cpu_paths", "rounds": args.rounds, "repeats": args.repeats, "rows": rows,
-              "load_average_before": load_before, "load_average_after": os.getloadavg(),
-              "environment": environment()}  # fmt: skip
+    result = {
+        "benchmark": "quant_cpu_paths",
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "rows": rows,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": environment(),
+    }
     if args.json:
         write_json(args.json, result)
     return result

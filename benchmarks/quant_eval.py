@@ -56,8 +56,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="none,gguf,int8,int4,fp8")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--int4-group", type=int, default=None,
-                    help="diagnostic: on-the-fly int4 with this group size instead of 128 (patches the method)")
+    ap.add_argument(
+        "--int4-group",
+        type=int,
+        default=None,
+        help="diagnostic: on-the-fly int4 with this group size instead of 128 (patches the method)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -69,15 +73,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = results.get("none")
     rows = []
     for variant, r in results.items():
-        row = {"variant": variant, "accuracy": r["accuracy"], "weight_bytes": r["weight_bytes"],
-               "seconds": round(r["seconds"], 1)}  # fmt: skip
+        row = {
+            "variant": variant,
+            "accuracy": r["accuracy"],
+            "weight_bytes": r["weight_bytes"],
+            "seconds": round(r["seconds"], 1),
+        }
         if base is not None:
             row["agreement_with_none"] = agreement(r, base)
         rows.append(row)
         print(row, flush=True)
-    out = {"benchmark": "quant_eval", "model": MODEL, "dtype": args.dtype, "int4_group": args.int4_group or 128,
-           "rows": rows, "results": results,
-           "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment()}  # fmt: skip
+    out = {
+        "benchmark": "quant_eval",
+        "model": MODEL,
+        "dtype": args.dtype,
+        "int4_group": args.int4_group or 128,
+        "rows": rows,
+        "results": results,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": environment(),
+    }
     if args.json:
         write_json(args.json, out)
     return out

@@ -39,7 +39,11 @@ def weights(bits: int, group: int) -> list:
         w = torch.randn(n, k, device="cuda") * 0.02
         if bits == 4:
             codes, s, z = quantize_int4(w, group)
-            out.append(PackedWeight(pack_along_rows(codes.t(), 4), s.t().contiguous(), 4, k, group, z.t().contiguous()))
+            out.append(
+                PackedWeight(
+                    pack_along_rows(codes.t(), 4), s.t().contiguous(), 4, k, group, z.t().contiguous()
+                )
+            )
         else:
             codes, s = quantize_int8(w)
             out.append(PackedWeight(pack_along_rows(codes.t(), 8), s[None, :].contiguous(), 8, k, k))
@@ -84,8 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     for m in (1, 2, 4, 8, 16, 256):
         dense = layer_ms_dense(m)
         w4, w8 = layer_ms_quant(m, int4), layer_ms_quant(m, int8)
-        rows.append({"batch": m, "bf16_ms": dense, "w4a16_ms": w4, "w8a16_ms": w8,
-                     "w4a16_speedup": dense / w4, "w8a16_speedup": dense / w8})  # fmt: skip
+        rows.append(
+            {
+                "batch": m,
+                "bf16_ms": dense,
+                "w4a16_ms": w4,
+                "w8a16_ms": w8,
+                "w4a16_speedup": dense / w4,
+                "w8a16_speedup": dense / w8,
+            }
+        )
     prefill = 4096
     dense, fp8 = layer_ms_dense(prefill), layer_ms_fp8(prefill)
     rows.append({"batch": prefill, "bf16_ms": dense, "fp8_ms": fp8, "fp8_speedup": dense / fp8})

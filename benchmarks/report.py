@@ -14,13 +14,34 @@ from benchmarks.common import fmt
 
 ENGINE_COLS = ["engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s"]
 PREFIX_COLS = [
-    "config", "kv_blocks", "computed_prompt_tokens", "computed/distinct", "computed/block_min",
-    "prefix_hit_rate", "preemptions", "elapsed_s", "output_tok_s", "total_tok_s",
-]  # fmt: skip
+    "config",
+    "kv_blocks",
+    "computed_prompt_tokens",
+    "computed/distinct",
+    "computed/block_min",
+    "prefix_hit_rate",
+    "preemptions",
+    "elapsed_s",
+    "output_tok_s",
+    "total_tok_s",
+]
 THROUGHPUT_COLS = [
-    "subset", "engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s",
-    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "roofline_frac", "host_ms_per_step",
-]  # fmt: skip
+    "subset",
+    "engine",
+    "requests",
+    "output_tokens",
+    "elapsed_s",
+    "output_tok_s",
+    "total_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "itl_p50_s",
+    "itl_p90_s",
+    "itl_p99_s",
+    "roofline_frac",
+    "host_ms_per_step",
+]
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
@@ -32,10 +53,12 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 def render(result: dict) -> str:
     kind = result.get("benchmark")
     env = result.get("environment", {})
-    head = (f"`{kind}` · preset {result.get('preset')} · {result.get('device')} {result.get('dtype')} · "
-            f"torch {env.get('torch')} · transformers {env.get('transformers')} · "
-            f"threads {env.get('torch_threads')} · load {fmt(env.get('load_average_1m'))} · "
-            f"commit {env.get('git_commit')}")  # fmt: skip
+    head = (
+        f"`{kind}` · preset {result.get('preset')} · {result.get('device')} {result.get('dtype')} · "
+        f"torch {env.get('torch')} · transformers {env.get('transformers')} · "
+        f"threads {env.get('torch_threads')} · load {fmt(env.get('load_average_1m'))} · "
+        f"commit {env.get('git_commit')}"
+    )
     parts = [head, ""]
     if kind == "engine_vs_hf":
         parts += [
@@ -43,8 +66,11 @@ def render(result: dict) -> str:
             "",
             markdown_table(result["engines"], ENGINE_COLS),
         ]
-        parts += ["", f"ratio {result['ratio_output_tok_s']:.2f}x; identical greedy outputs "
-                      f"{result['greedy_agreement']:.0%}"]  # fmt: skip
+        parts += [
+            "",
+            f"ratio {result['ratio_output_tok_s']:.2f}x; identical greedy outputs "
+            f"{result['greedy_agreement']:.0%}",
+        ]
     elif kind == "prefix_bench":
         for w in result["workloads"]:
             parts += [

@@ -31,8 +31,18 @@ from prefixflow.pipeline.advisor.roofline import (
     lower_bound_seconds,
 )
 
-__all__ = ["Ceilings", "JobCost", "ModelShape", "Workload", "job_cost", "load_shape", "lower_bound_seconds",
-           "measure_ceilings", "parse_workload", "varied_workload"]  # fmt: skip
+__all__ = [
+    "Ceilings",
+    "JobCost",
+    "ModelShape",
+    "Workload",
+    "job_cost",
+    "load_shape",
+    "lower_bound_seconds",
+    "measure_ceilings",
+    "parse_workload",
+    "varied_workload",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "configs" / "models"
@@ -150,15 +160,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "lower_bound_s": bound,
         "bound_output_tokens_per_s": cost.output_tokens / bound,
     }
-    print(f"device {ceilings.device} ({ceilings.dtype}): copy {ceilings.bytes_per_s / 1e9:.1f} GB/s, "
-          f"matmul {ceilings.flops_per_s / 1e12:.2f} TFLOP/s")  # fmt: skip
-    print(f"model {args.model}: {shape.matmul_params / 1e6:,.1f} M matmul params, "
-          f"KV {shape.kv_bytes_per_token(elem) / 1024:g} KiB/token")  # fmt: skip
-    print(f"workload {args.workload}: {len(workload)} requests, {cost.computed_tokens} computed tokens, "
-          f"{cost.output_tokens} output tokens, >= {cost.steps} steps")  # fmt: skip
-    print(f"FLOPs {cost.flops / 1e12:.2f} T -> {result['compute_s']:.3f} s; bytes {cost.bytes / 1e9:.2f} GB "
-          f"-> {result['memory_s']:.3f} s; lower bound {bound:.3f} s "
-          f"({result['bound_output_tokens_per_s']:.0f} output tok/s)")  # fmt: skip
+    print(
+        f"device {ceilings.device} ({ceilings.dtype}): copy {ceilings.bytes_per_s / 1e9:.1f} GB/s, "
+        f"matmul {ceilings.flops_per_s / 1e12:.2f} TFLOP/s"
+    )
+    print(
+        f"model {args.model}: {shape.matmul_params / 1e6:,.1f} M matmul params, "
+        f"KV {shape.kv_bytes_per_token(elem) / 1024:g} KiB/token"
+    )
+    print(
+        f"workload {args.workload}: {len(workload)} requests, {cost.computed_tokens} computed tokens, "
+        f"{cost.output_tokens} output tokens, >= {cost.steps} steps"
+    )
+    print(
+        f"FLOPs {cost.flops / 1e12:.2f} T -> {result['compute_s']:.3f} s; bytes {cost.bytes / 1e9:.2f} GB "
+        f"-> {result['memory_s']:.3f} s; lower bound {bound:.3f} s "
+        f"({result['bound_output_tokens_per_s']:.0f} output tok/s)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result

@@ -44,12 +44,18 @@ def gemm_rows() -> list[dict]:
         d = bench_ms(lambda xs=xs: [torch.nn.functional.linear(x, w) for x, w in zip(xs, dense)])
         s = bench_ms(lambda xs=xs: [torch.nn.functional.linear(x, w) for x, w in zip(xs, sparse)])
         err = max(
-            float((torch.nn.functional.linear(x, ws).float() - torch.nn.functional.linear(x, wd).float()).abs().max()
-                  / torch.nn.functional.linear(x, wd).float().abs().max())
+            float(
+                (torch.nn.functional.linear(x, ws).float() - torch.nn.functional.linear(x, wd).float())
+                .abs()
+                .max()
+                / torch.nn.functional.linear(x, wd).float().abs().max()
+            )
             for x, wd, ws in zip(xs, dense, sparse)
-        )  # fmt: skip
+        )
         rows.append({"m": m, "dense_ms": d, "sparse_ms": s, "speedup": d / s, "max_rel_diff": err})
-        print(f"M={m:5d} dense {d:8.3f} ms  2:4 {s:8.3f} ms  {d / s:5.2f}x  max rel diff {err:.1e}", flush=True)
+        print(
+            f"M={m:5d} dense {d:8.3f} ms  2:4 {s:8.3f} ms  {d / s:5.2f}x  max rel diff {err:.1e}", flush=True
+        )
     return rows
 
 
@@ -88,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: the 2:4 GPU benchmark is owed to a CUDA SM >= 8.0 machine")
         return 0
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "gemm": gemm_rows(),
-              "end_to_end": end_to_end(args.preset, args.prompts, args.length)}  # fmt: skip
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "gemm": gemm_rows(),
+        "end_to_end": end_to_end(args.preset, args.prompts, args.length),
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

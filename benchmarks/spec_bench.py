@@ -57,16 +57,24 @@ def workloads(llm: LLM) -> dict[str, tuple[list[str], list[SamplingParams]]]:
     extr = yaml.safe_load((ROOT / "configs" / "jobs" / "extract.yaml").read_text())
 
     def chat(system: str | None, user: str) -> str:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}
+        ]
         return llm.apply_chat_template(msgs)
 
     docs = texts()
-    summarize = [chat(summ["system_prompt"], summ["template"].replace("{{ document }}", t).strip()) for t in docs]
+    summarize = [
+        chat(summ["system_prompt"], summ["template"].replace("{{ document }}", t).strip()) for t in docs
+    ]
     extract = [chat(None, extr["template"].replace("{{ text }}", t).strip()) for t in docs]
     tickets = [r["text"] for r in jsonl(ROOT / "benchmarks" / "data" / "tickets.jsonl")]
     news = [r["text"] for r in jsonl(ROOT / "benchmarks" / "data" / "news.jsonl")]
-    asks = ["Write a short, polite reply to this customer message: {}", "What is the main problem here? {}",
-            "Rewrite this more formally: {}", "Give three keywords for: {}"]  # fmt: skip
+    asks = [
+        "Write a short, polite reply to this customer message: {}",
+        "What is the main problem here? {}",
+        "Rewrite this more formally: {}",
+        "Give three keywords for: {}",
+    ]
     varied = [chat(None, asks[i % len(asks)].format(t)) for i, t in enumerate(tickets)]
     varied += [chat(None, f"Explain this news in simple words: {t}") for t in news]
     greedy = SamplingParams(temperature=0.0, max_tokens=summ["sampling"]["max_tokens"])
@@ -85,10 +93,14 @@ def counters(llm: LLM) -> dict[str, float]:
     s = llm.stats()
     kinds = s.speculation
     forced = kinds.get("jump_forward", {})
-    return {"steps": s.steps, "out": s.output_tokens,
-            "proposed": sum(v.get("proposed", 0) for v in kinds.values()),
-            "accepted": sum(v.get("accepted", 0) for v in kinds.values()),
-            "forced_proposed": forced.get("proposed", 0), "forced_accepted": forced.get("accepted", 0)}  # fmt: skip
+    return {
+        "steps": s.steps,
+        "out": s.output_tokens,
+        "proposed": sum(v.get("proposed", 0) for v in kinds.values()),
+        "accepted": sum(v.get("accepted", 0) for v in kinds.values()),
+        "forced_proposed": forced.get("proposed", 0),
+        "forced_accepted": forced.get("accepted", 0),
+    }
 
 
 def run_cell(llm: LLM, prompts: list[str], params: list[SamplingParams], batch: int) -> tuple[dict, list]:
@@ -114,7 +126,9 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/spec_cpu.json")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--draft", default=None, help="also run draft_model (k=4) and draft_model auto with this draft")
+    ap.add_argument(
+        "--draft", default=None, help="also run draft_model (k=4) and draft_model auto with this draft"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--modes", default="off,ngram,auto", help=f"of {', '.join(MODES)}; off always runs first")
     args = ap.parse_args()
@@ -125,8 +139,12 @@ def main() -> None:
         modes["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
         modes["draft-auto"] = {"method": "draft_model", "model": args.draft}
     memory = {"kv_cache_memory_bytes": 256 << 20, "quantization": "none"} if args.device == "cpu" else {}
-    engines = {m: LLM(args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec,
-                      **memory) for m, spec in modes.items()}  # fmt: skip
+    engines = {
+        m: LLM(
+            args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec, **memory
+        )
+        for m, spec in modes.items()
+    }
     loads = workloads(engines["off"])
     per = dict(tuple(int(x) for x in p.split(":")) for p in args.per_batch.split(","))
     results: dict = {}
@@ -135,8 +153,10 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             n = per[batch]
             caps = dict(tuple(int(x) for x in c.split(":")) for c in args.cap.split(",") if c)
-            cell_params = [replace(p, max_tokens=min(p.max_tokens or caps[batch], caps[batch])) if batch in caps else p
-                           for p in params[:n]]  # fmt: skip
+            cell_params = [
+                replace(p, max_tokens=min(p.max_tokens or caps[batch], caps[batch])) if batch in caps else p
+                for p in params[:n]
+            ]
             cell: dict = {m: [] for m in modes}
             reference = None
             for rep in range(args.repeats):
@@ -146,19 +166,32 @@ def main() -> None:
                         reference = tokens
                     stats["identical"] = tokens == reference
                     cell[mode].append(stats)
-                    print(name, batch, rep, mode, {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()},
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                    print(
+                        name,
+                        batch,
+                        rep,
+                        mode,
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()},
+                        f"load {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
             results[f"{name}/b{batch}"] = cell
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"results": results, "load": os.getloadavg(),
-                                                  "torch": torch.__version__, "threads": 1}, indent=1))  # fmt: skip
+            Path(args.out).write_text(
+                json.dumps(
+                    {"results": results, "load": os.getloadavg(), "torch": torch.__version__, "threads": 1},
+                    indent=1,
+                )
+            )
     print(table(results))
 
 
 def table(results: dict) -> str:
-    rows = ["| workload | batch | mode | out tok / CPU-s (min, median) | out tok / wall-s (median) | vs off (CPU, median) "
-            "| acceptance | forced acceptance (share of drafts) | steps | tokens / step | identical |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    rows = [
+        "| workload | batch | mode | out tok / CPU-s (min, median) | out tok / wall-s (median) | vs off (CPU, median) "
+        "| acceptance | forced acceptance (share of drafts) | steps | tokens / step | identical |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for key, cell in results.items():
         name, batch = key.split("/b")
         base = statistics.median(r["out"] / r["cpu_s"] for r in cell["off"])
@@ -169,9 +202,11 @@ def table(results: dict) -> str:
             acc = r0["accepted"] / r0["proposed"] if r0["proposed"] else 0.0
             fp = r0.get("forced_proposed", 0)
             forced = f"{r0.get('forced_accepted', 0) / fp:.2f} ({fp / r0['proposed']:.2f})" if fp else "-"
-            rows.append(f"| {name} | {batch} | {mode} | {min(cpu):.1f}, {statistics.median(cpu):.1f} | "
-                        f"{statistics.median(wall):.1f} | {statistics.median(cpu) / base:.2f}x | {acc:.2f} | "
-                        f"{forced} | {r0['steps']} | {r0['out'] / r0['steps']:.2f} | {all(r['identical'] for r in reps)} |")  # fmt: skip
+            rows.append(
+                f"| {name} | {batch} | {mode} | {min(cpu):.1f}, {statistics.median(cpu):.1f} | "
+                f"{statistics.median(wall):.1f} | {statistics.median(cpu) / base:.2f}x | {acc:.2f} | "
+                f"{forced} | {r0['steps']} | {r0['out'] / r0['steps']:.2f} | {all(r['identical'] for r in reps)} |"
+            )
     return "\n".join(rows)
 
 

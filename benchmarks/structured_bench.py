@@ -123,13 +123,19 @@ def main() -> None:
     table = []
     for mode, rs in rounds.items():
         tok = [r["tok_s"] for r in rs]
-        table.append({
-            "mode": mode, "rows": len(rows), "out_tokens": rs[0]["output_tokens"], "steps": rs[0]["steps"],
-            "tok_s_min": min(tok), "tok_s_median": statistics.median(tok),
-            "ms_per_step_median": statistics.median(r["ms_per_step"] for r in rs),
-            "fill_ms_per_step": statistics.median(r["mask_fill_ms_per_step"] for r in rs),
-            "wait_ms_per_step": statistics.median(r["mask_wait_ms_per_step"] for r in rs),
-        })  # fmt: skip
+        table.append(
+            {
+                "mode": mode,
+                "rows": len(rows),
+                "out_tokens": rs[0]["output_tokens"],
+                "steps": rs[0]["steps"],
+                "tok_s_min": min(tok),
+                "tok_s_median": statistics.median(tok),
+                "ms_per_step_median": statistics.median(r["ms_per_step"] for r in rs),
+                "fill_ms_per_step": statistics.median(r["mask_fill_ms_per_step"] for r in rs),
+                "wait_ms_per_step": statistics.median(r["mask_wait_ms_per_step"] for r in rs),
+            }
+        )
     print_table(table, list(table[0]), title="constrained vs unconstrained (same rows, same token counts)")
     batch = min(len(rows), llm.config.max_num_seqs)
     summary = {
@@ -142,8 +148,16 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "load_averages"}, indent=1))
     print("1-minute load average before each run:", " ".join(load_avgs))
-    write_json(args.json, {"environment": environment(), "args": vars(args), "table": table, "summary": summary,
-                           "rounds": rounds})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "environment": environment(),
+            "args": vars(args),
+            "table": table,
+            "summary": summary,
+            "rounds": rounds,
+        },
+    )
 
 
 def _count_valid(rows: list[tuple[str, str]], outs: list) -> dict:

@@ -41,9 +41,21 @@ from benchmarks.peers import (
 
 PEERS = ("hf_generate", "hf_continuous")
 COLUMNS = [
-    "engine", "requests", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s", "ttft_p50_s",
-    "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "roofline_frac", "host_ms_per_step",
-]  # fmt: skip
+    "engine",
+    "requests",
+    "output_tokens",
+    "elapsed_s",
+    "output_tok_s",
+    "total_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "itl_p50_s",
+    "itl_p90_s",
+    "itl_p99_s",
+    "roofline_frac",
+    "host_ms_per_step",
+]
 
 
 def varied(n: int, lo: int, hi: int, vocab_size: int, seed: int = 0) -> pw.Workload:

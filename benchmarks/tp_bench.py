@@ -27,9 +27,20 @@ import torch
 from benchmarks.common import environment, print_table, write_json
 from prefixflow.engine import LLM, SamplingParams
 
-COLUMNS = ["run", "tp", "threads_per_rank", "output_tokens", "elapsed_s", "output_tok_s", "total_tok_s", "steps",
-           "all_reduce_ms_per_step", "all_reduce_ms_per_step_fastest_rank", "all_reduces_per_step",
-           "gather_ms_per_step"]  # fmt: skip
+COLUMNS = [
+    "run",
+    "tp",
+    "threads_per_rank",
+    "output_tokens",
+    "elapsed_s",
+    "output_tok_s",
+    "total_tok_s",
+    "steps",
+    "all_reduce_ms_per_step",
+    "all_reduce_ms_per_step_fastest_rank",
+    "all_reduces_per_step",
+    "gather_ms_per_step",
+]
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -37,8 +48,9 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def one_run(model: str, tp: int, threads: int, device: str, work: list[list[int]], max_tokens: int,
-            options: dict) -> tuple[dict, list[list[int]]]:  # fmt: skip
+def one_run(
+    model: str, tp: int, threads: int, device: str, work: list[list[int]], max_tokens: int, options: dict
+) -> tuple[dict, list[list[int]]]:
     per_rank = max(1, threads // tp) if device == "cpu" else threads
     torch.set_num_threads(per_rank)  # rank 0 here; workers inherit this count
     with LLM(model, device=device, tensor_parallel_size=tp, **options) as llm:
@@ -53,14 +65,23 @@ def one_run(model: str, tp: int, threads: int, device: str, work: list[list[int]
         out_tokens = sum(o.num_output_tokens for o in outs)
         prompt_tokens = sum(len(p) for p in work)
         row = {
-            "tp": tp, "threads_per_rank": per_rank, "output_tokens": out_tokens, "elapsed_s": elapsed,
-            "output_tok_s": out_tokens / elapsed, "total_tok_s": (out_tokens + prompt_tokens) / elapsed,
-            "steps": steps, "all_reduce_ms_per_step": 0.0, "all_reduce_ms_per_step_fastest_rank": 0.0,
-            "all_reduces_per_step": 0.0, "gather_ms_per_step": 0.0,
-        }  # fmt: skip
+            "tp": tp,
+            "threads_per_rank": per_rank,
+            "output_tokens": out_tokens,
+            "elapsed_s": elapsed,
+            "output_tok_s": out_tokens / elapsed,
+            "total_tok_s": (out_tokens + prompt_tokens) / elapsed,
+            "steps": steps,
+            "all_reduce_ms_per_step": 0.0,
+            "all_reduce_ms_per_step_fastest_rank": 0.0,
+            "all_reduces_per_step": 0.0,
+            "gather_ms_per_step": 0.0,
+        }
         stats_after = runner.collective_stats()
         if stats_before is not None and stats_after is not None:
-            delta = (stats_after - stats_before) / steps  # per rank: all-reduce s, calls, gather s, broadcast s
+            delta = (
+                stats_after - stats_before
+            ) / steps  # per rank: all-reduce s, calls, gather s, broadcast s
             row["all_reduce_ms_per_step"] = 1000 * float(delta[0, 0])  # rank 0: includes waiting for rank 1
             row["all_reduce_ms_per_step_fastest_rank"] = 1000 * float(delta[:, 0].min())
             row["all_reduces_per_step"] = float(delta[0, 1])
@@ -74,13 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=2, help="tensor_parallel_size of run B (run A: 1)")
     ap.add_argument("--device", default="cpu", help="cpu (gloo) | cuda (NCCL, needs --tp GPUs)")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads shared by the ranks")
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="CPU threads shared by the ranks"
+    )
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="A B pairs, interleaved")
-    ap.add_argument("--single-thread-peer", action="store_true",
-                    help="also run C: TP=1 on one thread (on a loaded host, OpenMP threads can cost more than they give)")
+    ap.add_argument(
+        "--single-thread-peer",
+        action="store_true",
+        help="also run C: TP=1 on one thread (on a loaded host, OpenMP threads can cost more than they give)",
+    )
     ap.add_argument("--kv-cache-mib", type=int, default=256)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -109,15 +135,28 @@ def main(argv: list[str] | None = None) -> int:
     for label, tp, threads in configs:
         rates = [r["output_tok_s"] for r in rows if r["run"].endswith(label)]
         totals = [r["total_tok_s"] for r in rows if r["run"].endswith(label)]
-        summary[label] = {"tp": tp, "threads": threads, "output_tok_s_min": min(rates),
-                          "output_tok_s_median": statistics.median(rates), "total_tok_s_median": statistics.median(totals)}  # fmt: skip
+        summary[label] = {
+            "tp": tp,
+            "threads": threads,
+            "output_tok_s_min": min(rates),
+            "output_tok_s_median": statistics.median(rates),
+            "total_tok_s_median": statistics.median(totals),
+        }
     same = all(t == tokens["A"] for t in tokens.values())
     print_table(rows, COLUMNS, title=f"{args.preset}: TP=1 vs TP={args.tp} on {args.device}")
     print(f"greedy tokens identical: {same}; load average during runs: {loads}")
-    write_json(args.json, {
-        "benchmark": "tp_bench", "args": vars(args), "environment": environment(), "rows": rows,
-        "summary": summary, "greedy_identical": same, "load_average_per_run": loads,
-    })  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "benchmark": "tp_bench",
+            "args": vars(args),
+            "environment": environment(),
+            "rows": rows,
+            "summary": summary,
+            "greedy_identical": same,
+            "load_average_per_run": loads,
+        },
+    )
     return 0
 
 

@@ -52,7 +52,9 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1  # stages of contiguous layers: P x T ranks (docs/engine.md "Pipeline parallelism")
+    pipeline_parallel_size: int = (
+        1  # stages of contiguous layers: P x T ranks (docs/engine.md "Pipeline parallelism")
+    )
     pipeline_micro_batches: int | None = None  # micro-batches in flight per step (None: one per stage)
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
@@ -61,7 +63,9 @@ class EngineConfig:
     # model's own (log-softmax of its logits); "processed", the one the token was drawn from.
     logprobs_mode: LogprobsMode = "raw"
     sparsity: str | None = None  # "2:4": prune a dense model on the fly (docs/models.md "2:4 sparsity")
-    kv_offload_bytes: int = 0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
+    kv_offload_bytes: int = (
+        0  # host KV tier (all ranks together); 0 = off. docs/engine.md "KV memory hierarchy"
+    )
     # persistent KV tier: a local directory of prompt blocks, reused by later runs of the same model
     kv_cache_dir: str | None = None
     kv_cache_dir_bytes: int = 16 * 1024**3  # its size cap (every namespace and rank together), LRU
@@ -114,25 +118,42 @@ class EngineConfig:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.sparsity not in (None, "2:4"):
             raise bad("sparsity", "None or '2:4'")
-        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+        if (
+            isinstance(self.tensor_parallel_size, bool)
+            or not isinstance(self.tensor_parallel_size, int)
+            or self.tensor_parallel_size < 1
+        ):
             raise bad("tensor_parallel_size", "a positive integer (the number of devices one engine uses)")
         for name in ("pipeline_parallel_size",):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(name, "a positive integer (the number of pipeline stages)")
         if self.pipeline_micro_batches is not None and (
-            isinstance(self.pipeline_micro_batches, bool) or not isinstance(self.pipeline_micro_batches, int)
+            isinstance(self.pipeline_micro_batches, bool)
+            or not isinstance(self.pipeline_micro_batches, int)
             or self.pipeline_micro_batches < 1
-        ):  # fmt: skip
+        ):
             raise bad("pipeline_micro_batches", "None or a positive integer")
-        if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) or self.kv_offload_bytes < 0:
-            raise bad("kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)")
+        if (
+            isinstance(self.kv_offload_bytes, bool)
+            or not isinstance(self.kv_offload_bytes, int)
+            or self.kv_offload_bytes < 0
+        ):
+            raise bad(
+                "kv_offload_bytes", "a non-negative integer number of bytes (0 turns the host KV tier off)"
+            )
         if self.kv_cache_dir is not None:
             if isinstance(self.kv_cache_dir, os.PathLike):
                 object.__setattr__(self, "kv_cache_dir", os.fspath(self.kv_cache_dir))
             if not isinstance(self.kv_cache_dir, str) or not self.kv_cache_dir.strip():
                 raise bad("kv_cache_dir", "None or the path of a local directory for the persistent KV tier")
-        if isinstance(self.kv_cache_dir_bytes, bool) or not isinstance(self.kv_cache_dir_bytes, int) or self.kv_cache_dir_bytes < 1:
-            raise bad("kv_cache_dir_bytes", "a positive integer number of bytes (the persistent KV tier's size cap)")
+        if (
+            isinstance(self.kv_cache_dir_bytes, bool)
+            or not isinstance(self.kv_cache_dir_bytes, int)
+            or self.kv_cache_dir_bytes < 1
+        ):
+            raise bad(
+                "kv_cache_dir_bytes", "a positive integer number of bytes (the persistent KV tier's size cap)"
+            )
         if not self.distributed_timeout_s > 0:
             raise bad("distributed_timeout_s", "a positive number of seconds")

@@ -69,7 +69,9 @@ class LLM:
         whenever fewer than ``max_num_seqs`` requests are left, so memory stays bounded however long
         the input is; prefix order then holds within each window.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [cast(Prompt, prompts)]
         if isinstance(prompts, Sequence):
             listed = cast(Sequence[Prompt], prompts)
@@ -80,9 +82,14 @@ class LLM:
                 raise ValueError(f"{len(ids)} request_ids for {n} prompts")
             yield from self._run_prompts(zip(listed, param_list, ids), window=None)
             return
-        param_iter = itertools.repeat(params or SamplingParams()) if params is None or isinstance(
-            params, SamplingParams) else iter(params)  # fmt: skip
-        id_iter = (str(i) for i in itertools.count()) if request_ids is None else (str(r) for r in request_ids)
+        param_iter = (
+            itertools.repeat(params or SamplingParams())
+            if params is None or isinstance(params, SamplingParams)
+            else iter(params)
+        )
+        id_iter = (
+            (str(i) for i in itertools.count()) if request_ids is None else (str(r) for r in request_ids)
+        )
         yield from self._run_prompts(zip(prompts, param_iter, id_iter), window=self.stream_window)
 
     def chat(
@@ -104,10 +111,16 @@ class LLM:
             except Exception as exc:
                 texts.append(None)
                 problems[i] = f"cannot apply the chat template: {exc}"
-        token_ids = [self.tokenizer.encode(t, add_special_tokens=False) if t is not None else [] for t in texts]
+        token_ids = [
+            self.tokenizer.encode(t, add_special_tokens=False) if t is not None else [] for t in texts
+        ]
         outs = self.generate(token_ids, params)
-        return [self.engine.error_output(i, out.request_id, [], problems[i]) if i in problems
-                else replace(out, prompt=texts[i]) for i, out in enumerate(outs)]  # fmt: skip
+        return [
+            self.engine.error_output(i, out.request_id, [], problems[i])
+            if i in problems
+            else replace(out, prompt=texts[i])
+            for i, out in enumerate(outs)
+        ]
 
     def _run_prompts(
         self, items: Iterable[tuple[Prompt, SamplingParams, str]], window: int | None
@@ -245,7 +258,9 @@ class LLM:
     def _run(self, specs: list[RequestSpec]) -> Iterator[RequestOutput]:
         """This call's requests only: other calls' streams on this LLM may be open at the same time."""
         if self.config.ordering == "prefix":
-            specs = sorted(specs, key=lambda s: s.prompt_token_ids)  # lexicographic = depth-first over the prefix trie
+            specs = sorted(
+                specs, key=lambda s: s.prompt_token_ids
+            )  # lexicographic = depth-first over the prefix trie
         return self._streams.run(specs)
 
     def _tokenize(self, prompt: Prompt) -> tuple[list[int], str | None]:
@@ -267,7 +282,9 @@ class LLM:
         return ids, None
 
     @staticmethod
-    def _broadcast_params(params: SamplingParams | Iterable[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    def _broadcast_params(
+        params: SamplingParams | Iterable[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams()] * n
         if isinstance(params, SamplingParams):

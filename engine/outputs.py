@@ -83,7 +83,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     logprobs: SampleLogprobs | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs: [None, {id: Logprob}, ...]
+    prompt_logprobs: PromptLogprobs | None = (
+        None  # SamplingParams.prompt_logprobs: [None, {id: Logprob}, ...]
+    )
     time_to_first_token: float | None = None
     latency: float = 0.0
     stop_reason: str | int | None = None
@@ -104,5 +106,8 @@ class RequestOutput:
         """vLLM's shape: one ``CompletionOutput`` per sample (``outputs[0].text`` is ``text``)."""
         if self.samples:
             return list(self.samples)
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.stop_reason, self.logprobs,
-                                 self.error)]  # fmt: skip
+        return [
+            CompletionOutput(
+                0, self.text, self.token_ids, self.finish_reason, self.stop_reason, self.logprobs, self.error
+            )
+        ]

@@ -41,8 +41,9 @@ def _resources(text: str) -> dict[str, float]:
         value = json.loads(text)
         return {str(k): float(v) for k, v in value.items()}
     except (ValueError, AttributeError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(f'expected a JSON object of resource amounts such as {{"lane": 1}}, '
-                                         f"got {text!r}") from exc  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object of resource amounts such as {{"lane": 1}}, got {text!r}'
+        ) from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,17 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     job = p.add_argument_group("job (as in `prefixflow run`)")
     add_job_flags(job)
     add_new_run_flag(job)
-    job.add_argument("--credentials-block", metavar="NAME",
-                     help="Prefect Secret block (secret/NAME) whose value is a JSON object of storage options "
-                          "such as key/secret; without it, credentials come from the environment or AWS profile")  # fmt: skip
+    job.add_argument(
+        "--credentials-block",
+        metavar="NAME",
+        help="Prefect Secret block (secret/NAME) whose value is a JSON object of storage options "
+        "such as key/secret; without it, credentials come from the environment or AWS profile",
+    )
 
     lanes = p.add_argument_group("engine lanes")
     lanes.add_argument("--lanes", type=int, help="number of engine lanes (default: one per GPU, 1 on CPU)")
     lanes.add_argument("--gpus-per-lane", type=int, help="GPUs per lane (default: 1 if GPUs exist, else 0)")
     lanes.add_argument("--ray-address", help="run lanes on a Ray cluster: auto, ray://head:10001, head:6379")
-    lanes.add_argument("--lane-resources", type=_resources, metavar="JSON",
-                       help='custom Ray resources each lane asks for, e.g. \'{"lane": 1}\' (one lane per node '
-                            "started with --resources='{\"lane\": 1}')")  # fmt: skip
+    lanes.add_argument(
+        "--lane-resources",
+        type=_resources,
+        metavar="JSON",
+        help="custom Ray resources each lane asks for, e.g. '{\"lane\": 1}' (one lane per node "
+        "started with --resources='{\"lane\": 1}')",
+    )
     lanes.add_argument("--lane-retries", type=int, default=2, help="retries per lane (default: 2)")
     lanes.add_argument("--retry-delay", type=float, default=10.0, help="first retry delay, doubled each time")
     lanes.add_argument("--lane-timeout", type=float, help="seconds before a lane attempt is failed")
@@ -84,8 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument(
         "--cron", action="append", default=[], help='cron schedule, e.g. "0 2 * * *" (repeatable)'
     )
-    dep.add_argument("--interval", type=_positive_seconds, action="append", default=[], metavar="SECONDS",
-                     help="run every SECONDS seconds (repeatable; combines with --cron)")  # fmt: skip
+    dep.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        action="append",
+        default=[],
+        metavar="SECONDS",
+        help="run every SECONDS seconds (repeatable; combines with --cron)",
+    )
     dep.add_argument("--timezone", help="time zone of the cron schedules (default: UTC)")
     dep.add_argument("--tag", action="append", default=[], help="deployment tag (repeatable)")
     dep.add_argument("--work-pool", help="register on this work pool and exit instead of serving")
@@ -157,8 +171,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"prefixflow serve: error: {exc}", file=sys.stderr)
         return 2
     if not args.cron and not args.interval:
-        print("prefixflow serve: no schedule given; runs start only when triggered "
-              "(add --cron or --interval for a schedule)", file=sys.stderr)  # fmt: skip
+        print(
+            "prefixflow serve: no schedule given; runs start only when triggered "
+            "(add --cron or --interval for a schedule)",
+            file=sys.stderr,
+        )
     from prefixflow.flows.flow import batch_inference
 
     common: dict[str, Any] = {
@@ -198,8 +215,10 @@ def _register_on_pool(args: argparse.Namespace, common: dict[str, Any]) -> int:
     deployment_id = flow.deploy(
         name=args.name, work_pool_name=args.work_pool, build=False, push=False, concurrency_limit=1, **common
     )
-    print(f"registered deployment batch-inference/{args.name} ({deployment_id}) on work pool {args.work_pool}; "
-          f"start a worker with: prefect worker start -p {args.work_pool}")  # fmt: skip
+    print(
+        f"registered deployment batch-inference/{args.name} ({deployment_id}) on work pool {args.work_pool}; "
+        f"start a worker with: prefect worker start -p {args.work_pool}"
+    )
     return 0
 
 

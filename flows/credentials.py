@@ -77,15 +77,23 @@ def safe_options_schema(depth: int = 4) -> dict[str, Any]:
     """A mapping that cannot carry credentials: its keys (and those of nested mappings, ``depth`` levels
     deep) never look like credential names. Plain JSON schema without references, which the Prefect API
     validates deployment-run parameters against before it creates (and stores) a flow run."""
-    return {"type": "object", "propertyNames": {"not": {"pattern": secret_name_pattern()}},
-            "additionalProperties": _safe_value(depth)}  # fmt: skip
+    return {
+        "type": "object",
+        "propertyNames": {"not": {"pattern": secret_name_pattern()}},
+        "additionalProperties": _safe_value(depth),
+    }
 
 
-SAFE_URL_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "null"}, {"type": "string", "not": {"pattern": _URL_PASSWORD}}]}
+SAFE_URL_SCHEMA: dict[str, Any] = {
+    "anyOf": [{"type": "null"}, {"type": "string", "not": {"pattern": _URL_PASSWORD}}]
+}
 SAFE_OPTIONS_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "null"}, safe_options_schema()]}
 SAFE_JOB_SCHEMA: dict[str, Any] = {
-    "anyOf": [{"type": "null"}, {"type": "string"},
-              {"type": "object", "properties": {"storage": safe_options_schema()}}],  # fmt: skip
+    "anyOf": [
+        {"type": "null"},
+        {"type": "string"},
+        {"type": "object", "properties": {"storage": safe_options_schema()}},
+    ],
     "description": "a job YAML path or a job dict; its `storage` never holds credentials",
 }
 
@@ -99,10 +107,15 @@ def block_options(block: str) -> dict[str, Any]:
     try:
         loaded = Block.load(slug)
     except Exception as exc:  # noqa: BLE001 - a missing or unreadable block: say which and why
-        raise JobConfigError(f"credentials_block {block!r}: cannot load the Prefect block {slug!r} "
-                             f"({type(exc).__name__}: {exc})") from exc  # fmt: skip
+        raise JobConfigError(
+            f"credentials_block {block!r}: cannot load the Prefect block {slug!r} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     if hasattr(loaded, "aws_access_key_id"):  # prefect-aws AwsCredentials
-        options: dict[str, Any] = {"key": loaded.aws_access_key_id, "secret": _plain(loaded.aws_secret_access_key)}
+        options: dict[str, Any] = {
+            "key": loaded.aws_access_key_id,
+            "secret": _plain(loaded.aws_secret_access_key),
+        }
         if getattr(loaded, "aws_session_token", None):
             options["token"] = loaded.aws_session_token
         if getattr(loaded, "region_name", None):
@@ -112,8 +125,10 @@ def block_options(block: str) -> dict[str, Any]:
 
     value = loaded.get() if hasattr(loaded, "get") else None
     if not isinstance(value, dict):
-        raise JobConfigError(f"credentials_block {block!r}: expected a Secret whose value is a JSON object of "
-                             "storage options, e.g. {\"key\": \"...\", \"secret\": \"...\"}")  # fmt: skip
+        raise JobConfigError(
+            f"credentials_block {block!r}: expected a Secret whose value is a JSON object of "
+            'storage options, e.g. {"key": "...", "secret": "..."}'
+        )
     return dict(jsonable_encoder(value))
 
 

@@ -31,7 +31,9 @@ def drive_output(spec: JobSpec, logger: Any) -> Iterator[None]:
     ref = f"{REF_PREFIX}{run.id}" if run is not None else ""
     with hold_output(spec, driver=name, ref=ref) as dead:
         for lease in dead:
-            logger.warning("%s died without finishing its run on this output: %s", lease.driver, _mark_crashed(lease.ref))
+            logger.warning(
+                "%s died without finishing its run on this output: %s", lease.driver, _mark_crashed(lease.ref)
+            )
         yield
 
 

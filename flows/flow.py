@@ -175,15 +175,24 @@ def batch_inference(
     holding a JSON object of storage options.
     """
     overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
-    refuse_plain_secrets(storage_options, endpoint_url, job=job, input=input, output=output, ray_address=ray_address)
+    refuse_plain_secrets(
+        storage_options, endpoint_url, job=job, input=input, output=output, ray_address=ray_address
+    )
     logger = get_run_logger()
     started = time.time()
     tp = engine_tensor_parallel_size(input, model, job, overrides)
     # one run per output: a second run of the job into it is refused here, before it plans or writes
-    driving = drive_output(with_credentials(load_job(input, output, model, job, **overrides), credentials_block), logger)
+    driving = drive_output(
+        with_credentials(load_job(input, output, model, job, **overrides), credentials_block), logger
+    )
     with driving, make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
-        layout = lane_layout(lanes, gpus_per_lane, on_ray=bool(ray_address), tensor_parallel_size=tp,
-                             lane_resources=lane_resources)  # fmt: skip
+        layout = lane_layout(
+            lanes,
+            gpus_per_lane,
+            on_ray=bool(ray_address),
+            tensor_parallel_size=tp,
+            lane_resources=lane_resources,
+        )
         if layout.on_ray and layout.gpus_per_lane and "device" not in (engine or {}):
             # the flow process may have no GPU while Ray lanes do: pin the device so the job
             # fingerprint (written here, checked in the lanes) resolves dtype "auto" the same way
@@ -203,8 +212,9 @@ def batch_inference(
             retry_delay_seconds=[retry_delay_s * 2**i for i in range(max(1, lane_retries))],
             timeout_seconds=lane_timeout_s,
         )
-        submit = _lane_submitter(runner, lane_task, spec, groups, layout, concurrency_limit, credentials_block,
-                                 lane_resources)  # fmt: skip
+        submit = _lane_submitter(
+            runner, lane_task, spec, groups, layout, concurrency_limit, credentials_block, lane_resources
+        )
         lanes_done = supervise_lanes(submit, len(groups), progress, progress_poll_s, lane_retries, logger)
         reports, lane_errors = lanes_done.reports, lanes_done.errors
         for message in lane_errors:
@@ -269,8 +279,9 @@ def _lane_submitter(
 
             options = remote_options(**ray_options)
         with options:
-            return runner.submit(lane_task.with_options(task_run_name=name),
-                                 {**params, "shards": groups[lane], "lane": lane})  # fmt: skip
+            return runner.submit(
+                lane_task.with_options(task_run_name=name), {**params, "shards": groups[lane], "lane": lane}
+            )
 
     return submit
 

@@ -158,11 +158,16 @@ def _run_shards(
         warn = functools.partial(logger.warning, "lane %d: %s", lane)  # e.g. a label collapse
         devices = len(group.ordinals) if group is not None and group.ordinals else None
         # the lane's heartbeat in the Prefect log: a plain progress line every PREFIXFLOW_PROGRESS_INTERVAL s
-        heartbeat = ProgressDisplay(sum(s.num_rows for s in pending), mode="log", engine_stats=llm.stats,
-                                    emit=functools.partial(logger.info, "lane %d progress: %s", lane))  # fmt: skip
+        heartbeat = ProgressDisplay(
+            sum(s.num_rows for s in pending),
+            mode="log",
+            engine_stats=llm.stats,
+            emit=functools.partial(logger.info, "lane %d progress: %s", lane),
+        )
         with hold_output(spec), heartbeat:  # a --new-run elsewhere is refused while this lane writes
-            for outcome in run_shards(run, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}",
-                                      devices=devices):  # fmt: skip
+            for outcome in run_shards(
+                run, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}", devices=devices
+            ):
                 shard_id = outcome.shard.shard_id
                 if outcome.result is None:
                     failures[shard_id] = str(outcome.error).removeprefix(f"shard {shard_id}: ")

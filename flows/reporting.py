@@ -78,8 +78,11 @@ def summary_table(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
 def publish_throughput(run: Run) -> UUID:
     """The throughput-over-time artifact: per-lane sparklines, usage, and the chart inline (the same
     chart is written beside the run summary as _throughput.svg)."""
-    return create_markdown_artifact(throughput_markdown(run), key=THROUGHPUT_KEY,
-                                    description=f"prefixflow throughput over time for {run.spec.output}")  # fmt: skip
+    return create_markdown_artifact(
+        throughput_markdown(run),
+        key=THROUGHPUT_KEY,
+        description=f"prefixflow throughput over time for {run.spec.output}",
+    )
 
 
 def publish_summary(metrics: Mapping[str, Any], output: str) -> UUID:
@@ -98,7 +101,9 @@ def publish_labels(summary: RunSummary) -> UUID | None:
     text = markdown_labels(summary)
     if not text:
         return None
-    return create_markdown_artifact(text, key=LABELS_KEY, description=f"prefixflow labels for {summary.output}")
+    return create_markdown_artifact(
+        text, key=LABELS_KEY, description=f"prefixflow labels for {summary.output}"
+    )
 
 
 def publish_comparison(rows: Sequence[Mapping[str, Any]], output: str) -> UUID | None:
@@ -107,8 +112,11 @@ def publish_comparison(rows: Sequence[Mapping[str, Any]], output: str) -> UUID |
     if not rows:
         return None
     table = [{k: r[k] for k in ("metric", "predicted", "measured", "verdict")} for r in rows]
-    return create_table_artifact(table, key=COMPARISON_KEY,
-                                 description=f"prefixflow: predicted (plan --advise) vs measured for {output}")  # fmt: skip
+    return create_table_artifact(
+        table,
+        key=COMPARISON_KEY,
+        description=f"prefixflow: predicted (plan --advise) vs measured for {output}",
+    )
 
 
 class ShardProgress:

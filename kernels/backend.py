@@ -42,7 +42,12 @@ def _torch_backend() -> KernelBackend:
     from prefixflow.kernels import reference as ref
 
     return KernelBackend(
-        "torch", ref.store_kv, cpu_attention.paged_attention, cpu_ops.rms_norm, cpu_ops.rotary, cpu_ops.silu_and_mul
+        "torch",
+        ref.store_kv,
+        cpu_attention.paged_attention,
+        cpu_ops.rms_norm,
+        cpu_ops.rotary,
+        cpu_ops.silu_and_mul,
     )
 
 

@@ -53,7 +53,9 @@ class _Plan:
     lens: torch.Tensor
     chunks: list[_Chunk]
 
-    def matches(self, key: tuple[object, ...], tables: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> bool:
+    def matches(
+        self, key: tuple[object, ...], tables: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor
+    ) -> bool:
         return (
             key == self.key
             and torch.equal(starts, self.starts)
@@ -80,8 +82,14 @@ def _split(order: list[int], qlens: list[int], lens: list[int], kv_token_bytes: 
     return chunks
 
 
-def _chunk(chunk: list[int], tables: torch.Tensor, starts: list[int], qlens: list[int], lens: list[int],
-           block_size: int) -> _Chunk:  # fmt: skip
+def _chunk(
+    chunk: list[int],
+    tables: torch.Tensor,
+    starts: list[int],
+    qlens: list[int],
+    lens: list[int],
+    block_size: int,
+) -> _Chunk:
     dev = tables.device
     n = len(chunk)
     q_max, l_max = max(qlens[b] for b in chunk), max(lens[b] for b in chunk)
@@ -105,12 +113,27 @@ def _chunk(chunk: list[int], tables: torch.Tensor, starts: list[int], qlens: lis
         seen = torch.arange(length, device=dev)[None, None, :] <= q_pos[:, :, None]
         mask = (seen & valid[:, None, :])[:, None]
     all_real = bool(q_ok.all())
-    return _Chunk(ids, n, q_max, length, pad if pad.numel() else None, mask, causal, rows,
-                  None if all_real else q_ok.flatten())  # fmt: skip
+    return _Chunk(
+        ids,
+        n,
+        q_max,
+        length,
+        pad if pad.numel() else None,
+        mask,
+        causal,
+        rows,
+        None if all_real else q_ok.flatten(),
+    )
 
 
-def _plan(block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-          block_size: int, kv_token_bytes: int, device: torch.device) -> list[_Chunk]:  # fmt: skip
+def _plan(
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    kv_token_bytes: int,
+    device: torch.device,
+) -> list[_Chunk]:
     key = (block_size, kv_token_bytes, device.type, device.index or 0, _KV_BUDGET, _MASK_BUDGET)
     last: _Plan | None = getattr(_local, "plan", None)
     if last is not None and last.matches(key, block_tables, query_start_loc, seq_lens):
@@ -123,7 +146,9 @@ def _plan(block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: t
             raise ValueError(f"request {b}: {query_len} queries but only {seq_len} context tokens")
     order = sorted((b for b in range(len(lens)) if qlens[b] > 0), key=lambda b: (qlens[b], lens[b]))
     tables = block_tables.to(device=device, dtype=torch.long)
-    chunks = [_chunk(c, tables, starts, qlens, lens, block_size) for c in _split(order, qlens, lens, kv_token_bytes)]
+    chunks = [
+        _chunk(c, tables, starts, qlens, lens, block_size) for c in _split(order, qlens, lens, kv_token_bytes)
+    ]
     _local.plan = _Plan(key, block_tables.clone(), query_start_loc.clone(), seq_lens.clone(), chunks)
     return chunks
 
@@ -139,8 +164,9 @@ def _gather(cache: torch.Tensor, c: _Chunk, name: str) -> torch.Tensor:
     return flat.view(c.n, c.length, heads, dim).transpose(1, 2)
 
 
-def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: _Chunk, scale: float,
-            out: torch.Tensor) -> None:  # fmt: skip
+def _attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: _Chunk, scale: float, out: torch.Tensor
+) -> None:
     num_q_heads, head_dim = q.shape[1:]
     k = _gather(k_cache, c, "k")
     v = _gather(v_cache, c, "v")

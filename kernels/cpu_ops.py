@@ -30,7 +30,9 @@ def rms_norm(
     """``reference.rms_norm``: with a residual, the sum (rounded to x.dtype) is normalised and returned."""
     new_residual = None
     if residual is not None:
-        new_residual = x + residual if x.dtype == residual.dtype else (x.float() + residual.float()).to(x.dtype)
+        new_residual = (
+            x + residual if x.dtype == residual.dtype else (x.float() + residual.float()).to(x.dtype)
+        )
         x = new_residual
     shape = (x.shape[-1],)
     if x.dtype == torch.float32 and weight.dtype == torch.float32:

@@ -33,9 +33,13 @@ class Fp8Weight:
 
     def __post_init__(self) -> None:
         if self.weight.dtype != FP8 or self.weight.dim() != 2:
-            raise ValueError(f"fp8 weight must be float8_e4m3fn [N, K], got {self.weight.dtype} {tuple(self.weight.shape)}")
+            raise ValueError(
+                f"fp8 weight must be float8_e4m3fn [N, K], got {self.weight.dtype} {tuple(self.weight.shape)}"
+            )
         if tuple(self.scale.shape) != (self.weight.shape[0],) or self.scale.dtype != torch.float32:
-            raise ValueError(f"fp8 weight scale must be float32 [{self.weight.shape[0]}], got {self.scale.dtype} {tuple(self.scale.shape)}")
+            raise ValueError(
+                f"fp8 weight scale must be float32 [{self.weight.shape[0]}], got {self.scale.dtype} {tuple(self.scale.shape)}"
+            )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         named = {"weight": self.weight, "scale": self.scale, "input_scale": self.input_scale}
@@ -95,9 +99,7 @@ def fp8_linear_scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | Non
     """The GPU path: per-token e4m3 activations x e4m3 weights in ``torch._scaled_mm`` (bfloat16 out)."""
     x2 = x.reshape(-1, x.shape[-1])
     xq, sx = _quantize_input(x2, w)
-    out = torch._scaled_mm(
-        xq, w.weight.t(), scale_a=sx, scale_b=w.scale[None, :], out_dtype=torch.bfloat16
-    )
+    out = torch._scaled_mm(xq, w.weight.t(), scale_a=sx, scale_b=w.scale[None, :], out_dtype=torch.bfloat16)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])

@@ -42,7 +42,9 @@ class _RowMajor:
                     q = q[perm]
                 group = int(counts[0])
             else:
-                raise ValueError("g_idx whose groups differ in size cannot be reordered into contiguous groups")  # noqa: E501
+                raise ValueError(
+                    "g_idx whose groups differ in size cannot be reordered into contiguous groups"
+                )  # noqa: E501
         self.group = group
         self.num_groups = -(-w.in_features // group)
         self.k = w.in_features
@@ -81,7 +83,13 @@ class DequantChunks:
 
     def __init__(self, w: PackedWeight, dtype: torch.dtype) -> None:
         r = _RowMajor(w)
-        self.group, self.k, self.k_pad, self.perm, self.num_groups = r.group, r.k, r.k_pad, r.perm, r.num_groups
+        self.group, self.k, self.k_pad, self.perm, self.num_groups = (
+            r.group,
+            r.k,
+            r.k_pad,
+            r.perm,
+            r.num_groups,
+        )
         n = r.codes.shape[0]
         codes = r.codes.view(n, r.num_groups, r.group)
         self.planes = w.bits == 4 and r.group % 2 == 0
@@ -152,7 +160,13 @@ class GatherChunks:
         self.rows = max(16, min(self.n, _CHUNK_BYTES // (w.in_features * 4)))
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"codes": self.codes, "scales": self.scales, "shift": self.shift, "g_lo": self.g_lo, "g_hi": self.g_hi}
+        return {
+            "codes": self.codes,
+            "scales": self.scales,
+            "shift": self.shift,
+            "g_lo": self.g_lo,
+            "g_hi": self.g_hi,
+        }
 
     def _dense(self, codes: torch.Tensor, start: int, stop: int, g: torch.Tensor) -> torch.Tensor:
         return codes * self.scales[start:stop].index_select(1, g) + self.shift[start:stop].index_select(1, g)
@@ -198,7 +212,9 @@ class Int8Pack:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch._weight_int8pack_mm(_prepare_x(x2, None, self.k_pad).contiguous(), self.weight, self.scales)
+        out = torch._weight_int8pack_mm(
+            _prepare_x(x2, None, self.k_pad).contiguous(), self.weight, self.scales
+        )
         if self.shift is not None:
             out += x2.float().sum(-1, keepdim=True).to(x.dtype) * self.shift
         if bias is not None:

@@ -19,7 +19,9 @@ _local = threading.local()
 
 def scratch(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised ``shape`` tensor backed by this thread's buffer ``name``."""
-    buffers: dict[tuple[str, torch.dtype, torch.device, bool], torch.Tensor] = getattr(_local, "buffers", None) or {}
+    buffers: dict[tuple[str, torch.dtype, torch.device, bool], torch.Tensor] = (
+        getattr(_local, "buffers", None) or {}
+    )
     _local.buffers = buffers
     numel = 1
     for d in shape:

@@ -62,11 +62,28 @@ def _dot(a, b, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _attend_tile(
-    q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base,
-    stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr,
-):  # fmt: skip
+    q,
+    acc,
+    m_i,
+    l_i,
+    start,
+    kv_end,
+    q_pos,
+    table,
+    k_base,
+    v_base,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    scale_log2,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """One online-softmax step over keys [start, start + BLOCK_N) of a request's paged context.
 
     k_base/v_base already point at this KV head. MASKED tiles apply `key < kv_end` and the causal
@@ -165,16 +182,54 @@ def _varlen_kernel(
         full_end = ((ctx_before + q_tile * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N
         for start in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
-                q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base, stride_kb, stride_ks,
-                stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, False,
-            )  # fmt: skip
+                q,
+                acc,
+                m_i,
+                l_i,
+                start,
+                kv_end,
+                q_pos,
+                table,
+                k_base,
+                v_base,
+                stride_kb,
+                stride_ks,
+                stride_vb,
+                stride_vs,
+                scale_log2,
+                BLOCK_N,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                DOT_PREC,
+                UPCAST,
+                False,
+            )
     else:
         full_end = 0  # decode tiles: one loop keeps register use (and so occupancy) lower
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, start, kv_end, q_pos, table, k_base, v_base, stride_kb, stride_ks,
-            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, True,
-        )  # fmt: skip
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            kv_end,
+            q_pos,
+            table,
+            k_base,
+            v_base,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            scale_log2,
+            BLOCK_N,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            DOT_PREC,
+            UPCAST,
+            True,
+        )
     acc = acc / l_i[:, None]
     o_offs = (q_begin + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -237,14 +292,52 @@ def _split_decode_kernel(
     full_end = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
     for start in range(lo, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, start, hi, q_pos, table, k_base, v_base, stride_kb, stride_ks,
-            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, False,
-        )  # fmt: skip
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            hi,
+            q_pos,
+            table,
+            k_base,
+            v_base,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            scale_log2,
+            BLOCK_N,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            DOT_PREC,
+            UPCAST,
+            False,
+        )
     for start in range(full_end, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, start, hi, q_pos, table, k_base, v_base, stride_kb, stride_ks,
-            stride_vb, stride_vs, scale_log2, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PREC, UPCAST, True,
-        )  # fmt: skip
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            hi,
+            q_pos,
+            table,
+            k_base,
+            v_base,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            scale_log2,
+            BLOCK_N,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            DOT_PREC,
+            UPCAST,
+            True,
+        )
 
     empty = l_i == 0.0  # this slice lies past the end of the context
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -373,25 +466,72 @@ def paged_attention(
         )
         part_lse = torch.empty((num_tokens, num_q_heads, splits), device=q.device, dtype=torch.float32)
         _split_decode_kernel[(num_reqs, num_kv_heads, splits)](
-            part_out, part_lse, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2,
-            q.stride(0), q.stride(1), *cache_strides, block_tables.stride(0),
-            NUM_Q_HEADS=num_q_heads, NUM_SPLITS=splits, GROUP=group, BLOCK_M=max(16, group_p),
-            BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, num_warps=4,
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            scale_log2,
+            q.stride(0),
+            q.stride(1),
+            *cache_strides,
+            block_tables.stride(0),
+            NUM_Q_HEADS=num_q_heads,
+            NUM_SPLITS=splits,
+            GROUP=group,
+            BLOCK_M=max(16, group_p),
+            BLOCK_N=block_n,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            DOT_PREC=prec,
+            UPCAST=upcast,
+            num_warps=4,
+        )
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            out, part_out, part_lse, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, NUM_SPLITS=splits, SPLITS_P=max(2, triton.next_power_of_2(splits)),
-            HEAD_DIM=head_dim, num_warps=1 if INTERPRETED else 2,
-        )  # fmt: skip
+            out,
+            part_out,
+            part_lse,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            NUM_SPLITS=splits,
+            SPLITS_P=max(2, triton.next_power_of_2(splits)),
+            HEAD_DIM=head_dim,
+            num_warps=1 if INTERPRETED else 2,
+        )
         return out
 
     block_q, warps = varlen_tile(decode_only, head_dim, group_p, INTERPRETED)
     grid = (num_tokens // block_q + num_reqs, num_kv_heads)
     _varlen_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale_log2, num_reqs,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides, block_tables.stride(0),
-        GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, DOT_PREC=prec, UPCAST=upcast, UNMASKED_BULK=not decode_only,
-        num_warps=warps, num_stages=2,
-    )  # fmt: skip
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale_log2,
+        num_reqs,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *cache_strides,
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_P=group_p,
+        BLOCK_Q=block_q,
+        BLOCK_N=block_n,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        DOT_PREC=prec,
+        UPCAST=upcast,
+        UNMASKED_BULK=not decode_only,
+        num_warps=warps,
+        num_stages=2,
+    )
     return out

@@ -66,11 +66,21 @@ def rms_norm(
     if rows:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(rows,)](
-            out2, ro2, x2, r2, weight, float(eps),
-            x2.stride(0), r2.stride(0), out2.stride(0), ro2.stride(0),
-            HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
+            out2,
+            ro2,
+            x2,
+            r2,
+            weight,
+            float(eps),
+            x2.stride(0),
+            r2.stride(0),
+            out2.stride(0),
+            ro2.stride(0),
+            HIDDEN=hidden,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
             num_warps=min(16, max(1, block // 512)),
-        )  # fmt: skip
+        )
     if residual is None:
         return out
     assert residual_out is not None

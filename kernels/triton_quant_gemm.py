@@ -26,11 +26,26 @@ SMALL_M = 16
 
 @triton.jit
 def _dequant_tile(
-    qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, k0, offs_n, K, N, stride_qk, stride_sg,
-    BITS: tl.constexpr, GROUP: tl.constexpr, DEFAULT_ZERO: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_M: tl.constexpr, HAS_G: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    m_ptr,
+    g_ptr,
+    k0,
+    offs_n,
+    K,
+    N,
+    stride_qk,
+    stride_sg,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DEFAULT_ZERO: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_M: tl.constexpr,
+    HAS_G: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Float32 weights W^T[k0:k0+BLOCK_K, offs_n]; rows k >= K come out 0."""
     PACK: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = BLOCK_K // PACK
@@ -69,12 +84,33 @@ def _dequant_tile(
 
 @triton.jit
 def _tile_product(
-    x_ptr, qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, offs_m, offs_n, k_begin, k_end, M, N, K,
-    stride_xm, stride_qk, stride_sg,
-    BITS: tl.constexpr, GROUP: tl.constexpr, DEFAULT_ZERO: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_M: tl.constexpr, HAS_G: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    m_ptr,
+    g_ptr,
+    offs_m,
+    offs_n,
+    k_begin,
+    k_end,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_qk,
+    stride_sg,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DEFAULT_ZERO: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_M: tl.constexpr,
+    HAS_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Float32 ``x[offs_m, k_begin:k_end] @ W^T[k_begin:k_end, offs_n]``."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -85,9 +121,26 @@ def _tile_product(
             other=0.0,
         )
         w = _dequant_tile(
-            qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, k0, offs_n, K, N, stride_qk, stride_sg,
-            BITS, GROUP, DEFAULT_ZERO, HAS_Z, HAS_M, HAS_G, BLOCK_K, BLOCK_N,
-        )  # fmt: skip
+            qw_ptr,
+            s_ptr,
+            z_ptr,
+            m_ptr,
+            g_ptr,
+            k0,
+            offs_n,
+            K,
+            N,
+            stride_qk,
+            stride_sg,
+            BITS,
+            GROUP,
+            DEFAULT_ZERO,
+            HAS_Z,
+            HAS_M,
+            HAS_G,
+            BLOCK_K,
+            BLOCK_N,
+        )
         if UPCAST:  # float32 activations (and the interpreter, whose dot mishandles 16-bit floats)
             acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
         else:
@@ -97,38 +150,127 @@ def _tile_product(
 
 @triton.jit
 def _tiled_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_qk, stride_sg,
-    BITS: tl.constexpr, GROUP: tl.constexpr, DEFAULT_ZERO: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_M: tl.constexpr, HAS_G: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    m_ptr,
+    g_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    stride_qk,
+    stride_sg,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DEFAULT_ZERO: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_M: tl.constexpr,
+    HAS_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _tile_product(
-        x_ptr, qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, offs_m, offs_n, 0, K, M, N, K, stride_xm, stride_qk,
-        stride_sg, BITS, GROUP, DEFAULT_ZERO, HAS_Z, HAS_M, HAS_G, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST,
-    )  # fmt: skip
+        x_ptr,
+        qw_ptr,
+        s_ptr,
+        z_ptr,
+        m_ptr,
+        g_ptr,
+        offs_m,
+        offs_n,
+        0,
+        K,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_qk,
+        stride_sg,
+        BITS,
+        GROUP,
+        DEFAULT_ZERO,
+        HAS_Z,
+        HAS_M,
+        HAS_G,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        UPCAST,
+    )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 @triton.jit
 def _split_k_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, part_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_qk, stride_sg,
-    BITS: tl.constexpr, GROUP: tl.constexpr, DEFAULT_ZERO: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_M: tl.constexpr, HAS_G: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    m_ptr,
+    g_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    K_PER_SPLIT,
+    stride_xm,
+    stride_qk,
+    stride_sg,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    DEFAULT_ZERO: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_M: tl.constexpr,
+    HAS_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     k_begin = split * K_PER_SPLIT
     k_end = tl.minimum(k_begin + K_PER_SPLIT, K)
     acc = _tile_product(
-        x_ptr, qw_ptr, s_ptr, z_ptr, m_ptr, g_ptr, offs_m, offs_n, k_begin, k_end, M, N, K, stride_xm,
-        stride_qk, stride_sg, BITS, GROUP, DEFAULT_ZERO, HAS_Z, HAS_M, HAS_G, BLOCK_M, BLOCK_N, BLOCK_K,
+        x_ptr,
+        qw_ptr,
+        s_ptr,
+        z_ptr,
+        m_ptr,
+        g_ptr,
+        offs_m,
+        offs_n,
+        k_begin,
+        k_end,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_qk,
+        stride_sg,
+        BITS,
+        GROUP,
+        DEFAULT_ZERO,
+        HAS_Z,
+        HAS_M,
+        HAS_G,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
         UPCAST,
-    )  # fmt: skip
+    )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ptrs = part_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(ptrs, acc, mask=mask)
@@ -176,9 +318,15 @@ def quant_linear(
     mins = w.mins if w.mins is not None else w.scales
     g = w.g_idx if w.g_idx is not None else w.scales
     consts = dict(
-        BITS=w.bits, GROUP=w.group_size, DEFAULT_ZERO=w.default_zero, HAS_Z=w.zeros is not None,
-        HAS_M=w.mins is not None, HAS_G=w.g_idx is not None, BLOCK_K=bk, UPCAST=upcast,
-    )  # fmt: skip
+        BITS=w.bits,
+        GROUP=w.group_size,
+        DEFAULT_ZERO=w.default_zero,
+        HAS_Z=w.zeros is not None,
+        HAS_M=w.mins is not None,
+        HAS_G=w.g_idx is not None,
+        BLOCK_K=bk,
+        UPCAST=upcast,
+    )
     strides = (w.qweight.stride(0), w.scales.stride(0))
     use_split = (split_k is None and m <= SMALL_M) or (split_k is not None and split_k >= 1)
     if use_split and m <= SMALL_M:
@@ -188,9 +336,24 @@ def quant_linear(
         splits = triton.cdiv(k, per_split)
         part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
         _split_k_kernel[(triton.cdiv(n, block_n), splits)](
-            x2, w.qweight, w.scales, z, mins, g, part, m, n, k, per_split, x2.stride(0), *strides,
-            BLOCK_M=SMALL_M, BLOCK_N=block_n, num_warps=4, **consts,
-        )  # fmt: skip
+            x2,
+            w.qweight,
+            w.scales,
+            z,
+            mins,
+            g,
+            part,
+            m,
+            n,
+            k,
+            per_split,
+            x2.stride(0),
+            *strides,
+            BLOCK_M=SMALL_M,
+            BLOCK_N=block_n,
+            num_warps=4,
+            **consts,
+        )
         out = part.sum(0)
         if bias is not None:
             out += bias.float()
@@ -198,9 +361,25 @@ def quant_linear(
     block_m, block_n = (32, 64) if INTERPRETED else (64, 128)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     _tiled_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-        x2, w.qweight, w.scales, z, mins, g, out, m, n, k, x2.stride(0), out.stride(0), *strides,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if INTERPRETED else 8, num_stages=3, **consts,
-    )  # fmt: skip
+        x2,
+        w.qweight,
+        w.scales,
+        z,
+        mins,
+        g,
+        out,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        out.stride(0),
+        *strides,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4 if INTERPRETED else 8,
+        num_stages=3,
+        **consts,
+    )
     if bias is not None:
         out += bias
     return out.reshape(*lead, n)

@@ -8,8 +8,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, t, stride_st, stride_sh, stride_dt, stride_dh, cos, sin,
-                  NUM_HEADS: tl.constexpr, HEADS_P: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+def _rotate_heads(
+    src_ptr,
+    dst_ptr,
+    t,
+    stride_st,
+    stride_sh,
+    stride_dt,
+    stride_dh,
+    cos,
+    sin,
+    NUM_HEADS: tl.constexpr,
+    HEADS_P: tl.constexpr,
+    HALF: tl.constexpr,
+):
     """Rotate every head of token t: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
     h = tl.arange(0, HEADS_P)[:, None]
     i = tl.arange(0, HALF)[None, :]
@@ -77,10 +89,26 @@ def rotary(
     if num_tokens:
         assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
         _rotary_kernel[(num_tokens,)](
-            q_out, k_out, q, k, positions, cos_sin_cache,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
-            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, QH_P=triton.next_power_of_2(num_q_heads),
-            KH_P=triton.next_power_of_2(num_kv_heads), HALF=half, num_warps=4,
-        )  # fmt: skip
+            q_out,
+            k_out,
+            q,
+            k,
+            positions,
+            cos_sin_cache,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            cos_sin_cache.stride(0),
+            NUM_Q_HEADS=num_q_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            QH_P=triton.next_power_of_2(num_q_heads),
+            KH_P=triton.next_power_of_2(num_kv_heads),
+            HALF=half,
+            num_warps=4,
+        )
     return q_out, k_out

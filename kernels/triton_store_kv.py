@@ -62,9 +62,21 @@ def store_kv(
     assert key.stride(-1) == 1 and value.stride(-1) == 1
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEADS_P=triton.next_power_of_2(num_heads),
-        DIM_P=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1], num_warps=1 if num_heads * head_dim <= 1024 else 4,
-    )  # fmt: skip
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        HEADS_P=triton.next_power_of_2(num_heads),
+        DIM_P=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1],
+        num_warps=1 if num_heads * head_dim <= 1024 else 4,
+    )

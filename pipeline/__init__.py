@@ -33,7 +33,9 @@ from prefixflow.pipeline.run.shard_execution import (
 from prefixflow.pipeline.tasks.label.charts import markdown_labels
 
 if __name__ != "prefixflow.pipeline":  # every file has one import path (docs/architecture.md, Packaging)
-    raise ImportError(f"import prefixflow.pipeline, not {__name__}: pipeline/ is the prefixflow.pipeline package")
+    raise ImportError(
+        f"import prefixflow.pipeline, not {__name__}: pipeline/ is the prefixflow.pipeline package"
+    )
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -80,33 +80,55 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     """The run/plan/status/demo parser; ``extra_commands`` (name -> help) are listed in --help only
     (flows.cli passes `serve`, which it handles itself)."""
     parser = argparse.ArgumentParser(
-        prog="prefixflow", description="Offline LLM batch inference: Parquet in, Parquet out, exactly once.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        prog="prefixflow",
+        description="Offline LLM batch inference: Parquet in, Parquet out, exactly once.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"prefixflow {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run (or resume) a job", epilog=EPILOG, description=RUN_DESCRIPTION,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    run = sub.add_parser(
+        "run",
+        help="run (or resume) a job",
+        epilog=EPILOG,
+        description=RUN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_job_flags(run, need_output=True)
     add_new_run_flag(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
-    run.add_argument("--progress-interval", type=float, metavar="SECONDS",
-                     help="without a terminal: seconds between progress lines (default 15)")  # fmt: skip
-    run.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (the table goes to stderr)")
-    plan = sub.add_parser("plan", help="show the shards and sizes without running anything", description=PLAN_DESCRIPTION,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    run.add_argument(
+        "--progress-interval",
+        type=float,
+        metavar="SECONDS",
+        help="without a terminal: seconds between progress lines (default 15)",
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout (the table goes to stderr)"
+    )
+    plan = sub.add_parser(
+        "plan",
+        help="show the shards and sizes without running anything",
+        description=PLAN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_job_flags(plan, need_output=False)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     from prefixflow.pipeline.advisor.cli import add_advise_flags
 
     add_advise_flags(plan)
-    status = sub.add_parser("status", help="progress and totals of a run, finished or not",
-                            description=STATUS_DESCRIPTION)  # fmt: skip
+    status = sub.add_parser(
+        "status", help="progress and totals of a run, finished or not", description=STATUS_DESCRIPTION
+    )
     status.add_argument("output", help="the run's output folder or s3:// URL")
     add_storage_flags(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
-    demo = sub.add_parser("demo", help="summarize, label and extract from a small bundled dataset end to end",
-                          description=DEMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    demo = sub.add_parser(
+        "demo",
+        help="summarize, label and extract from a small bundled dataset end to end",
+        description=DEMO_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
@@ -130,25 +152,47 @@ def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from prefixflow.pipeline.run.batch_run import cleanup_inputs, prepare_batch, write_results
     from prefixflow.pipeline.run.local_run import print_summary, run_local
 
-    overrides = {k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")}
+    overrides = {
+        k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")
+    }
     if args.id_column or args.prompt_column:
-        err.print("[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
-                      "(custom_id and the request bodies are used)")  # fmt: skip
+        err.print(
+            "[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
+            "(custom_id and the request bodies are used)"
+        )
     batch = prepare_batch(args.input, args.output, args.model, args.job, new_run=args.new_run, **overrides)
-    err.print(f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True)
-    summary, failures = run_local(batch.spec, new_run=args.new_run, progress=False if args.no_progress else None,
-                                  console=err, progress_interval=args.progress_interval)  # fmt: skip
+    err.print(
+        f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True
+    )
+    summary, failures = run_local(
+        batch.spec,
+        new_run=args.new_run,
+        progress=False if args.no_progress else None,
+        console=err,
+        progress_interval=args.progress_interval,
+    )
     cleanup_inputs(batch)
     print_summary(err if args.json else out, summary, batch.spec.config.storage)
     written = write_results(batch) if summary.complete and not failures else 0
     if args.json:
-        print(json.dumps({**summary.as_dict(), "results": batch.results if written else None,
-                          "failed_shards": [str(f) for f in failures]}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    **summary.as_dict(),
+                    "results": batch.results if written else None,
+                    "failed_shards": [str(f) for f in failures],
+                }
+            )
+        )
     if not written:
-        err.print(f"[red]{len(failures)} shard(s) failed[/]; no results file written. Fix the cause and run the "
-                      "same command to resume")  # fmt: skip
+        err.print(
+            f"[red]{len(failures)} shard(s) failed[/]; no results file written. Fix the cause and run the "
+            "same command to resume"
+        )
         return 1
-    (err if args.json else out).print(f"wrote {written} result lines to {batch.results}", soft_wrap=True, markup=False)
+    (err if args.json else out).print(
+        f"wrote {written} result lines to {batch.results}", soft_wrap=True, markup=False
+    )
     return 0
 
 
@@ -159,8 +203,13 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if is_batch_input(args.input, _storage(args)):
         return cmd_run_batch(args, out, err)
     spec = _spec(args, args.output)
-    summary, failures = run_local(spec, new_run=args.new_run, progress=False if args.no_progress else None,
-                                  console=err, progress_interval=args.progress_interval)  # fmt: skip
+    summary, failures = run_local(
+        spec,
+        new_run=args.new_run,
+        progress=False if args.no_progress else None,
+        console=err,
+        progress_interval=args.progress_interval,
+    )
     print_summary(err if args.json else out, summary, spec.config.storage)
     if args.json:
         print(json.dumps({**summary.as_dict(), "failed_shards": [str(f) for f in failures]}))
@@ -182,10 +231,15 @@ def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
         print(json.dumps(info))
         return 0
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["kinds"].items()))
-    out.print(f"OpenAI Batch file {args.input}: {info['requests']} requests ({kinds})", soft_wrap=True, markup=False)
+    out.print(
+        f"OpenAI Batch file {args.input}: {info['requests']} requests ({kinds})", soft_wrap=True, markup=False
+    )
     for r in info["refused"]:
-        out.print(f"  line {r['line']} ({r['custom_id']}): will get a 400 response: {r['error']}", markup=False,
-                      soft_wrap=True)  # fmt: skip
+        out.print(
+            f"  line {r['line']} ({r['custom_id']}): will get a 400 response: {r['error']}",
+            markup=False,
+            soft_wrap=True,
+        )
     return 0
 
 
@@ -197,8 +251,10 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
         if advising:
-            raise JobConfigError("--advise reads Parquet input with a job config; for an OpenAI Batch file, "
-                                 "`plan` lists its requests")  # fmt: skip
+            raise JobConfigError(
+                "--advise reads Parquet input with a job config; for an OpenAI Batch file, "
+                "`plan` lists its requests"
+            )
         return cmd_plan_batch(args, out, err)
     spec = _spec(args, "")
     shards = plan_shards(spec)
@@ -207,10 +263,24 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     sizes = [s.num_rows for s in shards if not s.error]
     if args.json:
         infos = describe_shards(spec, shards)
-        rows = [{"shard_id": i.shard.shard_id, "path": i.shard.path, "rows": [i.shard.row_start, i.shard.row_end],
-                 "num_rows": i.shard.num_rows, "est_tokens": i.est_tokens, "prefix_key": i.prefix_key,
-                 "error": i.shard.error} for i in infos]  # fmt: skip
-        plan = {"shards": rows, "num_rows": sum(s.num_rows for s in shards), "shard_rows": target, "shard_sizes": sizes}
+        rows = [
+            {
+                "shard_id": i.shard.shard_id,
+                "path": i.shard.path,
+                "rows": [i.shard.row_start, i.shard.row_end],
+                "num_rows": i.shard.num_rows,
+                "est_tokens": i.est_tokens,
+                "prefix_key": i.prefix_key,
+                "error": i.shard.error,
+            }
+            for i in infos
+        ]
+        plan = {
+            "shards": rows,
+            "num_rows": sum(s.num_rows for s in shards),
+            "shard_rows": target,
+            "shard_sizes": sizes,
+        }
         if advising:
             run_advice(spec, args, out, plan)
         else:
@@ -222,12 +292,18 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
         infos = describe_shards(spec, shards)
         for i in infos:
             note = f"  [red]{escape(i.shard.error)}[/]" if i.shard.error else ""
-            out.print(f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end} ({i.shard.num_rows} rows)  "
-                      f"~{i.est_tokens} tokens{note}")  # fmt: skip
-        out.print(f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
-                  f"~{sum(i.est_tokens for i in infos)} tokens[/]")  # fmt: skip
-        out.print(f"shard_rows {target}: effective shard sizes {_sizes_text(sizes)} (shards are cut at Parquet "
-                  "row-group boundaries, so sizes are whole row groups; a row group over twice the target is split)")  # fmt: skip
+            out.print(
+                f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end} ({i.shard.num_rows} rows)  "
+                f"~{i.est_tokens} tokens{note}"
+            )
+        out.print(
+            f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
+            f"~{sum(i.est_tokens for i in infos)} tokens[/]"
+        )
+        out.print(
+            f"shard_rows {target}: effective shard sizes {_sizes_text(sizes)} (shards are cut at Parquet "
+            "row-group boundaries, so sizes are whole row groups; a row group over twice the target is split)"
+        )
     for error in broken:  # a plan that cannot run as given does not pass
         err.print(f"[red]error:[/] {escape(error)}", soft_wrap=True)
     return 2 if broken else 0
@@ -254,30 +330,56 @@ def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
     summary, record = status(args.output.rstrip("/"), storage)
     series = load_series(Layout(Store.open(args.output.rstrip("/"), storage)).for_run(record.run_id))
     if args.json:
-        print(json.dumps({**summary.as_dict(), "model": record.spec["model"], "input": record.spec["input"],
-                          "usage": usage(summary.as_dict(), series), "throughput": summary_of(series)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    **summary.as_dict(),
+                    "model": record.spec["model"],
+                    "input": record.spec["input"],
+                    "usage": usage(summary.as_dict(), series),
+                    "throughput": summary_of(series),
+                }
+            )
+        )
         return 0
-    out.print(f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
-              f"fingerprint {record.fingerprint_hash}")  # fmt: skip
+    out.print(
+        f"input {record.spec['input']}  model {record.spec['model']}  run {record.run_id}  "
+        f"fingerprint {record.fingerprint_hash}"
+    )
     if summary.foreign_files:
-        err.print(f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
-                  "readers of data/**/*.parquet see their rows too. Move them out of the output folder.", soft_wrap=True)  # fmt: skip
+        err.print(
+            f"[red]warning:[/] files no prefixflow run wrote are in data/: {', '.join(summary.foreign_files[:8])}; "
+            "readers of data/**/*.parquet see their rows too. Move them out of the output folder.",
+            soft_wrap=True,
+        )
     if summary.replaced_runs:
-        err.print(f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
-                  "was interrupted); the next `prefixflow run` of this job removes them", soft_wrap=True)  # fmt: skip
+        err.print(
+            f"[yellow]note:[/] {', '.join(summary.replaced_runs)} hold rows of a replaced run (a --new-run "
+            "was interrupted); the next `prefixflow run` of this job removes them",
+            soft_wrap=True,
+        )
     if summary.shards_lost:
-        err.print(f"[red]warning:[/] committed parts of {len(summary.shards_lost)} shard(s) were deleted "
-                  f"({', '.join(summary.shards_lost[:5])}); data/ lacks their rows. The next `prefixflow run` of "
-                  "this job generates them again", soft_wrap=True)  # fmt: skip
+        err.print(
+            f"[red]warning:[/] committed parts of {len(summary.shards_lost)} shard(s) were deleted "
+            f"({', '.join(summary.shards_lost[:5])}); data/ lacks their rows. The next `prefixflow run` of "
+            "this job generates them again",
+            soft_wrap=True,
+        )
     if summary.shards_unpublished:
-        err.print(f"[yellow]note:[/] {len(summary.shards_unpublished)} shard(s) committed but not yet published "
-                  f"to data/ ({', '.join(summary.shards_unpublished[:5])}; a run was killed in between): "
-                  f"readers see {summary.rows_published} of {summary.rows} committed rows. The next `prefixflow "
-                  "run` of this job publishes them", soft_wrap=True)  # fmt: skip
+        err.print(
+            f"[yellow]note:[/] {len(summary.shards_unpublished)} shard(s) committed but not yet published "
+            f"to data/ ({', '.join(summary.shards_unpublished[:5])}; a run was killed in between): "
+            f"readers see {summary.rows_published} of {summary.rows} committed rows. The next `prefixflow "
+            "run` of this job publishes them",
+            soft_wrap=True,
+        )
     if summary.orphan_parts:
-        err.print(f"[yellow]note:[/] data/ holds {len(summary.orphan_parts)} part(s) no commit marker lists "
-                  f"({', '.join(summary.orphan_parts[:3])}; a marker was deleted): the next `prefixflow run` "
-                  "replaces them", soft_wrap=True)  # fmt: skip
+        err.print(
+            f"[yellow]note:[/] data/ holds {len(summary.orphan_parts)} part(s) no commit marker lists "
+            f"({', '.join(summary.orphan_parts[:3])}; a marker was deleted): the next `prefixflow run` "
+            "replaces them",
+            soft_wrap=True,
+        )
     print_summary(out, summary, storage)
     if series:
         out.print(throughput_table(series))
@@ -291,8 +393,10 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
     """run, plan, status, demo. ``extra_commands`` are only listed in --help (their caller runs them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        print("`serve` is a flows command: run `prefixflow serve ...` (or `python -m prefixflow.flows.cli serve ...`)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "`serve` is a flows command: run `prefixflow serve ...` (or `python -m prefixflow.flows.cli serve ...`)",
+            file=sys.stderr,
+        )
         return 2
     args = build_parser(extra_commands).parse_args(argv)
     err = Console(stderr=True)  # progress, logs, warnings
@@ -303,8 +407,9 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
         except PipelineError as exc:
             transient = transient_problem(exc)
             if transient is not None:  # a run can resume from this: exit 1, like a failed shard
-                err.print(f"[red]error:[/] {escape(f'{exc}; {RESUME_HINT}')}", soft_wrap=True,
-                          highlight=False)  # fmt: skip
+                err.print(
+                    f"[red]error:[/] {escape(f'{exc}; {RESUME_HINT}')}", soft_wrap=True, highlight=False
+                )
                 return 1
             hint = describe_storage_error(exc)
             message = f"{exc}. Fix: {hint}" if hint else str(exc)
@@ -313,15 +418,26 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (see interruptible)
             err.print(f"interrupted; {INTERRUPTED_HINT}", soft_wrap=True)
             return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
-        except Exception as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
+        except (
+            Exception
+        ) as exc:  # storage failures deep in s3fs/botocore: one line, like every other bad path
             transient = transient_problem(exc)
             if transient is not None:
-                urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
-                err.print(f"[red]error:[/] {escape(f'{args.command} {urls}: {transient}; {RESUME_HINT}')}", soft_wrap=True,
-                          highlight=False)  # fmt: skip
+                urls = " and ".join(
+                    dict.fromkeys(
+                        u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u
+                    )
+                )
+                err.print(
+                    f"[red]error:[/] {escape(f'{args.command} {urls}: {transient}; {RESUME_HINT}')}",
+                    soft_wrap=True,
+                    highlight=False,
+                )
                 return 1
             hint = describe_storage_error(exc)
-            urls = " and ".join(dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u))
+            urls = " and ".join(
+                dict.fromkeys(u for u in (getattr(args, "input", None), getattr(args, "output", None)) if u)
+            )
             problem = f"{args.command} {urls}: {hint}" if hint is not None else storage_problem(exc)
             if problem is None:
                 raise

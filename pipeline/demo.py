@@ -98,9 +98,11 @@ def run_demo(workdir: str, model: str, rows: int, console: Console, report: Cons
     summaries = os.path.join(results, "summarize-out", "data", "**", "*.parquet")
     labels = os.path.join(results, "label-out", "data", "**", "*.parquet")
     extracted = os.path.join(results, "extract-out", "data", "**", "*.parquet")
-    snippet = (f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
-               f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))\n"
-               f"extracted = pl.read_parquet({extracted!r})\nprint(extracted.select('id', 'extracted').unnest('extracted'))")  # fmt: skip
+    snippet = (
+        f"import polars as pl\nsummaries = pl.read_parquet({summaries!r})\n"
+        f"labels = pl.read_parquet({labels!r})\nprint(labels.select('id', 'label', 'label_probs').unnest('label_probs'))\n"
+        f"extracted = pl.read_parquet({extracted!r})\nprint(extracted.select('id', 'extracted').unnest('extracted'))"
+    )
     report.print(snippet, markup=False, soft_wrap=True)
     report.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
     report.print(timings_line(timings), markup=False, soft_wrap=True)
@@ -134,5 +136,7 @@ def _note_replaced(spec: JobSpec, console: Console) -> None:
     except PipelineError:
         fingerprint = "unreadable"
     if fingerprint is not None and fingerprint != spec.fingerprint_hash():
-        console.print(f"[yellow]note:[/] replacing the earlier demo run in {spec.output} (its settings differ)",
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            f"[yellow]note:[/] replacing the earlier demo run in {spec.output} (its settings differ)",
+            soft_wrap=True,
+        )

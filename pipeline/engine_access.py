@@ -25,13 +25,33 @@ if TYPE_CHECKING:
     )
     from prefixflow.pipeline.job.spec import JobSpec
 
-__all__ = ["Engine", "EngineConfig", "NgramIndex", "Output", "SamplingParams", "StructuredOutputs", "Tokenizer", "describe_model",
-           "inspect_model", "open_engine", "structured_outputs_error"]  # fmt: skip
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "NgramIndex",
+    "Output",
+    "SamplingParams",
+    "StructuredOutputs",
+    "Tokenizer",
+    "describe_model",
+    "inspect_model",
+    "open_engine",
+    "structured_outputs_error",
+]
 
 Choice = str | Sequence[int]  # a label choice to score: its text, or exact token ids
 
-FACADE = ("LLM", "SamplingParams", "RequestOutput", "EngineConfig", "describe_model", "StructuredOutputs",
-          "structured_outputs_error", "inspect_model", "NgramIndex")  # fmt: skip
+FACADE = (
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "EngineConfig",
+    "describe_model",
+    "StructuredOutputs",
+    "structured_outputs_error",
+    "inspect_model",
+    "NgramIndex",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -85,16 +105,23 @@ class Engine(Protocol):
     @property
     def vocab_size(self) -> int: ...  # the model's: sampling values are checked against it per row
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str: ...
 
-    def generate(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> Sequence[Output]: ...
+    def generate(
+        self, prompts: Sequence[list[int]], params: Sequence[SamplingParams]
+    ) -> Sequence[Output]: ...
 
     def generate_stream(
         self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], request_ids: Sequence[str]
     ) -> Iterator[Output]: ...
 
     def score_choices(
-        self, prompts: Sequence[list[int]], choices: Sequence[Sequence[Choice]], usage: list[Any] | None = None
+        self,
+        prompts: Sequence[list[int]],
+        choices: Sequence[Sequence[Choice]],
+        usage: list[Any] | None = None,
     ) -> list[list[float] | str]: ...
 
     def score_choices_stream(
@@ -110,7 +137,9 @@ def open_engine(spec: JobSpec) -> Engine:
 
     try:
         llm: Engine = LLM(model=spec.model, **spec.config.engine)
-    except ValueError as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
+    except (
+        ValueError
+    ) as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
         settings = spec.config.engine or "the default engine settings"
         raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
     return llm

@@ -65,8 +65,11 @@ def triton_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
             )
 
 
-S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+S3_TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @pytest.fixture(scope="session")

@@ -45,15 +45,23 @@ def test_no_file_imports_a_layer_by_its_folder_name_or_relatively() -> None:
                 names = [node.module or ""]
             else:
                 continue
-            wrong += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in LAYERS]
+            wrong += [
+                f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in LAYERS
+            ]
     assert wrong == [], "import these as prefixflow.<layer>...: " + ", ".join(wrong)
 
 
 @pytest.mark.parametrize("layer", GUARDED)
 def test_a_layer_imported_by_its_folder_name_fails_and_says_how(layer: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-c", f"import {layer}"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", f"import {layer}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode != 0
     assert f"ImportError: import prefixflow.{layer}, not {layer}" in res.stderr
 
@@ -70,12 +78,15 @@ def test_the_checkout_imports_the_engine_with_only_the_root_on_the_path(tmp_path
     """The GPU machine cannot install: ``PYTHONPATH=<checkout>`` alone must import the engine from it
     (the editable install's finder is taken out of the subprocess to stand for "no install")."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    code = ("import sys\n"
-            "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in type(f).__module__]\n"
-            "import prefixflow.engine.sampling.sampling_params as m, prefixflow.engine as e\n"
-            "print(m.__file__, e.SamplingParams.__module__)")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    code = (
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in type(f).__module__]\n"
+        "import prefixflow.engine.sampling.sampling_params as m, prefixflow.engine as e\n"
+        "print(m.__file__, e.SamplingParams.__module__)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     module_file, module_name = res.stdout.split()
     assert Path(module_file).resolve() == REPO / "engine" / "sampling" / "sampling_params.py"

@@ -36,7 +36,9 @@ class CachedPrefix:
     host: list[HostBlock] = field(default_factory=list)
     partial_block: int | None = None  # a device block whose first ``partial_tokens`` tokens continue the run
     partial_tokens: int = 0
-    disk_digests: list[bytes] = field(default_factory=list)  # computed by a disk-tier lookup, reused on admission
+    disk_digests: list[bytes] = field(
+        default_factory=list
+    )  # computed by a disk-tier lookup, reused on admission
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -130,7 +132,9 @@ class KVCacheManager:
         if not self.share_partial_blocks:
             return CachedPrefix(hits, hashes, host, disk_digests=digests)
         shared = self.pool.partial.best(
-            hashes[-1] if hashes else None, req.token_ids[start : start + bs], req.max_cache_hit_tokens - start
+            hashes[-1] if hashes else None,
+            req.token_ids[start : start + bs],
+            req.max_cache_hit_tokens - start,
         )
         if shared is None or shared[1] == 0:
             return CachedPrefix(hits, hashes, host, disk_digests=digests)
@@ -225,7 +229,9 @@ class KVCacheManager:
                 self.pool.partial.set(block.block_id, parent, tokens)
             disk = self.host.disk if self.host is not None else None
             if disk is not None and (i + 1) * bs <= req.num_prompt_tokens:
-                disk.persist(disk.digests(table.disk_digests, req.token_ids, i + 1, bs), i, block.block_id, self._plan)
+                disk.persist(
+                    disk.digests(table.disk_digests, req.token_ids, i + 1, bs), i, block.block_id, self._plan
+                )
         i, extra = divmod(req.num_computed_tokens, bs)
         if extra and self.pool.enable_caching and i < len(table.block_ids):
             # the partial last block: findable for token-granular sharing, also after this request ends

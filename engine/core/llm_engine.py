@@ -50,13 +50,20 @@ class LLMEngine:
         if self.model_cfg.sliding_window:
             limits.append(self.model_cfg.sliding_window)  # within the window, full attention is exact
         self.runner = ModelRunner(self.source, self.model_cfg, cfg, min(limits))
-        cost = CostModel.for_model(self.model_cfg, self.runner.shard.dtype.itemsize, self.runner.shard.device.type)
+        cost = CostModel.for_model(
+            self.model_cfg, self.runner.shard.dtype.itemsize, self.runner.shard.device.type
+        )
         self.kv = KVCacheManager(
-            self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching,
-            host_blocks=self.runner.shard.host_kv.num_blocks, cost=cost,
-        )  # fmt: skip
+            self.runner.num_blocks,
+            cfg.block_size,
+            cfg.enable_prefix_caching,
+            host_blocks=self.runner.shard.host_kv.num_blocks,
+            cost=cost,
+        )
         self.max_model_len = min(*limits, self.runner.num_blocks * cfg.block_size)
-        self.kv_bytes_per_block = self.model_cfg.kv_bytes_per_token * self.runner.shard.dtype.itemsize * cfg.block_size
+        self.kv_bytes_per_block = (
+            self.model_cfg.kv_bytes_per_token * self.runner.shard.dtype.itemsize * cfg.block_size
+        )
         self.disk_namespace: dict[str, object] = {}
         self.eos_ids = tuple(self.source.eos_token_ids)
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
@@ -76,8 +83,15 @@ class LLMEngine:
         self.model_identity = (
             identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type)
             if loc is not None
-            else memory_identity(self.source.name, self.source.identity, dtype, self.source.hf_config,
-                                 cfg.quantization, cfg.sparsity, self.runner.shard.device.type)  # fmt: skip
+            else memory_identity(
+                self.source.name,
+                self.source.identity,
+                dtype,
+                self.source.hf_config,
+                cfg.quantization,
+                cfg.sparsity,
+                self.runner.shard.device.type,
+            )
         )
         self._open_disk_tier(cost, dtype)
         self.speculator = build_speculator(
@@ -111,14 +125,23 @@ class LLMEngine:
         pp = cfg.pipeline_parallel_size
         stages = split_for(self.model_cfg, pp) if pp > 1 else [(0, self.model_cfg.num_layers)]
         namespace, self.disk_namespace = disk_namespace(
-            str(self.model_identity["digest"]), self.model_cfg, dtype, cfg.block_size, cfg.tensor_parallel_size,
-            pp, stages, self.runner.shard.ops.name, self.runner.shard.device.type,
-        )  # fmt: skip
+            str(self.model_identity["digest"]),
+            self.model_cfg,
+            dtype,
+            cfg.block_size,
+            cfg.tensor_parallel_size,
+            pp,
+            stages,
+            self.runner.shard.ops.name,
+            self.runner.shard.device.type,
+        )
         self.runner.open_disk(namespace)
         host.disk = DiskTier(root, namespace, cost, self.runner.load_from_disk)
         about = host.disk.folder / "namespace.json"
         if not about.exists():  # what the files were made by, for whoever finds the directory
-            write_atomic(about, [json.dumps(self.disk_namespace, indent=1, sort_keys=True, default=str).encode()])
+            write_atomic(
+                about, [json.dumps(self.disk_namespace, indent=1, sort_keys=True, default=str).encode()]
+            )
 
     def validate(self, prompt_ids: list[int], params: object) -> str | None:
         """Why this request can never run, or None. Checked before it joins the queue, against this
@@ -163,9 +186,14 @@ class LLMEngine:
         else:
             max_tokens = spec.params.max_tokens or (self.max_model_len - n)
         req = Request(
-            spec.index, spec.request_id, list(spec.prompt_token_ids), spec.params, max_tokens, seed,
+            spec.index,
+            spec.request_id,
+            list(spec.prompt_token_ids),
+            spec.params,
+            max_tokens,
+            seed,
             spec.score_from,
-        )  # fmt: skip
+        )
         if spec.params.structured is not None and max_tokens > 0:
             req.grammar = self.structured.new_matcher(spec.params.structured)
         self.scheduler.add(req)
@@ -228,9 +256,13 @@ class LLMEngine:
             update_start = time.perf_counter()
             self._count_prompt_work(scheduled)
             outputs_before = sum(c.request.num_output_tokens for c in scheduled)
-            finished = {req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)}
+            finished = {
+                req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)
+            }
             # tokens taken this step (a verified speculative run may take several per request)
-            self.stats.generated_tokens += sum(c.request.num_output_tokens for c in scheduled) - outputs_before
+            self.stats.generated_tokens += (
+                sum(c.request.num_output_tokens for c in scheduled) - outputs_before
+            )
         finally:
             self._stepping = False
             if self._deferred_aborts:
@@ -242,7 +274,11 @@ class LLMEngine:
         self.stats.preemptions = self.scheduler.num_preemptions
         self._count_tier_work()
         so = self.structured
-        self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = so.fill_s, so.wait_s, so.masked_steps
+        self.stats.mask_fill_s, self.stats.mask_wait_s, self.stats.masked_steps = (
+            so.fill_s,
+            so.wait_s,
+            so.masked_steps,
+        )
         self.stats.mask_overlapped_steps = so.overlapped_steps
         end = time.perf_counter()
         self.stats.host_s += host + (end - update_start)  # the device idles while the host does this
@@ -283,15 +319,27 @@ class LLMEngine:
             return
         c, bs = host.counters, self.cfg.block_size
         self.stats.kv_host_blocks = host.pool.num_blocks
-        self.stats.kv_offloaded_tokens, self.stats.kv_reloaded_tokens = c.offloaded_blocks * bs, c.reloaded_blocks * bs
+        self.stats.kv_offloaded_tokens, self.stats.kv_reloaded_tokens = (
+            c.offloaded_blocks * bs,
+            c.reloaded_blocks * bs,
+        )
         self.stats.kv_host_lookups, self.stats.kv_host_hits = c.host_lookups, c.host_hits
         if host.disk is not None:
             d, kv_bytes = host.disk.counters, self.kv_bytes_per_block
             store = self.runner.shard.host_kv.disk
             self.stats.kv_disk_lookups, self.stats.kv_disk_hits = d.lookups, d.loaded_blocks
-            self.stats.kv_disk_loaded_tokens, self.stats.kv_disk_read_bytes = d.loaded_blocks * bs, d.loaded_blocks * kv_bytes
-            self.stats.kv_disk_declined_tokens, self.stats.kv_disk_failed_blocks = d.declined_blocks * bs, d.failed_blocks
-            self.stats.kv_disk_written_tokens, self.stats.kv_disk_written_bytes = d.written_blocks * bs, d.written_blocks * kv_bytes
+            self.stats.kv_disk_loaded_tokens, self.stats.kv_disk_read_bytes = (
+                d.loaded_blocks * bs,
+                d.loaded_blocks * kv_bytes,
+            )
+            self.stats.kv_disk_declined_tokens, self.stats.kv_disk_failed_blocks = (
+                d.declined_blocks * bs,
+                d.failed_blocks,
+            )
+            self.stats.kv_disk_written_tokens, self.stats.kv_disk_written_bytes = (
+                d.written_blocks * bs,
+                d.written_blocks * kv_bytes,
+            )
             if store is not None:
                 self.stats.kv_disk_corrupt_files = store.counters.corrupt_blocks
 
@@ -311,7 +359,9 @@ class LLMEngine:
         try:
             text = self.stop_checker.final_text(req, req.stop_reason) if out_ids else ""
         except Exception as exc:
-            return self.error_output(req.index, req.request_id, req.prompt_token_ids, f"detokenizing failed: {exc!r}")
+            return self.error_output(
+                req.index, req.request_id, req.prompt_token_ids, f"detokenizing failed: {exc!r}"
+            )
         self.stats.cached_prompt_tokens += req.num_cached_tokens
         self.stats.output_tokens += len(out_ids)
         now = time.perf_counter()

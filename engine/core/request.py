@@ -142,7 +142,9 @@ class Request:
 
     def reset_computed(self) -> None:
         """Preempted: its KV is gone, so everything derived from computed positions restarts."""
-        self.num_computed_before_preemption = max(self.num_computed_before_preemption, self.num_computed_tokens)
+        self.num_computed_before_preemption = max(
+            self.num_computed_before_preemption, self.num_computed_tokens
+        )
         self.num_computed_tokens = 0
         self.drop_drafts()
         self.prompt_logprob_sum = 0.0  # a scoring request recomputes, and re-adds, every log-prob

@@ -188,7 +188,9 @@ class Scheduler:
                 finished.append(done)
         return finished
 
-    def _take_token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> Request | None:
+    def _take_token(
+        self, req: Request, token: int, logprob: TokenLogprob | None, now: float
+    ) -> Request | None:
         """Append one generated token; the request if that finished it."""
         req.token_ids.append(token)
         if req.grammar is not None and not req.grammar.accept_token(token):

@@ -75,9 +75,7 @@ class ParallelGroup:
 class DistributedGroup(ParallelGroup):
     """A rank of a multi-process group rendezvousing through a ``TCPStore``."""
 
-    def __init__(
-        self, rank: int, world: int, device: torch.device, store: Any, timeout_s: float
-    ) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device, store: Any, timeout_s: float) -> None:
         super().__init__(rank, world, device)
         bound = timedelta(seconds=timeout_s)
         # Rank 0 joins last (after every worker said hello), so only workers may wait long here.
@@ -152,9 +150,7 @@ class DistributedGroup(ParallelGroup):
                 pass
 
 
-def _new_group(
-    device: torch.device, store: Any, rank: int, world: int, join: timedelta
-) -> Any:
+def _new_group(device: torch.device, store: Any, rank: int, world: int, join: timedelta) -> Any:
     if device.type == "cuda":
         nccl = getattr(dist, "ProcessGroupNCCL", None)
         if nccl is None:

@@ -67,7 +67,9 @@ def layer_costs(cfg: ModelConfig) -> tuple[int, int]:
     return attn + 3 * h * cfg.intermediate_size, h * cfg.vocab_size
 
 
-def stage_layers(num_layers: int, stages: int, layer_cost: int = 1, head_cost: int = 0) -> list[tuple[int, int]]:
+def stage_layers(
+    num_layers: int, stages: int, layer_cost: int = 1, head_cost: int = 0
+) -> list[tuple[int, int]]:
     """Contiguous ``[first, end)`` per stage, minimising the largest stage cost (the head counts on the
     last stage); ties keep the even split. Every stage gets at least one layer."""
     if stages < 1 or num_layers < stages:
@@ -84,7 +86,11 @@ def stage_layers(num_layers: int, stages: int, layer_cost: int = 1, head_cost: i
             continue
         counts.append(last)
         cost = max(max(counts[:-1], default=0) * layer_cost, last * layer_cost + head_cost)
-        if best_cost is None or cost < best_cost or (cost == best_cost and best is not None and _evenness(counts) < _evenness(best)):
+        if (
+            best_cost is None
+            or cost < best_cost
+            or (cost == best_cost and best is not None and _evenness(counts) < _evenness(best))
+        ):
             best, best_cost = counts, cost
     assert best is not None
     out, start = [], 0
@@ -135,7 +141,9 @@ class StageGroup(ParallelGroup):
             pass
 
 
-def stage_of(world: DistributedGroup, cfg: ModelConfig, pp: int, tp: int, timeout_s: float) -> tuple[ParallelGroup, PipelineStage]:
+def stage_of(
+    world: DistributedGroup, cfg: ModelConfig, pp: int, tp: int, timeout_s: float
+) -> tuple[ParallelGroup, PipelineStage]:
     """This rank's TP group (within its stage) and its ``PipelineStage``; every rank calls it."""
     from datetime import timedelta
 

@@ -104,7 +104,13 @@ def run_pipeline_step(shard: ModelShard, step: StepInputs, logit_rows: np.ndarra
         if pp.is_first:
             x = torch.from_numpy(part.token_ids).to(dev)
         else:
-            x = _recv(world, torch.empty((n, hidden_size), dtype=shard.dtype, device=dev), pp.peer(pp.stage - 1), 2 * m, stats)
+            x = _recv(
+                world,
+                torch.empty((n, hidden_size), dtype=shard.dtype, device=dev),
+                pp.peer(pp.stage - 1),
+                2 * m,
+                stats,
+            )
             residual = _recv(world, torch.empty_like(x), pp.peer(pp.stage - 1), 2 * m + 1, stats)
         start = time.perf_counter()
         meta = shard.attention.build_metadata(part, dev)

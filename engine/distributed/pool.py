@@ -66,7 +66,9 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _terminate, self._procs)
         threads = num_threads or torch.get_num_threads()
         for rank in range(1, world):
-            spec = WorkerSpec(rank, world, self._store.port, str(devices[rank]), timeout_s, threads, os.getpid(), factory)
+            spec = WorkerSpec(
+                rank, world, self._store.port, str(devices[rank]), timeout_s, threads, os.getpid(), factory
+            )
             proc = WorkerProcess(spec)
             self._procs.append(proc)
             self._conns.append(proc.conn)
@@ -154,7 +156,9 @@ class WorkerPool:
             if remaining is not None and remaining <= 0:
                 ranks = ", ".join(str(i + 1) for i in sorted(pending))
                 self._kill()
-                raise TensorParallelError(f"tensor-parallel worker rank(s) {ranks} did not {kind} within {bound_s:.0f} s")
+                raise TensorParallelError(
+                    f"tensor-parallel worker rank(s) {ranks} did not {kind} within {bound_s:.0f} s"
+                )
             handles: list[Connection | int] = [self._conns[i] for i in pending]
             handles += [self._procs[i].sentinel for i in pending if self._procs[i].sentinel >= 0]
             for handle in wait(handles, remaining):

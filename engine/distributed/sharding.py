@@ -67,7 +67,9 @@ class AttentionShard:
 def attention_shard(num_heads: int, num_kv_heads: int, rank: int, world: int) -> AttentionShard:
     q = even_partition(num_heads, rank, world, "num_attention_heads")
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
-        raise ShardingError(f"num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})")
+        raise ShardingError(
+            f"num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+        )
     if num_kv_heads >= world:
         kv = even_partition(num_kv_heads, rank, world, "num_key_value_heads")
         return AttentionShard(q, kv, 1)

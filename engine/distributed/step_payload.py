@@ -41,7 +41,9 @@ class StepBatch:
 def pack(step: StepBatch) -> torch.Tensor:
     t, b = len(step.token_ids), len(step.seq_lens)
     w = step.block_tables.shape[1] if step.block_tables.ndim == 2 else 0
-    header = np.array([t, b, w, len(step.logit_rows), _DECODE_ONLY if step.decode_only else 0], dtype=np.int64)
+    header = np.array(
+        [t, b, w, len(step.logit_rows), _DECODE_ONLY if step.decode_only else 0], dtype=np.int64
+    )
     parts = [
         header,
         step.token_ids,

@@ -110,4 +110,3 @@ def _report(conn: Connection, text: str) -> None:
         conn.send(("error", text))
     except (OSError, EOFError, BrokenPipeError):
         pass
-

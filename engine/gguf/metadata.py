@@ -76,7 +76,9 @@ def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict[str, A
     if vocab is None and embed is not None:
         vocab = int(embed.shape[-1])
     if vocab is None:
-        raise ValueError("GGUF file has no vocabulary size, no tokenizer.ggml.tokens and no token_embd.weight")
+        raise ValueError(
+            "GGUF file has no vocabulary size, no tokenizer.ggml.tokens and no token_embd.weight"
+        )
     cfg: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

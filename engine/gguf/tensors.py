@@ -18,8 +18,20 @@ from gguf.quants import dequantize
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
-    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-)  # fmt: skip
+    Q.F32,
+    Q.F16,
+    Q.BF16,
+    Q.Q8_0,
+    Q.Q4_0,
+    Q.Q4_1,
+    Q.Q5_0,
+    Q.Q5_1,
+    Q.Q2_K,
+    Q.Q3_K,
+    Q.Q4_K,
+    Q.Q5_K,
+    Q.Q6_K,
+)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -38,7 +38,9 @@ STALE_TMP_S = 3600.0  # a temporary file this old belongs to a killed writer: th
 EVICT_TO = 0.9  # the cap scan deletes least recently used files down to this fraction of the cap
 
 
-def block_digests(seed: bytes, token_ids: Sequence[int], start: int, stop: int, block_size: int) -> list[bytes]:
+def block_digests(
+    seed: bytes, token_ids: Sequence[int], start: int, stop: int, block_size: int
+) -> list[bytes]:
     """Digests of blocks ``start .. stop - 1`` continuing the chain whose last digest is ``seed`` (the
     namespace for block 0): each is blake2b-128 of the previous digest and the block's token ids."""
     out: list[bytes] = []
@@ -66,7 +68,9 @@ def write_block(path: Path, namespace: bytes, digest: bytes, payload: memoryview
 def write_atomic(path: Path, parts: Sequence[bytes | memoryview]) -> None:
     """Write ``parts`` to a unique temporary name beside ``path``, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    tmp = path.with_name(
+        f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    )
     try:
         with open(tmp, "wb") as f:
             for part in parts:

@@ -74,7 +74,9 @@ class DiskKVStore:
             self._futures = [f for f in self._futures if not f.done()]
             self._futures.append(self._writer.submit(self._write, digests, staged, ready, size))
 
-    def _write(self, digests: list[bytes], staged: torch.Tensor, ready: torch.cuda.Event | None, size: int) -> None:
+    def _write(
+        self, digests: list[bytes], staged: torch.Tensor, ready: torch.cuda.Event | None, size: int
+    ) -> None:
         try:
             if ready is not None:
                 ready.synchronize()
@@ -89,7 +91,9 @@ class DiskKVStore:
                 except OSError as exc:  # a full or read-only disk: the tier stops mattering, the job goes on
                     with self._lock:
                         self.counters.dropped_blocks += 1
-                    self._warn(f"KV cache dir {self.root}: a block write failed ({exc}); blocks are recomputed instead")
+                    self._warn(
+                        f"KV cache dir {self.root}: a block write failed ({exc}); blocks are recomputed instead"
+                    )
                     continue
                 self.counters.written_blocks += 1
                 self.counters.written_bytes += written
@@ -120,9 +124,13 @@ class DiskKVStore:
                     self.counters.missing_blocks += 1
                 else:
                     self.counters.corrupt_blocks += 1
-                    self._warn(f"KV cache dir {self.root}: {self.path(digest).name} {problem}; removed, recomputing")
+                    self._warn(
+                        f"KV cache dir {self.root}: {self.path(digest).name} {problem}; removed, recomputing"
+                    )
                 return n
-            payload = torch.frombuffer(buf, dtype=torch.uint8, offset=disk_files.HEADER.size, count=self.block_bytes)
+            payload = torch.frombuffer(
+                buf, dtype=torch.uint8, offset=disk_files.HEADER.size, count=self.block_bytes
+            )
             host[host_id].view(-1).view(torch.uint8).copy_(payload)
             self.counters.read_blocks += 1
             self.counters.read_bytes += len(buf)

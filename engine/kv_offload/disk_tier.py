@@ -38,20 +38,33 @@ def staging_blocks(device_blocks: int, block_bytes: int, ranks: int) -> int:
 
 
 def disk_namespace(
-    model_digest: str, model_cfg: ModelConfig, dtype: str, block_size: int, tp: int, pp: int,
-    stages: Sequence[tuple[int, int]], kernels: str, device: str,
-) -> tuple[bytes, dict[str, Any]]:  # fmt: skip
+    model_digest: str,
+    model_cfg: ModelConfig,
+    dtype: str,
+    block_size: int,
+    tp: int,
+    pp: int,
+    stages: Sequence[tuple[int, int]],
+    kernels: str,
+    device: str,
+) -> tuple[bytes, dict[str, Any]]:
     """Everything that decides a block file's bytes: the model (weights, config, tokenizer,
     quantization: ``model_identity``'s digest), its shape and rope, the KV dtype, block size and
     payload layout, how ranks split it (tensor x pipeline shape, the layer split), and the kernels and
     device that computed it. Any difference is another namespace, so another model, dtype or split
     never reads these files. Returns the 16-byte namespace and what it was made of."""
     what: dict[str, Any] = {
-        "model_digest": model_digest, "model_config": asdict(model_cfg), "kv_dtype": dtype,
-        "block_size": block_size, "layout_version": disk_files.LAYOUT_VERSION,
-        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "stages": [list(s) for s in stages],
-        "kernels": kernels, "device": device,
-    }  # fmt: skip
+        "model_digest": model_digest,
+        "model_config": asdict(model_cfg),
+        "kv_dtype": dtype,
+        "block_size": block_size,
+        "layout_version": disk_files.LAYOUT_VERSION,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "stages": [list(s) for s in stages],
+        "kernels": kernels,
+        "device": device,
+    }
     blob = json.dumps(what, sort_keys=True, default=str).encode()
     return hashlib.blake2b(blob, digest_size=16).digest(), what
 
@@ -68,9 +81,12 @@ class DiskTierCounters:
 
 class DiskTier:
     def __init__(
-        self, root: Path, namespace: bytes, cost: CostModel | None,
+        self,
+        root: Path,
+        namespace: bytes,
+        cost: CostModel | None,
         loader: Callable[[list[tuple[bytes, int]]], int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``loader``: every rank reads ``(digest, host block)`` pairs into its host store; returns how
         many leading pairs all ranks read and checked."""
         self.namespace = namespace
@@ -80,7 +96,9 @@ class DiskTier:
         self.counters = DiskTierCounters()
         self._recent: OrderedDict[bytes, None] = OrderedDict()
 
-    def digests(self, known: list[bytes], token_ids: Sequence[int], count: int, block_size: int) -> list[bytes]:
+    def digests(
+        self, known: list[bytes], token_ids: Sequence[int], count: int, block_size: int
+    ) -> list[bytes]:
         """``known`` (a request's chain so far) extended in place to the first ``count`` blocks."""
         if len(known) < count:
             seed = known[-1] if known else self.namespace
@@ -128,7 +146,9 @@ class DiskTier:
 
 def digest_words(digest: bytes) -> tuple[int, int]:
     """A 16-byte digest as two int64s, for int64 payloads (copy plans, shard commands)."""
-    return int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(digest[8:], "little", signed=True)
+    return int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(
+        digest[8:], "little", signed=True
+    )
 
 
 def digest_of(hi: int, lo: int) -> bytes:

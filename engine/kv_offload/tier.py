@@ -56,9 +56,15 @@ class HostTier:
             self._written.discard(host.host_id)
 
     def continue_prefix(
-        self, token_ids: Sequence[int], parent: int | None, first: int, last: int, block_size: int,
-        plan: CopyPlan | None = None, digests: list[bytes] | None = None,
-    ) -> list[HostBlock]:  # fmt: skip
+        self,
+        token_ids: Sequence[int],
+        parent: int | None,
+        first: int,
+        last: int,
+        block_size: int,
+        plan: CopyPlan | None = None,
+        digests: list[bytes] | None = None,
+    ) -> list[HostBlock]:
         """Host blocks ``first .. last - 1`` of the chain after ``parent`` while they are held, or
         none when the cost model says recomputing them is cheaper; then, with a disk tier, the blocks
         that continue the run on disk, read into host blocks (``digests``: the request's disk chain
@@ -83,14 +89,29 @@ class HostTier:
         if self.disk is not None and first + len(found) < last:
             if found:
                 parent = found[-1].block_hash
-            found += self._from_disk(token_ids, parent, first + len(found), last, block_size, found,
-                                     plan if plan is not None else CopyPlan(), digests if digests is not None else [])  # fmt: skip
+            found += self._from_disk(
+                token_ids,
+                parent,
+                first + len(found),
+                last,
+                block_size,
+                found,
+                plan if plan is not None else CopyPlan(),
+                digests if digests is not None else [],
+            )
         return found
 
     def _from_disk(
-        self, token_ids: Sequence[int], parent: int | None, first: int, last: int, bs: int,
-        held: list[HostBlock], plan: CopyPlan, digests: list[bytes],
-    ) -> list[HostBlock]:  # fmt: skip
+        self,
+        token_ids: Sequence[int],
+        parent: int | None,
+        first: int,
+        last: int,
+        bs: int,
+        held: list[HostBlock],
+        plan: CopyPlan,
+        digests: list[bytes],
+    ) -> list[HostBlock]:
         """Read the run of blocks from ``first`` that is on disk into host blocks (registered under
         the device cache's hashes), when the cost model says that beats recompute."""
         disk = self.disk

@@ -136,10 +136,16 @@ def _read_gguf(file: Path, key: str) -> tuple[dict[str, Any], Any]:
     template = chat_template(reader)
     kind = field_value(reader, "general.file_type", None)
     try:
-        precision = "gguf-" + LlamaFileType(int(kind)).name.removeprefix("MOSTLY_") if kind is not None else "gguf"
+        precision = (
+            "gguf-" + LlamaFileType(int(kind)).name.removeprefix("MOSTLY_") if kind is not None else "gguf"
+        )
     except ValueError:
         precision = f"gguf-type{kind}"
-    card = {"hf_config": build_hf_config(reader, "float32"), "chat_template": template, "precision": precision}
+    card = {
+        "hf_config": build_hf_config(reader, "float32"),
+        "chat_template": template,
+        "precision": precision,
+    }
     return card, build_tokenizer(reader, file, template, cache_key=key)
 
 

@@ -20,11 +20,21 @@ from typing import Any, Literal
 SPAN = 1 << 20
 # Files of an HF directory that change tokenization, prompts or generation (hashed whole).
 HF_TEXT_FILES = (
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-    "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
     "model.safetensors.index.json",
-)  # fmt: skip
+)
 PICKLED = (".bin", ".pt", ".pth", ".ckpt")
 
 
@@ -53,7 +63,9 @@ def locate_model(model: str | Path) -> ModelLocation:
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return ModelLocation(text, "gguf", path)
-        raise ModelNotFoundError(f"model file {text!r} is not a .gguf file; pass a .gguf file or a model directory")
+        raise ModelNotFoundError(
+            f"model file {text!r} is not a .gguf file; pass a .gguf file or a model directory"
+        )
     if path.is_dir():
         if (path / "config.json").is_file():
             safetensors_files(path)  # fails fast on pickled-only or incomplete checkpoints
@@ -120,9 +132,12 @@ def resolve_dtype(dtype: str = "auto", device: str = "auto", location: ModelLoca
 
 
 def describe_model(
-    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None,
+    model: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    quantization: str | None = None,
     sparsity: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Identity of ``model`` plus the dtype and quantization it would run with, without loading weights
     (see module doc).
 
@@ -131,7 +146,9 @@ def describe_model(
     ``QuantizationError`` (a ValueError naming the field) for a quantization it cannot run.
     """
     location = locate_model(model)
-    return identity_of(location, resolve_dtype(dtype, device, location), quantization, sparsity, resolve_device(device))
+    return identity_of(
+        location, resolve_dtype(dtype, device, location), quantization, sparsity, resolve_device(device)
+    )
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -141,9 +158,12 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def identity_of(
-    location: ModelLocation, dtype: str, quantization: str | None = None, sparsity: str | None = None,
+    location: ModelLocation,
+    dtype: str,
+    quantization: str | None = None,
+    sparsity: str | None = None,
     device: str = "cpu",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """``quantization`` is the method's settings (part of the digest: it decides outputs), with the
     2:4 kernel ``device`` would run; ``weight_bytes`` what the weights take in that dtype and method,
     and for a GGUF file ``weight_path`` (packed or dense on ``device``, and why): informational, not
@@ -162,14 +182,21 @@ def identity_of(
         out.update(_preset_digests(location.preset))
     out.update(_weights(location, dtype, quantization, sparsity, device))
     _add_sparse_kernel(out, device, dtype)
-    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")})
+    out["digest"] = _digest(
+        {k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")}
+    )
     return out
 
 
 def memory_identity(
-    name: str, identity: dict[str, Any], dtype: str, hf_config: dict[str, Any] | None = None,
-    quantization: str | None = None, sparsity: str | None = None, device: str = "cpu",
-) -> dict[str, Any]:  # fmt: skip
+    name: str,
+    identity: dict[str, Any],
+    dtype: str,
+    hf_config: dict[str, Any] | None = None,
+    quantization: str | None = None,
+    sparsity: str | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """An in-memory ``ModelSource`` names itself (its ``identity``); dtype and quantization are added as for files."""
     out: dict[str, Any] = {"model": name, "format": "memory", "dtype": dtype, **identity}
     if hf_config is not None:
@@ -192,11 +219,17 @@ def _add_sparse_kernel(out: dict[str, Any], device: str, dtype: str) -> None:
     from prefixflow.engine.quantization.sparse24 import sparse_kernel
 
     quantized = out["quantization"].get("method") not in ("none", "gguf")
-    sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(torch.device(device), torch_dtype(dtype), quantized)
+    sparsity["kernel"], sparsity["kernel_why"] = sparse_kernel(
+        torch.device(device), torch_dtype(dtype), quantized
+    )
 
 
 def _weights(
-    location: ModelLocation, dtype: str, quantization: str | None, sparsity: str | None = None, device: str = "cpu"
+    location: ModelLocation,
+    dtype: str,
+    quantization: str | None,
+    sparsity: str | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
     from prefixflow.engine.loading import presets

@@ -66,7 +66,9 @@ class Linear(nn.Module):
     def process_after_loading(self, ctx: KernelContext) -> None:
         """Check the layer is complete, then let the method repack for ``ctx``'s kernel."""
         if self.bias is not None and len(self._bias_shards) < len(self.out_sizes):
-            gaps = [f"{self.prefixes[i]}.bias" for i in range(len(self.out_sizes)) if i not in self._bias_shards]
+            gaps = [
+                f"{self.prefixes[i]}.bias" for i in range(len(self.out_sizes)) if i not in self._bias_shards
+            ]
             raise CheckpointError(f"checkpoint is missing {', '.join(gaps)}")
         self.method.process_after_loading(self, ctx)
 

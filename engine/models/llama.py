@@ -56,9 +56,13 @@ class Attention(nn.Module):
         kv = Partition(shard.kv_heads.start * d, shard.kv_heads.end * d, cfg.num_kv_heads * d)
         qkv = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size, [q, kv, kv], bias=cfg.attention_bias, dtype=dtype,
-            method=quant.linear_method(qkv), prefixes=qkv,
-        )  # fmt: skip
+            cfg.hidden_size,
+            [q, kv, kv],
+            bias=cfg.attention_bias,
+            dtype=dtype,
+            method=quant.linear_method(qkv),
+            prefixes=qkv,
+        )
         o_bias = cfg.attention_bias and cfg.family != "qwen2"
         o = [f"{prefix}.o_proj"]
         self.o_proj = RowParallelLinear(
@@ -87,15 +91,24 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ops: KernelBackend, tp: TensorParallel,
-        quant: QuantizationConfig, prefix: str,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        ops: KernelBackend,
+        tp: TensorParallel,
+        quant: QuantizationConfig,
+        prefix: str,
+    ) -> None:
         super().__init__()
         self.ops = ops
         inter = tp.layout.intermediate
         gate_up, down = [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [f"{prefix}.down_proj"]
         self.gate_up_proj = ColumnParallelLinear(
-            cfg.hidden_size, [inter, inter], dtype=dtype, method=quant.linear_method(gate_up), prefixes=gate_up
+            cfg.hidden_size,
+            [inter, inter],
+            dtype=dtype,
+            method=quant.linear_method(gate_up),
+            prefixes=gate_up,
         )
         self.down_proj = RowParallelLinear(
             inter, cfg.hidden_size, tp.group, dtype=dtype, method=quant.linear_method(down), prefixes=down
@@ -172,14 +185,18 @@ class LlamaForCausalLM(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}") for i in range(first, end)
+            DecoderLayer(cfg, dtype, ops, attention, tp, quant, f"model.layers.{i}")
+            for i in range(first, end)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops) if is_last else None
         self.lm_head = (
             None
             if cfg.tie_word_embeddings or not is_last
             else ColumnParallelLinear(
-                cfg.hidden_size, [tp.layout.vocab.owned], dtype=dtype, method=quant.linear_method(["lm_head"]),
+                cfg.hidden_size,
+                [tp.layout.vocab.owned],
+                dtype=dtype,
+                method=quant.linear_method(["lm_head"]),
                 prefixes=["lm_head"],
             )
         )

@@ -23,8 +23,12 @@ from prefixflow.engine.models.linear import Linear, LinearMethod
 _BIAS = (0, None, 1, 1)  # (output_dim, input_dim, output_pack, input_pack) of a bias: dense, [out]
 
 
-def _narrow(layer: Linear, shard_info: LinearShard, param: str, tensor: torch.Tensor, shard: int) -> torch.Tensor:
-    out_dim, in_dim, out_pack, in_pack = _BIAS if param == "bias" else layer.method.checkpoint_layout(param, shard)
+def _narrow(
+    layer: Linear, shard_info: LinearShard, param: str, tensor: torch.Tensor, shard: int
+) -> torch.Tensor:
+    out_dim, in_dim, out_pack, in_pack = (
+        _BIAS if param == "bias" else layer.method.checkpoint_layout(param, shard)
+    )
     where = f"{layer.prefixes[shard] if shard < len(layer.prefixes) else layer.prefixes[0]}.{param}"
     return shard_info.narrow(tensor, shard, out_dim, in_dim, out_pack, in_pack, where=where)
 
@@ -42,9 +46,14 @@ class ColumnParallelLinear(Linear):
         prefixes: list[str] | None = None,
     ) -> None:
         super().__init__(
-            in_features, [p.size for p in outputs], bias=bias, dtype=dtype, method=method, prefixes=prefixes or (),
+            in_features,
+            [p.size for p in outputs],
+            bias=bias,
+            dtype=dtype,
+            method=method,
+            prefixes=prefixes or (),
             full_sizes=(in_features, [p.total for p in outputs]),
-        )  # fmt: skip
+        )
         self.shard = LinearShard(outputs=tuple(outputs))
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
@@ -65,9 +74,14 @@ class RowParallelLinear(Linear):
         prefixes: list[str] | None = None,
     ) -> None:
         super().__init__(
-            input.size, out_features, bias=bias, dtype=dtype, method=method, prefixes=prefixes or (),
+            input.size,
+            out_features,
+            bias=bias,
+            dtype=dtype,
+            method=method,
+            prefixes=prefixes or (),
             full_sizes=(input.total, [out_features]),
-        )  # fmt: skip
+        )
         self.shard = LinearShard(input=input)
         self.group = group
 
@@ -78,4 +92,3 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.group.all_reduce(self.method.apply(self, x, None))
         return out if self.bias is None else out + self.bias
-

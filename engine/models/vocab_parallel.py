@@ -19,7 +19,9 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab: VocabShard, hidden_size: int, group: ParallelGroup, dtype: torch.dtype) -> None:
         super().__init__()
         self.vocab, self.group = vocab, group
-        self.weight = nn.Parameter(torch.empty(vocab.owned.size, hidden_size, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(vocab.owned.size, hidden_size, dtype=dtype), requires_grad=False
+        )
 
     def load(self, tensor: torch.Tensor, name: str = "embed_tokens.weight") -> None:
         owned = self.vocab.owned
@@ -35,7 +37,9 @@ class VocabParallelEmbedding(nn.Module):
             return nn.functional.embedding(input_ids, self.weight)
         owned = self.vocab.owned
         if owned.size == 0:  # more ranks than tokens: this rank contributes nothing
-            zeros = torch.zeros(*input_ids.shape, self.weight.shape[1], dtype=self.weight.dtype, device=input_ids.device)
+            zeros = torch.zeros(
+                *input_ids.shape, self.weight.shape[1], dtype=self.weight.dtype, device=input_ids.device
+            )
             return self.group.all_reduce(zeros)
         inside = (input_ids >= owned.start) & (input_ids < owned.end)
         local = torch.where(inside, input_ids - owned.start, torch.zeros_like(input_ids))

@@ -136,6 +136,9 @@ def _expected_keys(model: LlamaForCausalLM) -> set[str]:
         i = local + model.first_layer
         assert isinstance(layer, DecoderLayer)
         if layer.self_attn.q_norm is not None:
-            keys |= {f"{local}.self_attn.q_norm.weight", f"{local}.self_attn.k_norm.weight"}  # as _load_one keys them
+            keys |= {
+                f"{local}.self_attn.q_norm.weight",
+                f"{local}.self_attn.k_norm.weight",
+            }  # as _load_one keys them
         keys |= {f"model.layers.{i}.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")}
     return keys

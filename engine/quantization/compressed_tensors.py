@@ -76,16 +76,22 @@ def _scheme(name: str, group: dict[str, Any], default_format: str) -> Scheme:
                 raise field_error(f"{where}.input_activations", acts, "float8 activations")
             dynamic = acts.get("dynamic", True)
             if dynamic and acts.get("strategy", "token") not in ("token", "tensor"):
-                raise field_error(f"{where}.input_activations.strategy", acts.get("strategy"), "token, tensor")
+                raise field_error(
+                    f"{where}.input_activations.strategy", acts.get("strategy"), "token, tensor"
+                )
             if not dynamic and acts.get("strategy", "tensor") != "tensor":
-                raise field_error(f"{where}.input_activations.strategy", acts.get("strategy"), "tensor (static)")
+                raise field_error(
+                    f"{where}.input_activations.strategy", acts.get("strategy"), "tensor (static)"
+                )
             static_input = not dynamic
     group_size = int(w.get("group_size") or 0) if strategy == "group" else 0
     if strategy == "group" and group_size <= 0:
         raise field_error(f"{where}.weights.group_size", w.get("group_size"), "a positive integer")
     act_order = w.get("actorder") not in (None, False, "static")
     targets = tuple(group.get("targets") or ("Linear",))
-    return Scheme(targets, fmt, int(bits), strategy, group_size, bool(w.get("symmetric", True)), act_order, static_input)
+    return Scheme(
+        targets, fmt, int(bits), strategy, group_size, bool(w.get("symmetric", True)), act_order, static_input
+    )
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,11 @@ class CompressedTensorsConfig(QuantizationConfig):
             return None
         for scheme in self.schemes:
             for target in scheme.targets:
-                if target == "Linear" or (target.startswith("re:") and matches(prefix, [target])) or target == prefix:
+                if (
+                    target == "Linear"
+                    or (target.startswith("re:") and matches(prefix, [target]))
+                    or target == prefix
+                ):
                     return scheme
         return None
 
@@ -121,14 +131,25 @@ class CompressedTensorsConfig(QuantizationConfig):
         if not uniform(prefixes, [s is not None for s in schemes], "are quantized"):
             return super().linear_method(prefixes)
         if len(set(schemes)) > 1:
-            raise QuantizationError(f"{', '.join(prefixes)} use different quantization schemes; merged projections need one")
+            raise QuantizationError(
+                f"{', '.join(prefixes)} use different quantization schemes; merged projections need one"
+            )
         scheme = schemes[0]
         assert scheme is not None
         return PackedMethod(scheme) if scheme.format == "pack-quantized" else FloatMethod(scheme)
 
     def describe(self) -> dict[str, Any]:
-        schemes = [{"format": s.format, "bits": s.bits, "strategy": s.strategy, "group_size": s.group_size,
-                    "symmetric": s.symmetric, "act_order": s.act_order} for s in self.schemes]  # fmt: skip
+        schemes = [
+            {
+                "format": s.format,
+                "bits": s.bits,
+                "strategy": s.strategy,
+                "group_size": s.group_size,
+                "symmetric": s.symmetric,
+                "act_order": s.act_order,
+            }
+            for s in self.schemes
+        ]
         return {"method": "compressed-tensors", "schemes": schemes}
 
 
@@ -155,17 +176,32 @@ class PackedMethod(KernelMethod):
             groups, in_dim = -(-in_features // group), 1
         specs = [
             ParamSpec("weight_packed", (n, -(-in_features // pack)), torch.int32, 0, 1, input_pack=pack),
-            ParamSpec("weight_scale", (n, groups), torch.float32, 0, in_dim, input_pack=group, exact_dtype=False),
+            ParamSpec(
+                "weight_scale", (n, groups), torch.float32, 0, in_dim, input_pack=group, exact_dtype=False
+            ),
             ParamSpec("weight_shape", (2,), torch.int64, None, None, exact_dtype=False),
-            ParamSpec("weight_g_idx", (in_features,), torch.int32, None, 0, optional=not self.scheme.act_order),
+            ParamSpec(
+                "weight_g_idx", (in_features,), torch.int32, None, 0, optional=not self.scheme.act_order
+            ),
         ]
         if not self.scheme.symmetric:
-            specs.append(ParamSpec("weight_zero_point", (-(-n // pack), groups), torch.int32, 0, in_dim,
-                                   output_pack=pack, input_pack=group))  # fmt: skip
+            specs.append(
+                ParamSpec(
+                    "weight_zero_point",
+                    (-(-n // pack), groups),
+                    torch.int32,
+                    0,
+                    in_dim,
+                    output_pack=pack,
+                    input_pack=group,
+                )
+            )
         return specs
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
-        if name == "weight_shape":  # (N, K) of the whole projection: differs per shard, so checked, not stored
+        if (
+            name == "weight_shape"
+        ):  # (N, K) of the whole projection: differs per shard, so checked, not stored
             expected = [self.full_out[shard], self.full_in] if shard < len(self.full_out) else None
             if tensor.dtype.is_floating_point or tensor.tolist() != expected:
                 raise CheckpointError(f"{self.where(name, shard)} = {tensor.tolist()}, expected {expected}")
@@ -200,7 +236,9 @@ class FloatMethod(KernelMethod):
             ParamSpec("weight_scale", (n,), torch.float32, 0, None, exact_dtype=False),
         ]
         if self.scheme.static_input:
-            specs.append(ParamSpec("input_scale", (len(out_sizes),), torch.float32, 0, None, exact_dtype=False))
+            specs.append(
+                ParamSpec("input_scale", (len(out_sizes),), torch.float32, 0, None, exact_dtype=False)
+            )
         return specs
 
     def checkpoint_layout(self, name: str, shard: int = 0) -> tuple[int | None, int | None, int, int]:
@@ -217,9 +255,19 @@ class FloatMethod(KernelMethod):
                 tensor = tensor.reshape(rows)
         if name == "input_scale" and shard < len(self.out_sizes):
             if tensor.numel() != 1:
-                raise CheckpointError(f"{self.where(name, shard)}: shape {tuple(tensor.shape)}, expected one value")
+                raise CheckpointError(
+                    f"{self.where(name, shard)}: shape {tuple(tensor.shape)}, expected one value"
+                )
             spec = self.specs[name]
-            load_shard(layer, spec, tensor.reshape(1), shard, [1] * len(self.out_sizes), self.where(name, shard), self.seen)
+            load_shard(
+                layer,
+                spec,
+                tensor.reshape(1),
+                shard,
+                [1] * len(self.out_sizes),
+                self.where(name, shard),
+                self.seen,
+            )
             return
         super().load(layer, name, tensor, shard)
 

@@ -52,7 +52,9 @@ NO_QUANTIZATION = QuantizationConfig()
 
 
 def field_error(field: str, value: object, supported: str) -> QuantizationError:
-    return QuantizationError(f"quantization_config.{field}={value!r} is not supported; supported: {supported}")
+    return QuantizationError(
+        f"quantization_config.{field}={value!r} is not supported; supported: {supported}"
+    )
 
 
 def matches(prefix: str, patterns: Sequence[str]) -> bool:
@@ -113,7 +115,7 @@ def resolve_quantization(
 ) -> QuantizationConfig:
     """The config for a model: its checkpoint's ``quantization_config``, or an on-the-fly method, wrapped
     for 2:4 sparsity (the checkpoint's ``sparsity_config`` or ``sparsity="2:4"``: quantization/sparse24.py).
-"""
+    """
     from prefixflow.engine.quantization.sparse24 import with_sparsity
 
     qc = hf_config.get("quantization_config")

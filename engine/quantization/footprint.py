@@ -29,7 +29,9 @@ def describe_weights(
     from prefixflow.engine.models.llama import LlamaForCausalLM
     from prefixflow.engine.runner.attention import make_attention_backend
 
-    quant = resolve_quantization(hf_config, quantization, sparsity)  # a bad quantization fails here, before loading
+    quant = resolve_quantization(
+        hf_config, quantization, sparsity
+    )  # a bad quantization fails here, before loading
     try:
         cfg = ModelConfig.from_hf(hf_config)
     except (ValueError, KeyError, TypeError):  # not a model this engine shapes: the loader says why
@@ -76,7 +78,10 @@ def describe_gguf_weights(
         if isinstance(method, GGUFMethod) and types[hf] in BLOCK_BYTES:
             total += stored[hf]
         elif method is not None and len(shape) == 2:
-            total += sum(_numel(s.shape) * s.dtype.itemsize for s in method.param_specs(shape[1], [shape[0]], torch_dtype(dtype)))
+            total += sum(
+                _numel(s.shape) * s.dtype.itemsize
+                for s in method.param_specs(shape[1], [shape[0]], torch_dtype(dtype))
+            )
         else:
             total += _numel(shape) * size
     out: dict[str, Any] = {"quantization": quant.describe(), "weight_bytes": total}

@@ -95,10 +95,15 @@ class GGUFConfig(QuantizationConfig):
         return DenseMethod()
 
     def describe(self) -> dict[str, Any]:
-        linear = [t for name, t in self.tensor_types.items() if "_proj." in name or name.startswith("lm_head.")]
+        linear = [
+            t for name, t in self.tensor_types.items() if "_proj." in name or name.startswith("lm_head.")
+        ]
         kinds = sorted(set(linear))
-        return {"method": "gguf", "packed": [k for k in kinds if k in BLOCK_BYTES],
-                "dequantized": [k for k in kinds if k not in BLOCK_BYTES]}  # fmt: skip
+        return {
+            "method": "gguf",
+            "packed": [k for k in kinds if k in BLOCK_BYTES],
+            "dequantized": [k for k in kinds if k not in BLOCK_BYTES],
+        }
 
 
 class GGUFMethod(KernelMethod):
@@ -109,7 +114,9 @@ class GGUFMethod(KernelMethod):
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
         if in_features % BLOCK:
-            raise CheckpointError(f"{self.kind} needs inputs in whole blocks of {BLOCK}, layer has {in_features}")
+            raise CheckpointError(
+                f"{self.kind} needs inputs in whole blocks of {BLOCK}, layer has {in_features}"
+            )
         shape = (sum(out_sizes), in_features // BLOCK, BLOCK_BYTES[self.kind])
         return [ParamSpec(packed_param(self.kind), shape, torch.uint8, 0, 1, input_pack=BLOCK)]
 

@@ -57,7 +57,9 @@ class GPTQConfig(QuantizationConfig):
         fmt = str(qc.get("checkpoint_format", "gptq")).lower()
         if qc.get("is_marlin_format") or fmt not in FORMATS:
             shown = "marlin" if qc.get("is_marlin_format") else fmt
-            raise field_error("checkpoint_format", shown, f"{', '.join(FORMATS)} (marlin/bitblas-only exports are not)")
+            raise field_error(
+                "checkpoint_format", shown, f"{', '.join(FORMATS)} (marlin/bitblas-only exports are not)"
+            )
         if qc.get("dynamic"):
             raise QuantizationError(
                 "quantization_config.dynamic (GPTQModel per-module overrides) is not supported; "
@@ -89,8 +91,14 @@ class GPTQConfig(QuantizationConfig):
         return super().linear_method(prefixes)
 
     def describe(self) -> dict[str, Any]:
-        return {"method": "gptq", "bits": self.bits, "group_size": self.group_size, "desc_act": self.desc_act,
-                "sym": self.sym, "checkpoint_format": self.checkpoint_format}  # fmt: skip
+        return {
+            "method": "gptq",
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "desc_act": self.desc_act,
+            "sym": self.sym,
+            "checkpoint_format": self.checkpoint_format,
+        }
 
 
 class GPTQMethod(KernelMethod):
@@ -113,7 +121,9 @@ class GPTQMethod(KernelMethod):
         unit = max(group, 1)
         return [
             ParamSpec("qweight", (-(-in_features // pack), n), torch.int32, 1, 0, input_pack=pack),
-            ParamSpec("qzeros", (groups, -(-n // pack)), torch.int32, 1, in_dim, output_pack=pack, input_pack=unit),
+            ParamSpec(
+                "qzeros", (groups, -(-n // pack)), torch.int32, 1, in_dim, output_pack=pack, input_pack=unit
+            ),
             ParamSpec("scales", (groups, n), torch.float32, 1, in_dim, input_pack=unit, exact_dtype=False),
             ParamSpec("g_idx", (in_features,), torch.int32, None, 0, optional=True),
         ]
@@ -122,7 +132,9 @@ class GPTQMethod(KernelMethod):
         bits, k = self.cfg.bits, self.in_features
         zeros = unpack_cols(buffer(layer, "qzeros"), bits, sum(self.out_sizes))
         if self.cfg.checkpoint_format == "gptq":
-            zeros = zeros + 1  # v1 stores zero - 1 (a stored 2**bits - 1 reads as 2**bits, as AutoGPTQ's kernels do)
+            zeros = (
+                zeros + 1
+            )  # v1 stores zero - 1 (a stored 2**bits - 1 reads as 2**bits, as AutoGPTQ's kernels do)
         has_g_idx = any(name == "g_idx" for name, _ in self.seen)
         if self.cfg.desc_act and not has_g_idx:
             raise CheckpointError(f"{self.where('g_idx', 0)} is missing; desc_act=true checkpoints need it")

@@ -57,9 +57,14 @@ class LinearMethod:
         raise NotImplementedError
 
     def create_weights(
-        self, layer: nn.Module, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype,
-        prefixes: Sequence[str], full_sizes: tuple[int, list[int]] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        layer: nn.Module,
+        in_features: int,
+        out_sizes: Sequence[int],
+        dtype: torch.dtype,
+        prefixes: Sequence[str],
+        full_sizes: tuple[int, list[int]] | None = None,
+    ) -> None:
         """Buffers for this layer (or this rank's part: ``full_sizes`` are the whole layer's)."""
         self.in_features, self.out_sizes, self.dtype = in_features, list(out_sizes), dtype
         self.prefixes = list(prefixes)
@@ -82,7 +87,9 @@ class LinearMethod:
 
     def unexpected(self, name: str, shard: int) -> CheckpointError:
         takes = ", ".join(sorted(self.specs))
-        return CheckpointError(f"unexpected tensor {self.where(name, shard)}: this layer is {self.name} and takes {takes}")
+        return CheckpointError(
+            f"unexpected tensor {self.where(name, shard)}: this layer is {self.name} and takes {takes}"
+        )
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         spec = self.specs.get(name)
@@ -94,7 +101,9 @@ class LinearMethod:
         gaps = missing(list(self.specs.values()), len(self.out_sizes), self.seen)
         if gaps:
             names = [self.where(name, shard) for name, shard in gaps]
-            raise CheckpointError(f"checkpoint is missing {len(names)} tensors of a {self.name} layer: {', '.join(names)}")
+            raise CheckpointError(
+                f"checkpoint is missing {len(names)} tensors of a {self.name} layer: {', '.join(names)}"
+            )
 
     def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
         self.check_complete()
@@ -172,4 +181,6 @@ def simplify(w: PackedWeight) -> PackedWeight:
             g_idx = None
     if zeros is w.zeros and g_idx is w.g_idx:
         return w
-    return PackedWeight(w.qweight, w.scales, w.bits, w.in_features, w.group_size, zeros, w.default_zero, w.mins, g_idx)
+    return PackedWeight(
+        w.qweight, w.scales, w.bits, w.in_features, w.group_size, zeros, w.default_zero, w.mins, g_idx
+    )

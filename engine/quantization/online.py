@@ -37,7 +37,9 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (q + 128).to(torch.int32), scale
 
 
-def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(
+    w: torch.Tensor, group: int = INT4_GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``w [N, K]`` -> codes ``[N, K]`` (0..15), float16 scales and zeros ``[N, ceil(K / group)]``."""
     n, k = w.shape
     groups = -(-k // group)
@@ -74,8 +76,11 @@ class OnlineConfig(QuantizationConfig):
         return OnlineMethod(self.kind)
 
     def describe(self) -> dict[str, Any]:
-        detail = {"int8": "per-channel symmetric", "int4": f"group {INT4_GROUP} asymmetric",
-                  "fp8": "e4m3 per-channel, dynamic per-token activations"}  # fmt: skip
+        detail = {
+            "int8": "per-channel symmetric",
+            "int4": f"group {INT4_GROUP} asymmetric",
+            "fp8": "e4m3 per-channel, dynamic per-token activations",
+        }
         return {"method": self.kind, "on_the_fly": detail[self.kind]}
 
 
@@ -90,11 +95,15 @@ class OnlineMethod(KernelMethod):
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
         n = sum(out_sizes)
         if self.kind == "fp8":
-            return [ParamSpec("weight", (n, in_features), FP8, 0, 1),
-                    ParamSpec("scale", (n,), torch.float32, 0, None)]  # fmt: skip
+            return [
+                ParamSpec("weight", (n, in_features), FP8, 0, 1),
+                ParamSpec("scale", (n,), torch.float32, 0, None),
+            ]
         if self.kind == "int8":
-            return [ParamSpec("qweight", (-(-in_features // 4), n), torch.int32, 1, 0, input_pack=4),
-                    ParamSpec("scales", (1, n), torch.float32, 1, None)]  # fmt: skip
+            return [
+                ParamSpec("qweight", (-(-in_features // 4), n), torch.int32, 1, 0, input_pack=4),
+                ParamSpec("scales", (1, n), torch.float32, 1, None),
+            ]
         groups = -(-in_features // INT4_GROUP)
         return [
             ParamSpec("qweight", (-(-in_features // 8), n), torch.int32, 1, 0, input_pack=8),
@@ -107,15 +116,22 @@ class OnlineMethod(KernelMethod):
             return 0, 1, 1, 1
         if kind_of(name):
             return 0, 1, 1, BLOCK
-        raise CheckpointError(f"unexpected tensor {self.where(name, shard)}: on-the-fly {self.kind} takes dense weights")
+        raise CheckpointError(
+            f"unexpected tensor {self.where(name, shard)}: on-the-fly {self.kind} takes dense weights"
+        )
 
     def load(self, layer: nn.Module, name: str, tensor: torch.Tensor, shard: int) -> None:
         dense = dense_from_gguf(name, tensor, self.in_features)
         if dense is not None:
             name, tensor = "weight", dense
         if name != "weight" or shard >= len(self.out_sizes):
-            raise CheckpointError(f"unexpected tensor {self.where(name, shard)}: on-the-fly {self.kind} takes dense weights")
-        if not tensor.dtype.is_floating_point or tuple(tensor.shape) != (self.out_sizes[shard], self.in_features):
+            raise CheckpointError(
+                f"unexpected tensor {self.where(name, shard)}: on-the-fly {self.kind} takes dense weights"
+            )
+        if not tensor.dtype.is_floating_point or tuple(tensor.shape) != (
+            self.out_sizes[shard],
+            self.in_features,
+        ):
             raise CheckpointError(
                 f"{self.where(name, shard)}: {tensor.dtype} {tuple(tensor.shape)}, expected a float "
                 f"tensor of shape {(self.out_sizes[shard], self.in_features)}"
@@ -131,7 +147,9 @@ class OnlineMethod(KernelMethod):
             codes, s4, z4 = quantize_int4(tensor)
             parts = {"qweight": pack_along_rows(codes.t(), 4), "scales": s4.t(), "zeros": z4.t()}
         for part, value in parts.items():
-            load_shard(layer, self.specs[part], value, shard, self.out_sizes, self.where(name, shard), self.seen)
+            load_shard(
+                layer, self.specs[part], value, shard, self.out_sizes, self.where(name, shard), self.seen
+            )
 
     def check_complete(self) -> None:
         gaps = [i for i in range(len(self.out_sizes)) if not any(s == i for _, s in self.seen)]
@@ -145,6 +163,10 @@ class OnlineMethod(KernelMethod):
         if self.kind == "int8":
             return PackedWeight(buffer(layer, "qweight").clone(), buffer(layer, "scales").clone(), 8, k, k)
         return PackedWeight(
-            buffer(layer, "qweight").clone(), buffer(layer, "scales").clone(), 4, k, INT4_GROUP,
+            buffer(layer, "qweight").clone(),
+            buffer(layer, "scales").clone(),
+            4,
+            k,
+            INT4_GROUP,
             buffer(layer, "zeros").clone(),
-        )  # fmt: skip
+        )

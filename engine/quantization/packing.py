@@ -10,7 +10,9 @@ from prefixflow.kernels.quant_weight import pack_along_rows
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def unpack_cols(packed: torch.Tensor, bits: int, cols: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+def unpack_cols(
+    packed: torch.Tensor, bits: int, cols: int, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """int32 ``[R, ceil(cols / pack)]`` packed along its last axis -> int32 ``[R, cols]`` unsigned values.
 
     Value ``i`` of word ``j`` is column ``j * pack + order[i]`` (``order`` defaults to 0, 1, 2, ...).

@@ -15,7 +15,11 @@ def weight_bytes(model: nn.Module) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in list(model.parameters()) + list(model.buffers()):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.device.type != "meta" else (id(t), 0)
+        key = (
+            (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            if t.device.type != "meta"
+            else (id(t), 0)
+        )
         if key in seen:
             continue
         seen.add(key)

@@ -46,11 +46,17 @@ ACCURACY_WARNING = (
 def sparse_kernel(device: torch.device, dtype: torch.dtype, quantized: bool) -> tuple[str, str]:
     """(kernel, why) for a 2:4 layer on ``device``: ``semi-structured`` or ``dense``."""
     if quantized:
-        return "dense", "quantized 2:4 weights run their quantization's kernel (no sparse quantized kernel here)"
+        return (
+            "dense",
+            "quantized 2:4 weights run their quantization's kernel (no sparse quantized kernel here)",
+        )
     if device.type != "cuda":
         return "dense", "exact dense matmul: semi-structured sparse kernels need CUDA SM >= 8.0"
     if dtype not in (torch.float16, torch.bfloat16):
-        return "dense", f"semi-structured sparse kernels take float16/bfloat16, not {str(dtype).removeprefix('torch.')}"
+        return (
+            "dense",
+            f"semi-structured sparse kernels take float16/bfloat16, not {str(dtype).removeprefix('torch.')}",
+        )
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:
         return "dense", f"semi-structured sparse kernels need SM >= 8.0, this GPU is SM {major}.{minor}"
@@ -77,7 +83,9 @@ def prune_24(weight: torch.Tensor) -> torch.Tensor:
     """Keep the two largest |w| of each group of four inputs (ties: the earlier input); zero the rest."""
     n, k = weight.shape
     if k % 4:
-        raise QuantizationError(f"sparsity='2:4' needs layers whose inputs are a multiple of 4, this one has {k}")
+        raise QuantizationError(
+            f"sparsity='2:4' needs layers whose inputs are a multiple of 4, this one has {k}"
+        )
     groups = weight.reshape(n, k // 4, 4)
     keep = groups.float().abs().topk(2, dim=-1).indices
     mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True)
@@ -88,9 +96,13 @@ def decompress_bitmask(values: torch.Tensor, bitmask: torch.Tensor, k: int, wher
     """``compressed [N, K/2]`` + ``bitmask [N, ceil(K/8)]`` -> the dense ``[N, K]`` weight."""
     n = values.shape[0]
     if bitmask.dtype != torch.uint8 or tuple(bitmask.shape) != (n, -(-k // 8)):
-        raise CheckpointError(f"{where}.bitmask: {bitmask.dtype} {tuple(bitmask.shape)}, expected uint8 {(n, -(-k // 8))}")
+        raise CheckpointError(
+            f"{where}.bitmask: {bitmask.dtype} {tuple(bitmask.shape)}, expected uint8 {(n, -(-k // 8))}"
+        )
     if k % 4 or tuple(values.shape) != (n, k // 2):
-        raise CheckpointError(f"{where}.compressed: shape {tuple(values.shape)}, expected {(n, k // 2)} (two of every 4 inputs)")
+        raise CheckpointError(
+            f"{where}.compressed: shape {tuple(values.shape)}, expected {(n, k // 2)} (two of every 4 inputs)"
+        )
     shifts = torch.arange(8, dtype=torch.uint8, device=bitmask.device)
     mask = ((bitmask[..., None] >> shifts) & 1).reshape(n, -1)[:, :k].bool()
     counts = mask.view(n, k // 4, 4).sum(-1)
@@ -125,7 +137,10 @@ class Sparse24Config(QuantizationConfig):
             return False
         if matches(prefix, [p if p.startswith("re:") else f"re:(.*\\.)?{p}$" for p in self.ignore]):
             return False
-        return any(t == "Linear" or t == prefix or (t.startswith("re:") and matches(prefix, [t])) for t in self.targets)
+        return any(
+            t == "Linear" or t == prefix or (t.startswith("re:") and matches(prefix, [t]))
+            for t in self.targets
+        )
 
     def linear_method(self, prefixes: Sequence[str]) -> LinearMethod:
         inner = self.inner.linear_method(prefixes)
@@ -133,13 +148,17 @@ class Sparse24Config(QuantizationConfig):
         if not any(sparse):
             return inner
         if not all(sparse):
-            raise QuantizationError(f"{', '.join(prefixes)} are merged into one layer but only some are 2:4 sparse")
+            raise QuantizationError(
+                f"{', '.join(prefixes)} are merged into one layer but only some are 2:4 sparse"
+            )
         if self.format == ON_THE_FLY and not isinstance(inner, DenseMethod) and not _takes_weight(inner):
             inner = DenseMethod()  # GGUF blocks: dequantized, then pruned
         return Sparse24Method(inner, self.format)
 
     def describe(self) -> dict[str, Any]:
-        source = "magnitude pruning on the fly" if self.format == ON_THE_FLY else f"checkpoint ({self.format})"
+        source = (
+            "magnitude pruning on the fly" if self.format == ON_THE_FLY else f"checkpoint ({self.format})"
+        )
         return self.inner.describe() | {"sparsity": {"structure": "2:4", "source": source}}
 
 
@@ -161,12 +180,21 @@ class Sparse24Method(KernelMethod):
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
 
     def create_weights(
-        self, layer: nn.Module, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype,
-        prefixes: Sequence[str], full_sizes: tuple[int, list[int]] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        layer: nn.Module,
+        in_features: int,
+        out_sizes: Sequence[int],
+        dtype: torch.dtype,
+        prefixes: Sequence[str],
+        full_sizes: tuple[int, list[int]] | None = None,
+    ) -> None:
         self.inner.create_weights(layer, in_features, out_sizes, dtype, prefixes, full_sizes)
         self.in_features, self.out_sizes, self.dtype = in_features, list(out_sizes), dtype
-        self.prefixes, self.full_in, self.full_out = self.inner.prefixes, self.inner.full_in, self.inner.full_out
+        self.prefixes, self.full_in, self.full_out = (
+            self.inner.prefixes,
+            self.inner.full_in,
+            self.inner.full_out,
+        )
         self.specs = self.inner.specs
 
     def param_specs(self, in_features: int, out_sizes: Sequence[int], dtype: torch.dtype) -> list[ParamSpec]:
@@ -214,7 +242,9 @@ class Sparse24Method(KernelMethod):
     def check_complete(self) -> None:
         for shard, parts in sorted(self.pending.items()):
             other = ({"compressed", "bitmask"} - set(parts)).pop()
-            raise CheckpointError(f"checkpoint is missing {self.prefixes[shard]}.{other} (its {', '.join(parts)} is there)")
+            raise CheckpointError(
+                f"checkpoint is missing {self.prefixes[shard]}.{other} (its {', '.join(parts)} is there)"
+            )
         if self.format == "sparse-24-bitmask" and "weight" in self.inner.specs:
             gaps = [p for i, p in enumerate(self.prefixes) if ("shape", i) not in self.seen]
             if gaps:
@@ -223,8 +253,14 @@ class Sparse24Method(KernelMethod):
 
     def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
         self.check_complete()
-        if isinstance(self.inner, KernelMethod) and self.format != ON_THE_FLY and "weight" not in self.inner.specs:
-            self._check_packed(self.inner.build(layer))  # int codes: the structure is in the dequantized values
+        if (
+            isinstance(self.inner, KernelMethod)
+            and self.format != ON_THE_FLY
+            and "weight" not in self.inner.specs
+        ):
+            self._check_packed(
+                self.inner.build(layer)
+            )  # int codes: the structure is in the dequantized values
         self.inner.process_after_loading(layer, ctx)
         self.choice, why = sparse_kernel(ctx.device, ctx.dtype, isinstance(self.inner, KernelMethod))
         if self.choice == "semi-structured":
@@ -269,7 +305,9 @@ class Sparse24Method(KernelMethod):
 def parse_sparsity(sc: Any) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(format, targets, ignore) of a ``sparsity_config``; anything but 2:4 is refused naming what is."""
     if not isinstance(sc, dict):
-        raise QuantizationError(f"quantization_config.sparsity_config must be a mapping, got {type(sc).__name__}")
+        raise QuantizationError(
+            f"quantization_config.sparsity_config must be a mapping, got {type(sc).__name__}"
+        )
     fmt = sc.get("format")
     structure = str(sc.get("sparsity_structure") or "unstructured").lower()
     if fmt not in FORMATS:

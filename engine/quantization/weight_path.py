@@ -56,7 +56,11 @@ class DequantizedGGUFConfig(GGUFConfig):
 
     def describe(self) -> dict[str, Any]:
         described = super().describe()
-        return {**described, "packed": [], "dequantized": sorted({*described["packed"], *described["dequantized"]})}
+        return {
+            **described,
+            "packed": [],
+            "dequantized": sorted({*described["packed"], *described["dequantized"]}),
+        }
 
 
 def usable_memory_bytes() -> int | None:
@@ -84,9 +88,14 @@ def packed_kinds(quant: QuantizationConfig) -> list[str]:
 
 
 def choose_weight_path(
-    quant: QuantizationConfig, requested: str | None, device: str, dtype: str, dense_bytes: int,
-    memory_bytes: int | None = None, native: bool | None = None,
-) -> WeightPath | None:  # fmt: skip
+    quant: QuantizationConfig,
+    requested: str | None,
+    device: str,
+    dtype: str,
+    dense_bytes: int,
+    memory_bytes: int | None = None,
+    native: bool | None = None,
+) -> WeightPath | None:
     """The path for a GGUF model's packed layers (None for anything else). ``dense_bytes``: what those
     layers take dense in ``dtype``; ``memory_bytes``: usable memory, ``native``: native bf16 matmuls
     (both read from the host when None)."""
@@ -97,11 +106,16 @@ def choose_weight_path(
     if requested is not None:
         return WeightPath("packed", f"quantization={requested!r} asks for the file's {blocks} blocks")
     if device != "cpu":
-        return WeightPath("packed", f"{device}: the packed {blocks} kernels read 4-8x fewer weight bytes than dense")
+        return WeightPath(
+            "packed", f"{device}: the packed {blocks} kernels read 4-8x fewer weight bytes than dense"
+        )
     native = native_bf16() if native is None else native
     if dtype != "float32" and not native:
-        return WeightPath("packed", f"cpu, {dtype}: without native bf16 matmuls (AMX, AVX512-BF16) torch's "
-                          f"int4/int8 pack matmuls beat the dense {dtype} matmul")  # fmt: skip
+        return WeightPath(
+            "packed",
+            f"cpu, {dtype}: without native bf16 matmuls (AMX, AVX512-BF16) torch's "
+            f"int4/int8 pack matmuls beat the dense {dtype} matmul",
+        )
     memory = memory_bytes if memory_bytes is not None else usable_memory_bytes()
     mib = dense_bytes / 2**20
     if memory is None or dense_bytes * MEMORY_SHARE > memory:

@@ -54,8 +54,9 @@ class AttentionBackend(ABC):
         """This step's metadata, on ``device``."""
 
     @abstractmethod
-    def make_decode_buffers(self, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> DecodeBuffers:
-        ...
+    def make_decode_buffers(
+        self, max_batch: int, max_blocks_per_seq: int, device: torch.device
+    ) -> DecodeBuffers: ...
 
     @abstractmethod
     def forward(
@@ -89,7 +90,9 @@ class PagedAttention(AttentionBackend):
             max_seq_len=int(step.seq_lens.max()),
         )
 
-    def make_decode_buffers(self, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> DecodeBuffers:
+    def make_decode_buffers(
+        self, max_batch: int, max_blocks_per_seq: int, device: torch.device
+    ) -> DecodeBuffers:
         return PagedDecodeBuffers(max_batch, max_blocks_per_seq, device)
 
     def forward(
@@ -104,7 +107,9 @@ class PagedAttention(AttentionBackend):
     ) -> torch.Tensor:
         m = cast(AttentionMetadata, meta)
         self.ops.store_kv(k, v, k_cache, v_cache, m.slot_mapping)
-        return self.ops.paged_attention(q, k_cache, v_cache, m.block_tables, m.query_start_loc, m.seq_lens, scale)
+        return self.ops.paged_attention(
+            q, k_cache, v_cache, m.block_tables, m.query_start_loc, m.seq_lens, scale
+        )
 
 
 class PagedDecodeBuffers(DecodeBuffers):

@@ -57,14 +57,18 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
-        resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)  # a bad quantization fails before any work
+        resolve_quantization(
+            source.hf_config, cfg.quantization, cfg.sparsity
+        )  # a bad quantization fails before any work
         world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
         devices = rank_devices(cfg.device, world)
         if world == 1:
             self.shard = ModelShard(source, model_cfg, cfg, max_model_len, single_rank(model_cfg), devices[0])
             self.num_blocks = self.shard.init_cache()
             return
-        for rank in range(cfg.tensor_parallel_size):  # a model that cannot split fails here, before any process starts
+        for rank in range(
+            cfg.tensor_parallel_size
+        ):  # a model that cannot split fails here, before any process starts
             layout_for(model_cfg, rank, cfg.tensor_parallel_size)
         if cfg.pipeline_parallel_size > 1:
             split_for(model_cfg, cfg.pipeline_parallel_size)
@@ -79,7 +83,9 @@ class ModelRunner:
             tp, pp = shard_context(model_cfg, cfg, self.pool.group)  # rank 0 loads while the workers do
             self.shard = ModelShard(source, model_cfg, cfg, max_model_len, tp, devices[0], pp)
             self.pool.wait_ready()
-            init = self.pool.run(self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S)
+            init = self.pool.run(
+                self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S
+            )
             self.num_blocks = int(init)  # type: ignore[call-overload]
         except TensorParallelError as exc:
             self.pool.close()
@@ -134,9 +140,15 @@ class ModelRunner:
             logits = self.shard.run_step(step, rows, use_graph)
         else:
             batch = StepBatch(
-                step.token_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens,
-                step.block_tables, rows, use_graph,
-            )  # fmt: skip
+                step.token_ids,
+                step.positions,
+                step.slot_mapping,
+                step.query_start_loc,
+                step.seq_lens,
+                step.block_tables,
+                rows,
+                use_graph,
+            )
             logits = self.pool.run(self.shard, STEP, pack(batch))  # type: ignore[assignment]
         out = ModelOutput()
         if logits is None:
@@ -145,9 +157,15 @@ class ModelRunner:
         n_sample = len(step.sample_rows)
         if n_sample and step.speculative:
             sample_verified(
-                logits[:n_sample], step.sample_requests, step.sampled_requests, self.eos_ids, masks,
-                self.model_cfg.vocab_size, out, self.cfg.logprobs_mode,
-            )  # fmt: skip
+                logits[:n_sample],
+                step.sample_requests,
+                step.sampled_requests,
+                self.eos_ids,
+                masks,
+                self.model_cfg.vocab_size,
+                out,
+                self.cfg.logprobs_mode,
+            )
         elif n_sample:
             bitmask = masks.take_bitmask(step.sample_requests) if masks is not None else None
             sampled = sample_batch(
@@ -192,7 +210,9 @@ def prompt_records(lp: torch.Tensor, step: StepInputs, out: ModelOutput) -> None
     """``SamplingParams.prompt_logprobs``: per scored prompt position, the prompt token's record
     (always the model's raw distribution, as vLLM's)."""
     rows = [i for i, k in enumerate(step.score_topk) if k >= 0]
-    records = logprob_records(lp[rows], [step.score_targets[i] for i in rows], [step.score_topk[i] for i in rows])
+    records = logprob_records(
+        lp[rows], [step.score_targets[i] for i in rows], [step.score_topk[i] for i in rows]
+    )
     for i, record in zip(rows, records):
         out.prompt_positions.setdefault(step.score_owner[i], []).append((step.score_positions[i], record))
 

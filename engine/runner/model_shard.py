@@ -43,7 +43,9 @@ CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 INIT_CACHE = 1  # size the KV pool (the smallest over the ranks), allocate it, capture graphs
 STEP = 2  # payload: step_payload.pack(StepBatch); rank 0 gets the gathered logits
 PIPELINE_STATS = 4  # rank 0 gets [world, 4]: every rank's compute s, wait s, bytes sent, steps (PP only)
-COLLECTIVE_STATS = 3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
+COLLECTIVE_STATS = (
+    3  # rank 0 gets [world, 4]: every rank's all-reduce s, all-reduce calls, gather s, broadcast s
+)
 KV_COPY = 5  # payload: CopyPlan.pack(); offload / copy / reload blocks before the step that needs them
 DISK_INIT = 6  # payload: the disk tier's 16-byte namespace as 2 int64s; every rank opens its store
 DISK_LOAD = 7  # payload: [hi, lo, host block] per block; rank 0 gets how many every rank read and checked
@@ -70,12 +72,16 @@ class ModelShard:
         self.ops = kernels.select(cfg.kernel_backend, device)
         self.attention = make_attention_backend(self.ops)
         quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
-        gguf_file = source.location.path if source.location is not None and source.location.kind == "gguf" else None
+        gguf_file = (
+            source.location.path if source.location is not None and source.location.kind == "gguf" else None
+        )
         dtype_name = str(self.dtype).removeprefix("torch.")
         self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
         self.quantization = apply_weight_path(quant, self.weight_path)
         with torch.device(device):
-            self.model = LlamaForCausalLM(model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp)
+            self.model = LlamaForCausalLM(
+                model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp
+            )
         load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
         self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
@@ -147,8 +153,13 @@ class ModelShard:
     def open_disk(self, namespace: bytes) -> None:
         """This rank's store in ``kv_cache_dir`` (files named by its global rank)."""
         assert self.cfg.kv_cache_dir is not None
-        self.host_kv.disk = DiskKVStore(Path(self.cfg.kv_cache_dir), namespace, self.all_ranks.rank,
-                                        self.cfg.kv_cache_dir_bytes, self.block_bytes)  # fmt: skip
+        self.host_kv.disk = DiskKVStore(
+            Path(self.cfg.kv_cache_dir),
+            namespace,
+            self.all_ranks.rank,
+            self.cfg.kv_cache_dir_bytes,
+            self.block_bytes,
+        )
 
     def load_from_disk(self, payload: torch.Tensor) -> int:
         """Read the blocks into the host store; every rank agrees on the leading run all of them read."""
@@ -169,24 +180,35 @@ class ModelShard:
         all_reduce_calls, gather_s, broadcast_s]`` (the fastest rank's all-reduce time is the
         communication itself; the others' also holds waiting for a slower rank)."""
         st = self.tp.group.stats
-        mine = torch.tensor([[st.all_reduce_s], [st.all_reduce_calls], [st.gather_s], [st.broadcast_s]],
-                            dtype=torch.float64, device=self.device)  # fmt: skip
+        mine = torch.tensor(
+            [[st.all_reduce_s], [st.all_reduce_calls], [st.gather_s], [st.broadcast_s]],
+            dtype=torch.float64,
+            device=self.device,
+        )
         rows = self.tp.group.gather_last_dim(mine)
         return None if rows is None else rows.T.cpu()
 
     def gathered_pipeline_stats(self) -> torch.Tensor | None:
         """Every rank's ``[compute_s, wait_s, bytes_sent, steps]`` under PP, gathered on rank 0."""
         st = self.pipeline_stats
-        mine = torch.tensor([[st.compute_s], [st.wait_s], [float(st.bytes_sent)], [float(st.steps)]],
-                            dtype=torch.float64, device=self.device)  # fmt: skip
+        mine = torch.tensor(
+            [[st.compute_s], [st.wait_s], [float(st.bytes_sent)], [float(st.steps)]],
+            dtype=torch.float64,
+            device=self.device,
+        )
         rows = self.all_ranks.gather_last_dim(mine)
         return None if rows is None else rows.T.cpu()
 
     def make_decode_graphs(self, max_blocks_per_seq: int, capture: bool) -> DecodeGraphs:
         return DecodeGraphs(
-            self.model, self.attention, self.kv_caches, self.cos_sin_cache, self.cfg.max_num_seqs,
-            max_blocks_per_seq, capture,
-        )  # fmt: skip
+            self.model,
+            self.attention,
+            self.kv_caches,
+            self.cos_sin_cache,
+            self.cfg.max_num_seqs,
+            max_blocks_per_seq,
+            capture,
+        )
 
     def can_replay(self, step: StepInputs) -> bool:
         """Whether a decode graph serves this step (rank 0 decides; the workers follow its flag)."""
@@ -321,13 +343,16 @@ class WorkerShardFactory:
         return ModelShard(source, model_cfg, self.cfg, self.max_model_len, tp, group.device, pp)
 
 
-def shard_context(cfg: ModelConfig, engine: EngineConfig, group: ParallelGroup) -> tuple[TensorParallel, PipelineStage | None]:
+def shard_context(
+    cfg: ModelConfig, engine: EngineConfig, group: ParallelGroup
+) -> tuple[TensorParallel, PipelineStage | None]:
     """This rank's TP context and pipeline stage (None without PP); every rank calls it."""
     if engine.pipeline_parallel_size == 1:
         return for_group(cfg, group), None
     assert isinstance(group, DistributedGroup)
-    stage_group, stage = stage_of(group, cfg, engine.pipeline_parallel_size, engine.tensor_parallel_size,
-                                  engine.distributed_timeout_s)  # fmt: skip
+    stage_group, stage = stage_of(
+        group, cfg, engine.pipeline_parallel_size, engine.tensor_parallel_size, engine.distributed_timeout_s
+    )
     return for_group(cfg, stage_group), stage
 
 

@@ -34,7 +34,9 @@ class StepInputs:
     score_positions: list[int] = field(default_factory=list)  # the target token's prompt position
     score_topk: list[int] = field(default_factory=list)  # prompt_logprobs' k, or -1: the sum only
     speculative: bool = False  # some request verifies drafts: its sample rows are position views
-    sampled_requests: list[Request] = field(default_factory=list)  # one per request that samples, in row order
+    sampled_requests: list[Request] = field(
+        default_factory=list
+    )  # one per request that samples, in row order
 
     @property
     def decode_only(self) -> bool:

@@ -69,8 +69,10 @@ class SampleGroups:
 def combine(group: SampleGroup) -> RequestOutput:
     outs = [group.done[j] for j in range(group.n)]
     first = outs[0]
-    samples = tuple(CompletionOutput(j, o.text, o.token_ids, o.finish_reason, o.stop_reason, o.logprobs, o.error)
-                    for j, o in enumerate(outs))  # fmt: skip
+    samples = tuple(
+        CompletionOutput(j, o.text, o.token_ids, o.finish_reason, o.stop_reason, o.logprobs, o.error)
+        for j, o in enumerate(outs)
+    )
     firsts = [o.time_to_first_token for o in outs if o.time_to_first_token is not None]
     return replace(
         first,

@@ -154,12 +154,16 @@ def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
             continue
         row = logits[i]
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted({t for t in req.token_ids if t < vocab}), device=logits.device, dtype=torch.long)
+            seen = torch.tensor(
+                sorted({t for t in req.token_ids if t < vocab}), device=logits.device, dtype=torch.long
+            )
             values = row[seen]
             row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         output = [t for t in req.output_token_ids if t < vocab]
         if output and (p.presence_penalty or p.frequency_penalty):
-            counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=vocab)[:vocab].to(row.dtype)
+            counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=vocab)[:vocab].to(
+                row.dtype
+            )
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
@@ -215,7 +219,9 @@ def _logprobs(
     out: list[TokenLogprob | None] = [None] * len(requests)
     if not wanted or lp is None:
         return out
-    records = logprob_records(lp, [tokens[i] for i in wanted], [requests[i].params.logprobs or 0 for i in wanted])
+    records = logprob_records(
+        lp, [tokens[i] for i in wanted], [requests[i].params.logprobs or 0 for i in wanted]
+    )
     for i, record in zip(wanted, records):
         out[i] = record
     return out

@@ -111,7 +111,9 @@ class Speculator:
                 if self.proposer.lookahead
                 else None
             )
-            req.spec = RequestSpecState(index, method=self.method_acceptance, jump_forward=self.jump_forward_acceptance)
+            req.spec = RequestSpecState(
+                index, method=self.method_acceptance, jump_forward=self.jump_forward_acceptance
+            )
         assert isinstance(req.spec, RequestSpecState)
         return req.spec
 
@@ -125,8 +127,11 @@ class Speculator:
             base_tokens += left
             if req.generates and left == 1 and req.num_draft_tokens == 0 and req.num_output_tokens > 0:
                 base_rows += 1
-                limit = min(self.cfg.max_k, req.max_tokens - req.num_output_tokens - 1,
-                            self.max_model_len - req.num_tokens - 1)  # fmt: skip
+                limit = min(
+                    self.cfg.max_k,
+                    req.max_tokens - req.num_output_tokens - 1,
+                    self.max_model_len - req.num_tokens - 1,
+                )
                 if limit > 0:
                     decoding.append(req)
                     limits.append(limit)
@@ -166,18 +171,24 @@ class Speculator:
                 req.token_ids.extend(draft)
                 req.num_draft_tokens = len(draft)
 
-    def _look_ahead(self, requests: list[Request], limits: list[int]) -> tuple[list[list[int]], list[list[bool]]]:
+    def _look_ahead(
+        self, requests: list[Request], limits: list[int]
+    ) -> tuple[list[list[int]], list[list[bool]]]:
         """Lookup proposals; a structured-output request's start with what its grammar forces."""
         drafts: list[list[int]] = [[] for _ in requests]
         masks: list[list[bool]] = [[] for _ in requests]
         plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]
-        made = self.proposer.propose([requests[i] for i in plain], [limits[i] for i in plain]) if plain else []
+        made = (
+            self.proposer.propose([requests[i] for i in plain], [limits[i] for i in plain]) if plain else []
+        )
         for i, draft in zip(plain, made):
             drafts[i], masks[i] = draft, [False] * len(draft)
         if self.forced is not None:
             for i, req in enumerate(requests):
                 if req.grammar is not None:
-                    drafts[i], masks[i] = self.forced.propose(req.grammar, req.token_ids, self.state(req).index, limits[i])
+                    drafts[i], masks[i] = self.forced.propose(
+                        req.grammar, req.token_ids, self.state(req).index, limits[i]
+                    )
         return drafts, masks
 
     @staticmethod

@@ -29,7 +29,9 @@ from prefixflow.engine.runner.model_runner import ModelRunner
 from prefixflow.engine.speculative.config import SpeculativeConfig
 
 
-def tokenizer_difference(target: ModelSource, draft: ModelSource, target_vocab: int, draft_vocab: int) -> str | None:
+def tokenizer_difference(
+    target: ModelSource, draft: ModelSource, target_vocab: int, draft_vocab: int
+) -> str | None:
     """What differs between the two tokenizers (None when the draft's ids mean what the target's do)."""
     if target_vocab != draft_vocab:
         return f"vocabulary size {draft_vocab} (draft) vs {target_vocab} (target)"
@@ -54,8 +56,14 @@ def parameter_count(cfg: ModelConfig) -> int:
 class DraftProposer:
     lookahead = False
 
-    def __init__(self, spec: SpeculativeConfig, cfg: EngineConfig, target: ModelSource, max_model_len: int,
-                 target_blocks: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        cfg: EngineConfig,
+        target: ModelSource,
+        max_model_len: int,
+        target_blocks: int,
+    ) -> None:
         assert spec.model is not None
         self.source = resolve_model(spec.model)
         self.model_cfg = ModelConfig.from_hf(self.source.hf_config)
@@ -76,10 +84,15 @@ class DraftProposer:
             )
         blocks = spec.draft_kv_blocks or target_blocks
         draft_cfg = replace(
-            cfg, model=spec.model, speculative_config=None, tensor_parallel_size=1, quantization=None,
-            kv_offload_bytes=0, kv_cache_dir=None,
+            cfg,
+            model=spec.model,
+            speculative_config=None,
+            tensor_parallel_size=1,
+            quantization=None,
+            kv_offload_bytes=0,
+            kv_cache_dir=None,
             num_kv_blocks=blocks,
-        )  # fmt: skip
+        )
         self.cfg = draft_cfg
         self.runner = ModelRunner(self.source, self.model_cfg, draft_cfg, max_model_len)
         self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
@@ -90,8 +103,14 @@ class DraftProposer:
     def _shadow(self, req: Request) -> Request:
         shadow = self.shadows.get(req.key)
         if shadow is None:
-            shadow = Request(req.index, req.request_id, list(req.prompt_token_ids), req.params,
-                             req.max_tokens + 64, req.seed)  # fmt: skip
+            shadow = Request(
+                req.index,
+                req.request_id,
+                list(req.prompt_token_ids),
+                req.params,
+                req.max_tokens + 64,
+                req.seed,
+            )
             shadow.status = Status.WAITING
             self.shadows[req.key] = shadow
         return shadow
@@ -121,7 +140,9 @@ class DraftProposer:
         try:
             drafts = self._propose(requests, ks)
         except Exception as exc:  # the draft is an optimization: its failure must not fail the target
-            warnings.warn(f"draft model step failed, decoding without drafts: {exc!r}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"draft model step failed, decoding without drafts: {exc!r}", RuntimeWarning, stacklevel=2
+            )
             self.forget(set())
             return [[] for _ in requests]
         made = sum(len(d) for d in drafts)
@@ -129,8 +150,9 @@ class DraftProposer:
         self.draft_s += spent
         if made:
             per_token = spent / made
-            self.seconds_per_token = per_token if not self.seconds_per_token else (
-                0.8 * self.seconds_per_token + 0.2 * per_token)  # fmt: skip
+            self.seconds_per_token = (
+                per_token if not self.seconds_per_token else (0.8 * self.seconds_per_token + 0.2 * per_token)
+            )
         return drafts
 
     def _propose(self, requests: list[Request], ks: list[int]) -> list[list[int]]:

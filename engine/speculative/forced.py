@@ -43,7 +43,9 @@ class ForcedDrafts:
             self._encoded.move_to_end(text)
         return ids
 
-    def propose(self, matcher: Any, tokens: list[int], index: NgramIndex | None, k: int) -> tuple[list[int], list[bool]]:
+    def propose(
+        self, matcher: Any, tokens: list[int], index: NgramIndex | None, k: int
+    ) -> tuple[list[int], list[bool]]:
         """Up to ``k`` drafts after ``tokens`` (the request's real tokens; ``matcher`` has consumed its
         output) and, per draft, whether the grammar forced it."""
         drafts: list[int] = []

@@ -88,7 +88,9 @@ def build_grammar(so: StructuredOutputs) -> Any:
     try:
         if kind == "json_schema":
             return json_legal_strings(
-                xgr.Grammar.from_json_schema(json.dumps(so.schema()), any_whitespace=so.any_whitespace, strict_mode=True)
+                xgr.Grammar.from_json_schema(
+                    json.dumps(so.schema()), any_whitespace=so.any_whitespace, strict_mode=True
+                )
             )
         if kind == "json_object":
             schema = {"type": "object"}

@@ -68,18 +68,35 @@ class Advice:
             "model": self.model,
             "device": dataclasses.asdict(self.device),
             "tokens": self.workload.as_dict(),
-            "sharing": {"requests": s.requests, "prompt_tokens": s.prompt_tokens, "distinct_tokens": s.distinct_tokens,
-                        "block_size": s.block_size, "block_min_tokens": s.block_min_tokens,
-                        "best_hit_rate": s.best_hit_rate, "cache_blocks_needed": s.cache_blocks_needed,
-                        "heads": [dataclasses.asdict(h) for h in s.heads],
-                        "template_flag": dataclasses.asdict(self.flag) if self.flag else None},  # fmt: skip
-            "memory": {"kv_bytes_per_token": self.kv_bytes_per_token, "largest": self.largest(),
-                       "precisions": {p: {**dataclasses.asdict(f), "fits": f.fits, "headroom": f.headroom}
-                                      for p, f in self.fits.items()}},  # fmt: skip
+            "sharing": {
+                "requests": s.requests,
+                "prompt_tokens": s.prompt_tokens,
+                "distinct_tokens": s.distinct_tokens,
+                "block_size": s.block_size,
+                "block_min_tokens": s.block_min_tokens,
+                "best_hit_rate": s.best_hit_rate,
+                "cache_blocks_needed": s.cache_blocks_needed,
+                "heads": [dataclasses.asdict(h) for h in s.heads],
+                "template_flag": dataclasses.asdict(self.flag) if self.flag else None,
+            },
+            "memory": {
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "largest": self.largest(),
+                "precisions": {
+                    p: {**dataclasses.asdict(f), "fits": f.fits, "headroom": f.headroom}
+                    for p, f in self.fits.items()
+                },
+            },
             "answers": [dataclasses.asdict(a) for a in self.answers],
             "recommended": self.settings,
-            "estimates": [{**dataclasses.asdict(e), "bound_by": e.bound_by,
-                           "output_tokens_per_s": e.output_tokens_per_s} for e in self.estimates],  # fmt: skip
+            "estimates": [
+                {
+                    **dataclasses.asdict(e),
+                    "bound_by": e.bound_by,
+                    "output_tokens_per_s": e.output_tokens_per_s,
+                }
+                for e in self.estimates
+            ],
             "skipped_shards": self.skipped_shards,
             "labels": self.labels,
             "timings_s": self.timings,
@@ -104,7 +121,9 @@ def _device(spec: JobSpec, gpu: str) -> Device:
     dtype = str(spec.config.engine.get("dtype") or "auto")
     device = dataclasses.replace(device, dtype=dtype) if dtype != "auto" else device
     engine = spec.config.engine  # the job's own group: its TP x PP devices hold the weights together
-    return device.group(int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1))
+    return device.group(
+        int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+    )
 
 
 def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:
@@ -126,9 +145,13 @@ def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) 
 
 
 def advise(
-    spec: JobSpec, gpu: str = "local", sample_size: int = DEFAULT_SAMPLE_ROWS, pilot_rows: int = 0,
-    card: Any = None, pilot: PilotResult | None = None,
-) -> Advice:  # fmt: skip
+    spec: JobSpec,
+    gpu: str = "local",
+    sample_size: int = DEFAULT_SAMPLE_ROWS,
+    pilot_rows: int = 0,
+    card: Any = None,
+    pilot: PilotResult | None = None,
+) -> Advice:
     """The whole report. ``card`` reuses an inspected model; ``pilot`` a pilot already run."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -143,13 +166,20 @@ def advise(
     limits = EngineLimits.from_engine(cfg.engine)
     precision, tp = choose_precision(shape, card.hf_config, device, limits)  # the pool, before the sample
     pool = fit(shape, card.hf_config, device, limits, precision)
-    max_len = pool.max_model_len if tp == 1 and pool.kv_blocks >= 2 else model_context_limit(card.hf_config, limits)
+    max_len = (
+        pool.max_model_len if tp == 1 and pool.kv_blocks >= 2 else model_context_limit(card.hf_config, limits)
+    )
     t = time.perf_counter()
     rendered = render_sample(cfg, TokenizerOnlyModel(card, max_len), sample)
     timings["render_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    sharing = analyze([r.tokens for r in rendered.requests], [r.row for r in rendered.requests], limits.block_size,
-                      lambda ids: card.tokenizer.decode(ids), suffixes=rendered.suffixes)  # fmt: skip
+    sharing = analyze(
+        [r.tokens for r in rendered.requests],
+        [r.row for r in rendered.requests],
+        limits.block_size,
+        lambda ids: card.tokenizer.decode(ids),
+        suffixes=rendered.suffixes,
+    )
     flag = _order_flag(spec, sample, card.tokenizer, limits.block_size)
     timings["sharing_s"] = time.perf_counter() - t
     target_eff = None
@@ -166,21 +196,60 @@ def advise(
     workload = build_workload(rendered, sharing, sample.total_rows, max_len, pilot)
     seqs = workload.footprint(sharing.heads[0].tokens // limits.block_size if sharing.heads else 0)
     fits = {p: fit(shape, card.hf_config, device, limits, p, seqs) for p in precisions_for(device)}
-    facts = Facts(cfg, card.hf_config, shape, device, limits, fits, workload, sharing, flag, seqs,
-                  (card.checkpoint_precision, card.checkpoint_bytes))  # fmt: skip
+    facts = Facts(
+        cfg,
+        card.hf_config,
+        shape,
+        device,
+        limits,
+        fits,
+        workload,
+        sharing,
+        flag,
+        seqs,
+        (card.checkpoint_precision, card.checkpoint_bytes),
+    )
     answers = answer_all(facts)
     dense = weight_bytes(shape, native_precision(device))
-    path = engine_path(spec.model, device.dtype, "cuda" if device.is_gpu else "cpu", cfg.engine.get("quantization"),
-                       card.checkpoint_precision, dense, device.memory_bytes // max(device.devices, 1))  # fmt: skip
+    path = engine_path(
+        spec.model,
+        device.dtype,
+        "cuda" if device.is_gpu else "cpu",
+        cfg.engine.get("quantization"),
+        card.checkpoint_precision,
+        dense,
+        device.memory_bytes // max(device.devices, 1),
+    )
     estimates = estimate_all(shape, card.hf_config, device, workload, limits, seqs, target_eff, path)
     timings["total_s"] = time.perf_counter() - t0
-    model = {"model": spec.model, "name": card.name, "format": card.format,
-             "checkpoint_precision": card.checkpoint_precision, "checkpoint_bytes": card.checkpoint_bytes,
-             "params": shape.total_params, "layers": shape.num_layers, "hidden_size": shape.hidden_size,
-             "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
-             "context": model_context_limit(card.hf_config, limits),
-             "engine_path": dataclasses.asdict(path)}  # fmt: skip
+    model = {
+        "model": spec.model,
+        "name": card.name,
+        "format": card.format,
+        "checkpoint_precision": card.checkpoint_precision,
+        "checkpoint_bytes": card.checkpoint_bytes,
+        "params": shape.total_params,
+        "layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "context": model_context_limit(card.hf_config, limits),
+        "engine_path": dataclasses.asdict(path),
+    }
     kv_elem = 4 if device.dtype == "float32" else 2
     labels = label_advice(cfg, card.tokenizer, rendered, sample)
-    return Advice(model, device, workload, sharing, flag, fits, shape.kv_bytes_per_token(kv_elem), answers,
-                  facts.settings, estimates, timings, sample.skipped_shards, labels)  # fmt: skip
+    return Advice(
+        model,
+        device,
+        workload,
+        sharing,
+        flag,
+        fits,
+        shape.kv_bytes_per_token(kv_elem),
+        answers,
+        facts.settings,
+        estimates,
+        timings,
+        sample.skipped_shards,
+        labels,
+    )

@@ -71,27 +71,61 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
     bound = prediction["bound_output_tokens_per_s"]
     tps = float(measured.get("output_tokens_per_s") or 0.0)
     if measured.get("output_tokens"):
-        rows.append({"metric": "output tok/s per lane", "predicted": f"{lo:,.1f}-{hi:,.1f} (bound {bound:,.1f})",
-                     "measured": round(tps, 2), "verdict": _verdict(tps, lo, hi)})  # fmt: skip
-        rows.append({"metric": "efficiency (measured / bound)", "predicted": "{:.2f}-{:.2f}".format(*prediction["efficiency"]),
-                     "measured": round(tps / bound, 4) if bound else None,
-                     "verdict": prediction["efficiency_source"]})  # fmt: skip
+        rows.append(
+            {
+                "metric": "output tok/s per lane",
+                "predicted": f"{lo:,.1f}-{hi:,.1f} (bound {bound:,.1f})",
+                "measured": round(tps, 2),
+                "verdict": _verdict(tps, lo, hi),
+            }
+        )
+        rows.append(
+            {
+                "metric": "efficiency (measured / bound)",
+                "predicted": "{:.2f}-{:.2f}".format(*prediction["efficiency"]),
+                "measured": round(tps / bound, 4) if bound else None,
+                "verdict": prediction["efficiency_source"],
+            }
+        )
     hit = float(measured.get("prefix_hit_rate") or 0.0)
-    rows.append({"metric": "prefix hit rate", "predicted": round(prediction["prefix_hit_rate"], 4),
-                 "measured": round(hit, 4), "verdict": f"{hit - prediction['prefix_hit_rate']:+.1%}"})  # fmt: skip
+    rows.append(
+        {
+            "metric": "prefix hit rate",
+            "predicted": round(prediction["prefix_hit_rate"], 4),
+            "measured": round(hit, 4),
+            "verdict": f"{hit - prediction['prefix_hit_rate']:+.1%}",
+        }
+    )
     if measured.get("preemptions") is not None:
         want = prediction["preemptions"]
         got = int(measured["preemptions"])
-        rows.append({"metric": "preemptions", "predicted": "none" if want == 0 else "possible", "measured": got,
-                     "verdict": "as predicted" if (got == 0) == (want == 0) else "not as predicted"})  # fmt: skip
+        rows.append(
+            {
+                "metric": "preemptions",
+                "predicted": "none" if want == 0 else "possible",
+                "measured": got,
+                "verdict": "as predicted" if (got == 0) == (want == 0) else "not as predicted",
+            }
+        )
     done, total = int(measured.get("rows") or 0), int(prediction.get("rows") or 0)
     if done and total:
-        hours = float(measured.get("elapsed_s") or 0.0) * prediction.get("devices_per_lane", 1) / 3600 * total / done
+        hours = (
+            float(measured.get("elapsed_s") or 0.0)
+            * prediction.get("devices_per_lane", 1)
+            / 3600
+            * total
+            / done
+        )
         g_lo, g_hi = prediction["gpu_hours"]
         note = "" if done >= total else f" (projected from {done:,} of {total:,} rows)"
-        rows.append({"metric": f"{'GPU' if prediction['device'] != 'cpu' else 'device'}-hours, whole input",
-                     "predicted": f"{g_lo:.3g}-{g_hi:.3g}", "measured": float(f"{hours:.3g}"),
-                     "verdict": _verdict(hours, g_lo, g_hi) + note})  # fmt: skip
+        rows.append(
+            {
+                "metric": f"{'GPU' if prediction['device'] != 'cpu' else 'device'}-hours, whole input",
+                "predicted": f"{g_lo:.3g}-{g_hi:.3g}",
+                "measured": float(f"{hours:.3g}"),
+                "verdict": _verdict(hours, g_lo, g_hi) + note,
+            }
+        )
     return rows
 
 
@@ -103,7 +137,9 @@ def record_prediction(run: Run, warn: Callable[[str], None] | None = None) -> No
         if layout.prediction in run.files.paths:
             return
         prediction = predict_run(run.spec)
-        layout.store.write_atomic(layout.prediction, json.dumps(prediction, indent=1, sort_keys=True).encode())
+        layout.store.write_atomic(
+            layout.prediction, json.dumps(prediction, indent=1, sort_keys=True).encode()
+        )
     except Exception as exc:  # the advice is a by-product: the rows matter more
         if warn is not None:
             warn(f"no prediction for this run ({type(exc).__name__}: {exc}); the summary will not compare")

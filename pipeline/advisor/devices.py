@@ -14,7 +14,9 @@ import subprocess
 from dataclasses import dataclass, replace
 
 GIB = 1 << 30
-CPU_DEFAULT_KV_BYTES = 512 * (1 << 20)  # engine/runner/model_runner.py: the CPU KV pool when none is configured
+CPU_DEFAULT_KV_BYTES = 512 * (
+    1 << 20
+)  # engine/runner/model_runner.py: the CPU KV pool when none is configured
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,14 @@ class Device:
         """``size`` of these devices as one tensor-parallel engine: memory, bandwidth and peaks add up."""
         if size <= 1:
             return self
-        return replace(self, name=f"{self.name} x{size}", memory_bytes=self.memory_bytes * size,
-                       bytes_per_s=self.bytes_per_s * size, flops={k: v * size for k, v in self.flops.items()},
-                       devices=self.devices * size)  # fmt: skip
+        return replace(
+            self,
+            name=f"{self.name} x{size}",
+            memory_bytes=self.memory_bytes * size,
+            bytes_per_s=self.bytes_per_s * size,
+            flops={k: v * size for k, v in self.flops.items()},
+            devices=self.devices * size,
+        )
 
     def peak(self, precision: str) -> float:
         """Peak rate for a weight precision: fp8 W8A8 uses the fp8 rate where the chip has one; weight-only
@@ -52,7 +59,9 @@ DEVICES: dict[str, Device] = {
     "h200": Device("h200", 141 * 10**9, 4.8e12, {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}),
     "h100": Device("h100", 80 * 10**9, 3.35e12, {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12}),
     "a100-80g": Device("a100-80g", 80 * 10**9, 2.039e12, {"bf16": 312e12, "int8": 624e12}),
-    "l4": Device("l4", 24 * 10**9, 300e9, {"bf16": 121e12, "fp8": 242.5e12, "int8": 242.5e12}, interconnect="pcie"),
+    "l4": Device(
+        "l4", 24 * 10**9, 300e9, {"bf16": 121e12, "fp8": 242.5e12, "int8": 242.5e12}, interconnect="pcie"
+    ),
 }
 GPU_NAMES = tuple(DEVICES)
 CHOICES = (*GPU_NAMES, "cpu", "local")
@@ -63,9 +72,15 @@ _SMI_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100-80g"), ("L4", "
 def cpu_device() -> Device:
     """This host: its RAM, the CI host's measured float32 ceilings, the engine's 512 MiB CPU KV pool."""
     return Device(
-        "cpu", _host_memory_bytes(), 7e9, {"fp32": 84e9}, dtype="float32", is_gpu=False,
-        kv_pool_bytes=CPU_DEFAULT_KV_BYTES, source="measured on the 2-core CI host (benchmarks/RESULTS.md)",
-    )  # fmt: skip
+        "cpu",
+        _host_memory_bytes(),
+        7e9,
+        {"fp32": 84e9},
+        dtype="float32",
+        is_gpu=False,
+        kv_pool_bytes=CPU_DEFAULT_KV_BYTES,
+        source="measured on the 2-core CI host (benchmarks/RESULTS.md)",
+    )
 
 
 def _host_memory_bytes() -> int:
@@ -85,12 +100,19 @@ def local_device() -> Device:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+            out = subprocess.run(
+                [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
             name, mib = [x.strip() for x in out.splitlines()[0].split(",")[:2]]
             for marker, key in _SMI_NAMES:
                 if marker in name.upper():
-                    return replace(DEVICES[key], memory_bytes=int(float(mib)) * (1 << 20), source=f"local {name}")
+                    return replace(
+                        DEVICES[key], memory_bytes=int(float(mib)) * (1 << 20), source=f"local {name}"
+                    )
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             pass
     return cpu_device()

@@ -41,7 +41,9 @@ def from_description(described: dict[str, Any]) -> EnginePath:
     weight_path = (described.get("weight_path") or {}).get("path")
     if method == "none" or weight_path == "dense":
         kinds = quant.get("dequantized") or []
-        return EnginePath(method, None, f"{method} {'/'.join(kinds)} dequantized, dense" if kinds else "dense")
+        return EnginePath(
+            method, None, f"{method} {'/'.join(kinds)} dequantized, dense" if kinds else "dense"
+        )
     if method == "gguf":
         kinds = [k for k in quant.get("packed") or [] if k in GGUF_PACKED]
         if not kinds:
@@ -61,16 +63,21 @@ def from_description(described: dict[str, Any]) -> EnginePath:
 
 
 def from_checkpoint(
-    checkpoint_precision: str, job_quantization: str | None, on_cpu_float32: bool = False,
-    dense_bytes: int = 0, memory_bytes: int = 0,
-) -> EnginePath:  # fmt: skip
+    checkpoint_precision: str,
+    job_quantization: str | None,
+    on_cpu_float32: bool = False,
+    dense_bytes: int = 0,
+    memory_bytes: int = 0,
+) -> EnginePath:
     """The same rules from ``ModelCard.checkpoint_precision`` (``gguf-Q4_1``, ``gptq-int4``, ``bfloat16``
     ...) and the job's ``engine.quantization``, for where ``describe_model`` cannot run."""
     src = "checkpoint format"
     if job_quantization == "none":
         return EnginePath("none", None, "dense", src)
     if job_quantization in ONLINE:
-        return EnginePath(job_quantization, job_quantization, f"{job_quantization}, quantized while loading", src)
+        return EnginePath(
+            job_quantization, job_quantization, f"{job_quantization}, quantized while loading", src
+        )
     stored = checkpoint_precision or ""
     if stored.startswith("gguf"):
         kind = stored.removeprefix("gguf-")
@@ -89,14 +96,21 @@ def from_checkpoint(
 
 
 def engine_path(
-    model: str, dtype: str, device: str, job_quantization: str | None, checkpoint_precision: str,
-    dense_bytes: int, memory_bytes: int,
-) -> EnginePath:  # fmt: skip
+    model: str,
+    dtype: str,
+    device: str,
+    job_quantization: str | None,
+    checkpoint_precision: str,
+    dense_bytes: int,
+    memory_bytes: int,
+) -> EnginePath:
     """``describe_model(model, dtype, device, quantization)``'s path; without torch, the stored format's."""
     try:
         from prefixflow.pipeline.engine_access import describe_model
 
-        return from_description(describe_model(model, dtype=dtype, device=device, quantization=job_quantization))
+        return from_description(
+            describe_model(model, dtype=dtype, device=device, quantization=job_quantization)
+        )
     except ValueError:  # a model or quantization the engine refuses: loading says why; price it dense
         return DENSE
     except Exception:  # no torch here (ImportError), or a description that failed: the stored format's rules

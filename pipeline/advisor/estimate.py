@@ -24,8 +24,16 @@ from prefixflow.pipeline.advisor.workload import Workload
 # is all overhead; the issue-18 demo measured 0.63.) GPU: not measured yet; 0.60 is the H200 goal set
 # there, 0.25 a pessimistic floor until benchmarks/gpu_check.sh has run.
 EFFICIENCY = {
-    "cpu": (0.40, 0.60, "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64)"),
-    "gpu": (0.25, 0.60, "assumed: not yet measured on a GPU (0.60 is the H200 goal in benchmarks/RESULTS.md)"),
+    "cpu": (
+        0.40,
+        0.60,
+        "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64)",
+    ),
+    "gpu": (
+        0.25,
+        0.60,
+        "assumed: not yet measured on a GPU (0.60 is the H200 goal in benchmarks/RESULTS.md)",
+    ),
 }
 
 
@@ -66,16 +74,28 @@ def bytes_per_param(shape: ModelShape, precision: str) -> float:
 
 
 def estimate(
-    shape: ModelShape, device: Device, precision: str, tp: int, w: Workload, limits: EngineLimits,
+    shape: ModelShape,
+    device: Device,
+    precision: str,
+    tp: int,
+    w: Workload,
+    limits: EngineLimits,
     efficiency: tuple[float, float, str] | None = None,
-) -> Estimate:  # fmt: skip
+) -> Estimate:
     """The lower bound is exactly ``roofline.lower_bound_seconds`` of the projected workload."""
     kv_elem = 4 if device.dtype == "float32" else 2
     ceil = ceilings(device, precision, tp)
-    args = (bytes_per_param(shape, precision), kv_elem, limits.max_num_batched_tokens, limits.max_num_seqs,
-            max(w.scale, 1e-9))  # fmt: skip
+    args = (
+        bytes_per_param(shape, precision),
+        kv_elem,
+        limits.max_num_batched_tokens,
+        limits.max_num_seqs,
+        max(w.scale, 1e-9),
+    )
     if not w.requests:
-        return Estimate(device.name, precision, tp, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), (0.0, 0.0), (1.0, 1.0), "", 0, 0)
+        return Estimate(
+            device.name, precision, tp, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), (0.0, 0.0), (1.0, 1.0), "", 0, 0
+        )
     cost = job_cost(shape, w.requests, *args)
     bound = lower_bound_seconds(shape, w.requests, ceil, *args)
     lo, hi, source = efficiency or EFFICIENCY["gpu" if device.is_gpu else "cpu"]
@@ -89,7 +109,10 @@ def estimate(
         memory_s=cost.bytes / ceil.bytes_per_s,
         gpu_hours_lower=bound * tp * device.devices / 3600,
         expected_s=expected,
-        gpu_hours_expected=(expected[0] * tp * device.devices / 3600, expected[1] * tp * device.devices / 3600),
+        gpu_hours_expected=(
+            expected[0] * tp * device.devices / 3600,
+            expected[1] * tp * device.devices / 3600,
+        ),
         efficiency=(lo, hi),
         efficiency_source=source,
         output_tokens=cost.output_tokens,
@@ -98,9 +121,15 @@ def estimate(
 
 
 def estimate_all(
-    shape: ModelShape, cfg: dict[str, Any], target: Device, w: Workload, limits: EngineLimits,
-    seqs: Footprint, target_efficiency: tuple[float, float, str] | None = None, path: EnginePath = DENSE,
-) -> list[Estimate]:  # fmt: skip
+    shape: ModelShape,
+    cfg: dict[str, Any],
+    target: Device,
+    w: Workload,
+    limits: EngineLimits,
+    seqs: Footprint,
+    target_efficiency: tuple[float, float, str] | None = None,
+    path: EnginePath = DENSE,
+) -> list[Estimate]:
     """The target device first, then every GPU type, each at the precision question 1 picks for it,
     except that a checkpoint the engine runs packed (``path``) is priced as that path."""
     devices = [target] + [d for name, d in DEVICES.items() if name != target.name]
@@ -116,9 +145,14 @@ def estimate_all(
 
 
 def _packed(
-    shape: ModelShape, device: Device, path: EnginePath, w: Workload, limits: EngineLimits,
-    measured: tuple[float, float, str] | None, dense: str,
-) -> Estimate:  # fmt: skip
+    shape: ModelShape,
+    device: Device,
+    path: EnginePath,
+    w: Workload,
+    limits: EngineLimits,
+    measured: tuple[float, float, str] | None,
+    dense: str,
+) -> Estimate:
     """The engine's packed path: the bound reads the packed weights; on the CPU in float32 the packed
     kernels are slower than the dense matmul, so the expected range is the dense path's times that
     slowdown (as an efficiency against the packed bound)."""
@@ -130,7 +164,11 @@ def _packed(
     plain = estimate(shape, device, dense, 1, w, limits)
     ratio = packed.lower_bound_s / plain.lower_bound_s if plain.lower_bound_s else 1.0
     slow_lo, slow_hi = CPU_FLOAT32_PACKED_SLOWDOWN
-    source = (f"CPU, float32, {path.label}: the dense float32 efficiency {lo:.2f}-{hi:.2f} (issue 5 throughput) "
-              f"over the packed path's {slow_lo}-{slow_hi}x per-layer slowdown (benchmarks/RESULTS.md "
-              "'Quantized weights on the CPU')")  # fmt: skip
-    return estimate(shape, device, path.precision, 1, w, limits, (ratio * lo / slow_hi, ratio * hi / slow_lo, source))
+    source = (
+        f"CPU, float32, {path.label}: the dense float32 efficiency {lo:.2f}-{hi:.2f} (issue 5 throughput) "
+        f"over the packed path's {slow_lo}-{slow_hi}x per-layer slowdown (benchmarks/RESULTS.md "
+        "'Quantized weights on the CPU')"
+    )
+    return estimate(
+        shape, device, path.precision, 1, w, limits, (ratio * lo / slow_hi, ratio * hi / slow_lo, source)
+    )

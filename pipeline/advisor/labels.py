@@ -41,7 +41,11 @@ def shared_first_tokens(cfg: JobConfig, tokenizer: Any) -> list[dict[str, Any]]:
             owners = first.setdefault(int(ids[0]), [])
             if label not in owners:
                 owners.append(label)
-    return [{"token": tokenizer.decode([t]), "token_id": t, "labels": lbs} for t, lbs in first.items() if len(lbs) > 1]
+    return [
+        {"token": tokenizer.decode([t]), "token_id": t, "labels": lbs}
+        for t, lbs in first.items()
+        if len(lbs) > 1
+    ]
 
 
 def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sample) -> dict[str, Any]:
@@ -57,13 +61,17 @@ def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sam
     for c in collisions:
         names = ", ".join(repr(lb) for lb in c["labels"])
         if label.mode == "constrained":
-            notes.append(f"labels {names} start with the same token {c['token']!r}: under mode: constrained the "
-                         "first token is chosen before they differ, so they compete unfairly with the others "
-                         "and calibration can only correct them together; rename them so they start "
-                         "differently, or use mode: score")  # fmt: skip
+            notes.append(
+                f"labels {names} start with the same token {c['token']!r}: under mode: constrained the "
+                "first token is chosen before they differ, so they compete unfairly with the others "
+                "and calibration can only correct them together; rename them so they start "
+                "differently, or use mode: score"
+            )
         else:
-            notes.append(f"labels {names} start with the same token {c['token']!r}; fine in score mode (every "
-                         "label is scored whole), unfair under mode: constrained")  # fmt: skip
+            notes.append(
+                f"labels {names} start with the same token {c['token']!r}; fine in score mode (every "
+                "label is scored whole), unfair under mode: constrained"
+            )
     if calibrated and label.calibration in BATCH_CALIBRATIONS:
         rows = min(label.calibration_rows, sample.total_rows)
         per_row = sum(rendered.prompt_tokens) / len(rendered.prompt_tokens) if rendered.prompt_tokens else 0.0
@@ -72,18 +80,24 @@ def label_advice(cfg: JobConfig, tokenizer: Any, rendered: Rendered, sample: Sam
         distinct = len({tuple(r.tokens) for r in rendered.requests})
         need = BATCH_MIN_ROWS_PER_LABEL * len(label.labels)
         out["batch_sample"] = {
-            "rows": rows, "prompt_tokens": prompt_tokens, "scoring_requests": rows * choices,
+            "rows": rows,
+            "prompt_tokens": prompt_tokens,
+            "scoring_requests": rows * choices,
             "share_of_input_rows": rows / sample.total_rows if sample.total_rows else 0.0,
             "fallback_expected": distinct < need,
-        }  # fmt: skip
-        notes.append(f"batch calibration scores {rows:,} sampled rows before the first shard: ~{prompt_tokens:,} "
-                     f"extra prompt tokens ({rows * choices:,} scoring requests; "
-                     f"{out['batch_sample']['share_of_input_rows']:.1%} of the input's rows), most of them "
-                     "served again from the prefix cache when those rows' shards run")  # fmt: skip
+        }
+        notes.append(
+            f"batch calibration scores {rows:,} sampled rows before the first shard: ~{prompt_tokens:,} "
+            f"extra prompt tokens ({rows * choices:,} scoring requests; "
+            f"{out['batch_sample']['share_of_input_rows']:.1%} of the input's rows), most of them "
+            "served again from the prefix cache when those rows' shards run"
+        )
         if distinct < need:
-            notes.append(f"only {distinct} distinct prompts in the advisor's sample, fewer than "
-                         f"{BATCH_MIN_ROWS_PER_LABEL} x {len(label.labels)} labels: the run will fall back to "
-                         "contextual calibration")  # fmt: skip
+            notes.append(
+                f"only {distinct} distinct prompts in the advisor's sample, fewer than "
+                f"{BATCH_MIN_ROWS_PER_LABEL} x {len(label.labels)} labels: the run will fall back to "
+                "contextual calibration"
+            )
     if calibrated and label.calibration in ("contextual", "domain", "batch+contextual"):
         refs = 1 if label.calibration == "domain" else len(label.content_free)
         out["references_per_shard"] = refs

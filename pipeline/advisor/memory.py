@@ -17,7 +17,14 @@ from prefixflow.pipeline.advisor.devices import GIB, Device
 from prefixflow.pipeline.advisor.roofline import ModelShape
 
 PRECISIONS = ("bf16", "fp8", "int8", "int4")  # on the CPU the engine's own precision is fp32, not bf16
-BITS = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}  # bytes per linear weight
+BITS = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}  # bytes per linear weight
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 INT4_GROUP = 128
 GPU_RESERVED_BYTES = GIB  # CUDA context, cuBLAS workspace, CUDA graphs: outside the engine's own tensors
@@ -148,9 +155,13 @@ def model_context_limit(cfg: dict[str, Any], limits: EngineLimits) -> int:
 
 
 def fit(
-    shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, precision: str,
+    shape: ModelShape,
+    cfg: dict[str, Any],
+    device: Device,
+    limits: EngineLimits,
+    precision: str,
     seqs: Footprint = Footprint(),
-) -> Fit:  # fmt: skip
+) -> Fit:
     """KV pool as the engine sizes it: ``num_kv_blocks`` or ``kv_cache_memory_bytes`` when set; on a GPU
     ``gpu_memory_utilization`` of memory minus weights, peak activations and a reserve; on the CPU the
     engine's 512 MiB default. Sequences that fit: the pool less the shared head, over each sequence's
@@ -185,7 +196,9 @@ def fit(
         max_model_len=int(min(model_context_limit(cfg, limits), tokens)),
         seqs_at_mean=int(room // mean_blocks),
         seqs_at_p99=int(room // p99_blocks),
-        batch_target=min(limits.max_num_seqs, math.ceil(crossover_tokens(device, precision))) if seqs.decodes else 1,
+        batch_target=min(limits.max_num_seqs, math.ceil(crossover_tokens(device, precision)))
+        if seqs.decodes
+        else 1,
         pool_from_memory=from_memory,
     )
 
@@ -194,7 +207,11 @@ MAX_TP = 64  # the largest tensor-parallel group the advisor considers
 
 
 def choose_precision(
-    shape: ModelShape, cfg: dict[str, Any], device: Device, limits: EngineLimits, seqs: Footprint = Footprint()
+    shape: ModelShape,
+    cfg: dict[str, Any],
+    device: Device,
+    limits: EngineLimits,
+    seqs: Footprint = Footprint(),
 ) -> tuple[str, int]:
     """What question 1 picks: the native precision if it leaves headroom, else the first quantized one that
     does, else the smallest tensor-parallel group (of native weights) that does, else the smallest group

@@ -44,8 +44,12 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
     replay = [0, 0, 0]
     for rec in records:
         p = prepared.get(rec["id"])
-        if p is not None and p.prompt is not None and rec.get("finish_reason") in ("stop", "length") \
-                and rec.get("output_tokens"):
+        if (
+            p is not None
+            and p.prompt is not None
+            and rec.get("finish_reason") in ("stop", "length")
+            and rec.get("output_tokens")
+        ):
             outputs.append(int(rec["output_tokens"]))
             caps.append(p.params.max_tokens)
             out_ids = llm.tokenizer.encode(str(rec.get("output") or ""), add_special_tokens=False)
@@ -62,9 +66,15 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
         generated_tokens=after["output_tokens"] - before["output_tokens"],
         preemptions=after["preemptions"] - before["preemptions"],
         device=str(getattr(getattr(llm, "config", None), "device", "")),
-        requests=[(int(r["prompt_tokens"]), max(1, int(r["output_tokens"] or 0)),
-                   min(int(r["cached_tokens"] or 0), max(int(r["prompt_tokens"]) - 1, 0)))
-                  for r in records if r.get("prompt_tokens")],  # fmt: skip
+        requests=[
+            (
+                int(r["prompt_tokens"]),
+                max(1, int(r["output_tokens"] or 0)),
+                min(int(r["cached_tokens"] or 0), max(int(r["prompt_tokens"]) - 1, 0)),
+            )
+            for r in records
+            if r.get("prompt_tokens")
+        ],
         ngram_replay=(replay[0], replay[1], replay[2]),
     )
 
@@ -76,8 +86,14 @@ def pilot_efficiency(
     if not pilot.requests or pilot.elapsed_s <= 0:
         return None
     precision = native_precision(device)
-    bound = lower_bound_seconds(shape, pilot.requests, ceilings(device, precision), bytes_per_param(shape, precision),
-                                4 if device.dtype == "float32" else 2, limits.max_num_batched_tokens,
-                                limits.max_num_seqs)  # fmt: skip
+    bound = lower_bound_seconds(
+        shape,
+        pilot.requests,
+        ceilings(device, precision),
+        bytes_per_param(shape, precision),
+        4 if device.dtype == "float32" else 2,
+        limits.max_num_batched_tokens,
+        limits.max_num_seqs,
+    )
     eff = bound / pilot.elapsed_s
     return eff, eff, f"measured by the pilot ({pilot.rows} rows on {device.name})"

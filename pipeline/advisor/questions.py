@@ -60,7 +60,9 @@ class Facts:
     flag: OrderFlag | None
     seqs: Footprint
     checkpoint: tuple[str, int | None] = ("", None)  # how the checkpoint stores its weights, bytes on disk
-    settings: dict[str, Any] = field(default_factory=dict)  # what the answers recommend, filled in as they run
+    settings: dict[str, Any] = field(
+        default_factory=dict
+    )  # what the answers recommend, filled in as they run
     group: Fit | None = None  # question 1 chose tensor parallelism: the fit on that group of devices
 
     @property
@@ -84,19 +86,28 @@ class Facts:
 def q1_fit(f: Facts) -> Answer:
     n, mem = f.native, f.device.memory_bytes
     q = "Does the model fit with headroom?"
-    evidence = [f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
-                f"on {f.device.name} (limit {HEADROOM:.0%})"]  # fmt: skip
+    evidence = [
+        f"{n.precision} weights {n.weight_bytes / GB:.1f} GB = {n.weight_share:.0%} of {mem / GB:.0f} GB "
+        f"on {f.device.name} (limit {HEADROOM:.0%})"
+    ]
     stored, size = f.checkpoint
     if stored and stored not in ("float32", "bfloat16", "float16"):
         on_disk = f" ({size / GB:.2f} GB on disk)" if size else ""
-        evidence.append(f"the checkpoint is stored as {stored}{on_disk}: the engine keeps the formats it supports "
-                        "quantized as stored; the rows below are its full-precision and on-the-fly choices")  # fmt: skip
+        evidence.append(
+            f"the checkpoint is stored as {stored}{on_disk}: the engine keeps the formats it supports "
+            "quantized as stored; the rows below are its full-precision and on-the-fly choices"
+        )
     if n.pool_from_memory and f.seqs.decodes:
-        evidence.append(f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
-                        "compute-bound); the KV pool left over should hold them")  # fmt: skip
-    evidence += [f"{p}: weights {x.weight_bytes / GB:.1f} GB, KV pool {x.kv_pool_bytes / GB:.1f} GB = "
-                 f"{x.kv_tokens:,} tokens = {x.seqs_at_mean:,} sequences of the mean size"
-                 for p, x in f.fits.items() if x.fits]  # fmt: skip
+        evidence.append(
+            f"a step needs about {n.batch_target} sequences (max_num_seqs, or fewer where decode turns "
+            "compute-bound); the KV pool left over should hold them"
+        )
+    evidence += [
+        f"{p}: weights {x.weight_bytes / GB:.1f} GB, KV pool {x.kv_pool_bytes / GB:.1f} GB = "
+        f"{x.kv_tokens:,} tokens = {x.seqs_at_mean:,} sequences of the mean size"
+        for p, x in f.fits.items()
+        if x.fits
+    ]
     precision, tp = choose_precision(f.shape, f.hf_config, f.device, f.limits, f.seqs)
     quant = precision if precision != n.precision else None
     f.settings.update(quantization=quant, tensor_parallel_size=tp * f.device.devices)
@@ -104,39 +115,62 @@ def q1_fit(f: Facts) -> Answer:
     if pcie and tp > 1:  # the extra GPUs as pipeline stages of the job's own group
         f.settings.update(tensor_parallel_size=f.device.devices, pipeline_parallel_size=tp)
     if pcie and (tp > 1 or f.device.devices > 1):
-        evidence.append(split_traffic(f.shape, tp * f.device.devices, 2 if f.device.dtype != "float32" else 4))
+        evidence.append(
+            split_traffic(f.shape, tp * f.device.devices, 2 if f.device.dtype != "float32" else 4)
+        )
     if tp > 1:
         f.group = fit(f.shape, f.hf_config, f.device.group(tp), f.limits, precision, f.seqs)
     if f.nothing_fits:
         f.settings["fits"] = False
         size = tp * f.device.devices
-        evidence.append(f"{precision} over {size} x {f.device.name}: weights {f.chosen().weight_bytes / GB:.1f} GB, "
-                        f"KV pool {f.chosen().kv_tokens:,} tokens")  # fmt: skip
-        rec = (f"nothing fits: not even {size} x {f.device.name} (tensor_parallel_size={size}, the largest "
-               f"group considered) leaves room for a KV pool of two blocks; use GPUs with more memory, or a "
-               "smaller or quantized checkpoint. No engine settings are recommended")  # fmt: skip
+        evidence.append(
+            f"{precision} over {size} x {f.device.name}: weights {f.chosen().weight_bytes / GB:.1f} GB, "
+            f"KV pool {f.chosen().kv_tokens:,} tokens"
+        )
+        rec = (
+            f"nothing fits: not even {size} x {f.device.name} (tensor_parallel_size={size}, the largest "
+            f"group considered) leaves room for a KV pool of two blocks; use GPUs with more memory, or a "
+            "smaller or quantized checkpoint. No engine settings are recommended"
+        )
         return Answer(1, q, "no", evidence, rec)
     if n.headroom:
-        rec = (f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
-               f"(data parallel, tensor_parallel_size={f.device.devices})")  # fmt: skip
+        rec = (
+            f"run {n.precision} weights unquantized; with more GPUs run more lanes of {f.device.name} "
+            f"(data parallel, tensor_parallel_size={f.device.devices})"
+        )
         if pcie and f.device.devices > 1:
-            rec += (f"; over PCIe, pipeline_parallel_size={f.device.devices} moves far fewer bytes between the "
-                    "GPUs than tensor parallelism (see the evidence)")  # fmt: skip
+            rec += (
+                f"; over PCIe, pipeline_parallel_size={f.device.devices} moves far fewer bytes between the "
+                "GPUs than tensor parallelism (see the evidence)"
+            )
         return Answer(1, q, "yes", evidence, rec)
-    why = "the weights alone exceed the limit" if n.weight_share > HEADROOM or not n.fits else \
-        f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
-    how = ("pipeline parallelism: PCIe carries a pipeline's few activations far better than tensor "
-           "parallelism's two all-reduces per layer" if pcie else "tensor parallelism")  # fmt: skip
+    why = (
+        "the weights alone exceed the limit"
+        if n.weight_share > HEADROOM or not n.fits
+        else f"the KV pool left holds {n.seqs_at_mean} of the {n.batch_target} sequences a step needs"
+    )
+    how = (
+        "pipeline parallelism: PCIe carries a pipeline's few activations far better than tensor "
+        "parallelism's two all-reduces per layer"
+        if pcie
+        else "tensor parallelism"
+    )
     if quant:
-        rec = (f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
-               f"or shard {n.precision} weights over more GPUs ({how})")  # fmt: skip
+        rec = (
+            f"{why}: quantize to {QUANT_METHODS[quant]} ({f.fits[quant].seqs_at_mean:,} sequences fit), "
+            f"or shard {n.precision} weights over more GPUs ({how})"
+        )
     elif pcie:
-        rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: pipeline_parallel_size={tp}"
-               + (f" x tensor_parallel_size={f.device.devices}" if f.device.devices > 1 else "")
-               + f" ({how})")  # fmt: skip
+        rec = (
+            f"{why}, and no quantized precision fixes it on {f.device.name}: pipeline_parallel_size={tp}"
+            + (f" x tensor_parallel_size={f.device.devices}" if f.device.devices > 1 else "")
+            + f" ({how})"
+        )
     else:
-        rec = (f"{why}, and no quantized precision fixes it on {f.device.name}: "
-               f"tensor_parallel_size={tp * f.device.devices}")  # fmt: skip
+        rec = (
+            f"{why}, and no quantized precision fixes it on {f.device.name}: "
+            f"tensor_parallel_size={tp * f.device.devices}"
+        )
     return Answer(1, q, "no", evidence, rec)
 
 
@@ -147,25 +181,33 @@ def split_traffic(shape: ModelShape, gpus: int, dtype_bytes: int) -> str:
     hidden = shape.hidden_size * dtype_bytes
     tp = 2 * shape.num_layers * hidden * 2 * (gpus - 1) / gpus
     pp = 2 * hidden * (gpus - 1) / gpus  # (gpus - 1) boundaries, spread over gpus senders
-    return (f"between {gpus} GPUs over PCIe, per token: tensor parallelism sends {tp / 1024:,.0f} KiB per GPU "
-            f"(2 all-reduces x {shape.num_layers} layers), a pipeline {pp / 1024:,.1f} KiB "
-            f"({tp / pp:,.0f}x less); PCIe (~25 GB/s) makes TP's all-reduces the bottleneck, NVLink does not")  # fmt: skip
+    return (
+        f"between {gpus} GPUs over PCIe, per token: tensor parallelism sends {tp / 1024:,.0f} KiB per GPU "
+        f"(2 all-reduces x {shape.num_layers} layers), a pipeline {pp / 1024:,.1f} KiB "
+        f"({tp / pp:,.0f}x less); PCIe (~25 GB/s) makes TP's all-reduces the bottleneck, NVLink does not"
+    )
 
 
 def q2_sharing(f: Facts) -> Answer:
     s = f.sharing
     bs = s.block_size
     block_bytes = f.shape.kv_bytes_per_token(2 if f.device.dtype != "float32" else 4) * bs
-    evidence = [f"distinct trie tokens {s.distinct_tokens:,} of {s.prompt_tokens:,} prompt tokens "
-                f"({s.distinct_share:.0%}) in {s.requests:,} sampled requests",
-                f"block minimum {s.block_min_tokens:,} tokens at block_size {bs}: best prefix hit rate "
-                f"{s.best_hit_rate:.0%}"]  # fmt: skip
+    evidence = [
+        f"distinct trie tokens {s.distinct_tokens:,} of {s.prompt_tokens:,} prompt tokens "
+        f"({s.distinct_share:.0%}) in {s.requests:,} sampled requests",
+        f"block minimum {s.block_min_tokens:,} tokens at block_size {bs}: best prefix hit rate "
+        f"{s.best_hit_rate:.0%}",
+    ]
     rows = max(f.workload.good_rows, 1)
-    evidence += [f"shared head of {h.tokens:,} tokens in {h.rows:,} rows ({h.rows / rows:.0%}): {h.preview!r}"
-                 for h in s.heads[:3]]  # fmt: skip
+    evidence += [
+        f"shared head of {h.tokens:,} tokens in {h.rows:,} rows ({h.rows / rows:.0%}): {h.preview!r}"
+        for h in s.heads[:3]
+    ]
     if s.cache_blocks_needed:
-        evidence.append(f"the cache must keep at least {s.cache_blocks_needed} block(s) "
-                        f"({s.cache_blocks_needed * block_bytes / 2**20:.1f} MiB) for the longest head to stay shared")  # fmt: skip
+        evidence.append(
+            f"the cache must keep at least {s.cache_blocks_needed} block(s) "
+            f"({s.cache_blocks_needed * block_bytes / 2**20:.1f} MiB) for the longest head to stay shared"
+        )
     if f.flag:
         evidence.append(f.flag.message)
     yes = s.best_hit_rate >= SHARING_YES
@@ -174,8 +216,10 @@ def q2_sharing(f: Facts) -> Answer:
     if yes:
         rec = "keep enable_prefix_caching: true and ordering: prefix (the defaults)"
     else:
-        rec = (f"little to share (below {SHARING_YES:.0%}): ordering: fifo does as well as prefix ordering; "
-               "the prefix cache costs nothing and may stay on")  # fmt: skip
+        rec = (
+            f"little to share (below {SHARING_YES:.0%}): ordering: fifo does as well as prefix ordering; "
+            "the prefix cache costs nothing and may stay on"
+        )
     if f.flag:
         rec += f"; reorder the template: static text first, {{{{ {f.flag.variable} }}}} last"
     return Answer(2, "Do the requests share prompt structure?", "yes" if yes else "no", evidence, rec)
@@ -185,16 +229,26 @@ def q3_output_lengths(f: Facts) -> Answer:
     w, cfg = f.workload, f.cfg
     q = "Are output lengths variable?"
     if w.output_source == "scoring":
-        return Answer(3, q, "no", ["label scoring: every request is its prompt plus one label, one step of output"],
-                      "nothing to batch by length; continuous batching costs nothing here")  # fmt: skip
+        return Answer(
+            3,
+            q,
+            "no",
+            ["label scoring: every request is its prompt plus one label, one step of output"],
+            "nothing to batch by length; continuous batching costs nothing here",
+        )
     cap = w.output_cap
-    evidence = [f"max_tokens per row: p50 {cap.p50}, p90 {cap.p90}, max {cap.max} (spread {cap.cv:.2f})"
-                if cap.n else "no row sets max_tokens: rows run until EOS or the context limit"]
+    evidence = [
+        f"max_tokens per row: p50 {cap.p50}, p90 {cap.p90}, max {cap.max} (spread {cap.cv:.2f})"
+        if cap.n
+        else "no row sets max_tokens: rows run until EOS or the context limit"
+    ]
     pilot = f.workload.pilot
     if pilot is not None and pilot.output_tokens:
         d = Dist.of(pilot.output_tokens)
-        evidence.append(f"pilot: generated p50 {d.p50}, p90 {d.p90}, max {d.max} tokens (spread {d.cv:.2f}); "
-                        f"finish reasons {pilot.finish_reasons}")  # fmt: skip
+        evidence.append(
+            f"pilot: generated p50 {d.p50}, p90 {d.p90}, max {d.max} tokens (spread {d.cv:.2f}); "
+            f"finish reasons {pilot.finish_reasons}"
+        )
         verdict = "yes" if d.cv >= VARIABLE_CV or cap.cv >= VARIABLE_CV else "no"
     elif cap.cv >= VARIABLE_CV or w.unbounded_rows:
         verdict = "yes"
@@ -204,34 +258,48 @@ def q3_output_lengths(f: Facts) -> Answer:
     else:
         verdict = "likely"
         evidence.append("rows stop at EOS before the cap at lengths only a pilot measures (--pilot N)")
-    rec = {"yes": "continuous batching: a finished row frees its slot at once (always on in prefixflow)",
-           "likely": "continuous batching (always on in prefixflow); measure the spread with --pilot N",
-           "no": "equal lengths: static batching would do as well; continuous batching costs nothing"}[verdict]  # fmt: skip
+    rec = {
+        "yes": "continuous batching: a finished row frees its slot at once (always on in prefixflow)",
+        "likely": "continuous batching (always on in prefixflow); measure the spread with --pilot N",
+        "no": "equal lengths: static batching would do as well; continuous batching costs nothing",
+    }[verdict]
     return Answer(3, q, verdict, evidence, rec)
 
 
 def q4_fragmentation(f: Facts) -> Answer:
     x = f.chosen()
     if f.nothing_fits:
-        return Answer(4, "Does KV fragmentation cap the batch?", "not applicable",
-                      [f"no KV pool fits ({x.kv_tokens:,} tokens)"], "nothing fits (question 1): no batch to size")  # fmt: skip
+        return Answer(
+            4,
+            "Does KV fragmentation cap the batch?",
+            "not applicable",
+            [f"no KV pool fits ({x.kv_tokens:,} tokens)"],
+            "nothing fits (question 1): no batch to size",
+        )
     ctx = max(x.max_model_len, 1)
     contiguous = x.kv_tokens // ctx
     paged = x.seqs_at_mean
-    evidence = [f"KV pool {x.kv_tokens:,} tokens ({x.precision} weights): reserving max_model_len {ctx:,} per "
-                f"sequence (contiguous cache) fits {contiguous:,} sequences; paged, with shared heads stored once, "
-                f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)", f"max_num_seqs {f.limits.max_num_seqs}"]  # fmt: skip
+    evidence = [
+        f"KV pool {x.kv_tokens:,} tokens ({x.precision} weights): reserving max_model_len {ctx:,} per "
+        f"sequence (contiguous cache) fits {contiguous:,} sequences; paged, with shared heads stored once, "
+        f"{paged:,} sequences of the sample's mean size fit ({x.seqs_at_p99:,} of its p99 size)",
+        f"max_num_seqs {f.limits.max_num_seqs}",
+    ]
     capped = contiguous < f.limits.max_num_seqs
     verdict = "yes" if capped and paged >= PAGING_GAIN * max(contiguous, 1) else "no"
     seqs = max(1, min(paged, MAX_SEQS_CAP))  # the pool holds two blocks at least (it fits): one sequence runs
     f.settings["max_num_seqs"] = seqs
     f.settings["max_model_len"] = x.max_model_len
     if verdict == "yes":
-        rec = (f"paging (always on): max_num_seqs={seqs} uses the pool; a contiguous cache would stop at "
-               f"{contiguous}")  # fmt: skip
+        rec = (
+            f"paging (always on): max_num_seqs={seqs} uses the pool; a contiguous cache would stop at "
+            f"{contiguous}"
+        )
     else:
         rec = f"paging does not decide the batch here; max_num_seqs={seqs} fills the pool"
-    return Answer(4, "Does KV fragmentation cap the batch?", verdict, evidence, rec + "; " + _host_tier(f, x, evidence))
+    return Answer(
+        4, "Does KV fragmentation cap the batch?", verdict, evidence, rec + "; " + _host_tier(f, x, evidence)
+    )
 
 
 def _host_tier(f: Facts, x: Fit, evidence: list[str]) -> str:
@@ -244,11 +312,15 @@ def _host_tier(f: Facts, x: Fit, evidence: list[str]) -> str:
     host = host_memory_bytes()
     offload = recommend_offload_bytes(working, x.kv_tokens, per_token, host)
     f.settings["kv_offload_bytes"] = offload
-    evidence.append(f"working set about {working:,} tokens (shared head {shared:,} + {x.batch_target} sequences of "
-                    f"the p99 size) against a pool of {x.kv_tokens:,}; host memory {host / GB:.0f} GB")  # fmt: skip
+    evidence.append(
+        f"working set about {working:,} tokens (shared head {shared:,} + {x.batch_target} sequences of "
+        f"the p99 size) against a pool of {x.kv_tokens:,}; host memory {host / GB:.0f} GB"
+    )
     if offload:
-        return (f"kv_offload_bytes={offload} ({offload / 2**30:.0f} GiB host tier): evicted prefixes and "
-                "preempted sequences reload instead of recomputing")  # fmt: skip
+        return (
+            f"kv_offload_bytes={offload} ({offload / 2**30:.0f} GiB host tier): evicted prefixes and "
+            "preempted sequences reload instead of recomputing"
+        )
     return "kv_offload_bytes=0: the device pool holds the working set, a host tier would stay idle"
 
 
@@ -259,34 +331,54 @@ def q5_speculation(f: Facts) -> Answer:
     evidence = ["an offline batch job is measured in rows per GPU-hour, not in seconds per token"]
     f.settings["speculative_decoding"] = False
     if f.workload.output_source == "scoring":
-        return Answer(5, q, "not applicable", evidence + ["label scoring generates nothing to speculate on"],
-                      "no speculative decoding")  # fmt: skip
+        return Answer(
+            5,
+            q,
+            "not applicable",
+            evidence + ["label scoring generates nothing to speculate on"],
+            "no speculative decoding",
+        )
     batch = min(x.seqs_at_mean, f.limits.max_num_seqs)
-    evidence.append(f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
-                    f"tokens ({x.precision} on {f.device.name})")  # fmt: skip
+    evidence.append(
+        f"about {batch} sequences decode together; a step turns compute-bound near {cross:.0f} "
+        f"tokens ({x.precision} on {f.device.name})"
+    )
     pilot = f.workload.pilot
     proposed, accepted, steps = pilot.ngram_replay if pilot is not None else (0, 0, 0)
     tokens = accepted + steps
     per_step = tokens / steps if steps else 0.0
     if steps:
-        evidence.append(f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
-                        f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step")  # fmt: skip
+        evidence.append(
+            f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
+            f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step"
+        )
     if batch >= cross / 4:
-        rec = ("no speculative decoding: at this batch the spare compute that draft tokens need is not there "
-               "(speculative: {method: ngram} with num_speculative_tokens: auto would keep itself off)")  # fmt: skip
+        rec = (
+            "no speculative decoding: at this batch the spare compute that draft tokens need is not there "
+            "(speculative: {method: ngram} with num_speculative_tokens: auto would keep itself off)"
+        )
         return Answer(5, q, "no", evidence, rec)
     if steps and per_step >= SPECULATION_PAYS:
         f.settings["speculative_decoding"] = True
-        return Answer(5, q, "likely", evidence,
-                      f"speculative: {{method: ngram}}: at only {batch} sequences per step decode is bound by reading "
-                      f"weights, and {per_step:.2f} tokens per step would come almost for free")  # fmt: skip
+        return Answer(
+            5,
+            q,
+            "likely",
+            evidence,
+            f"speculative: {{method: ngram}}: at only {batch} sequences per step decode is bound by reading "
+            f"weights, and {per_step:.2f} tokens per step would come almost for free",
+        )
     if steps:
-        rec = (f"no: at {per_step:.2f} tokens per step the lookup is rarely right on this job's outputs "
-               "(a draft model might be; num_speculative_tokens: auto would keep n-gram speculation off)")  # fmt: skip
+        rec = (
+            f"no: at {per_step:.2f} tokens per step the lookup is rarely right on this job's outputs "
+            "(a draft model might be; num_speculative_tokens: auto would keep n-gram speculation off)"
+        )
     else:
-        rec = (f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, so "
-               "draft tokens would be nearly free: run --pilot N to measure how often n-gram lookup would be right "
-               "(speculative: {method: ngram})")  # fmt: skip
+        rec = (
+            f"no for throughput; at only {batch} sequences per step decode is bound by reading weights, so "
+            "draft tokens would be nearly free: run --pilot N to measure how often n-gram lookup would be right "
+            "(speculative: {method: ngram})"
+        )
     return Answer(5, q, "no", evidence, rec)
 
 
@@ -299,11 +391,15 @@ def q6_contention(f: Facts) -> Answer:
     cross = f.crossover_tokens(x.precision)
     budget = max(4096, min(16384, 1 << max(0, int(16 * cross) - 1).bit_length()))
     f.settings["max_num_batched_tokens"] = budget
-    evidence = [f"prefill {prefill:,} computed tokens vs decode {decode:,} ({share:.0%} prefill)",
-                "disaggregation (separate prefill and decode machines) serves latency targets of online "
-                "traffic; one offline job has none"]  # fmt: skip
-    rec = (f"chunked mixed steps: max_num_batched_tokens={budget} (>= 16x the {cross:.0f}-token compute "
-           "crossover, so prefill chunks run at full matmul rate and decodes ride along)")  # fmt: skip
+    evidence = [
+        f"prefill {prefill:,} computed tokens vs decode {decode:,} ({share:.0%} prefill)",
+        "disaggregation (separate prefill and decode machines) serves latency targets of online "
+        "traffic; one offline job has none",
+    ]
+    rec = (
+        f"chunked mixed steps: max_num_batched_tokens={budget} (>= 16x the {cross:.0f}-token compute "
+        "crossover, so prefill chunks run at full matmul rate and decodes ride along)"
+    )
     if f.workload.output_source == "scoring" or share > 0.95:
         return Answer(6, q, "no", evidence + ["almost no decode: steps are prefill only"], rec)
     if share < 0.05:
@@ -312,4 +408,6 @@ def q6_contention(f: Facts) -> Answer:
 
 
 def answer_all(f: Facts) -> list[Answer]:
-    return [q(f) for q in (q1_fit, q2_sharing, q3_output_lengths, q4_fragmentation, q5_speculation, q6_contention)]
+    return [
+        q(f) for q in (q1_fit, q2_sharing, q3_output_lengths, q4_fragmentation, q5_speculation, q6_contention)
+    ]

@@ -81,7 +81,9 @@ def render_sample(cfg: JobConfig, model: TokenizerOnlyModel, sample: Sample) -> 
         if p.prompt is not None:
             out.prompt_tokens.append(len(p.prompt))
             out.chunks_per_row.append(1)
-            out.requests.append(PlannedRequest(p.prompt, 1 if scoring else limit, i, "score" if scoring else "generate"))
+            out.requests.append(
+                PlannedRequest(p.prompt, 1 if scoring else limit, i, "score" if scoring else "generate")
+            )
         else:
             out.prompt_tokens.append(sum(len(c) for c in p.chunks))
             out.chunks_per_row.append(len(p.chunks))

@@ -53,27 +53,40 @@ def engine_settings(advice: Advice) -> dict[str, Any]:
 def print_advice(console: Console, advice: Advice) -> None:
     m, w, sh, d = advice.model, advice.workload, advice.sharing, advice.device
     console.rule("[bold]prefixflow advice")
-    console.print(f"model {m['model']} ({m['format']}, stored {m['checkpoint_precision']}, "
-                  f"{m['params'] / 1e6:,.0f} M parameters, context {m['context']:,}); "
-                  f"target {d.name} ({d.source}); the engine runs its weights {m['engine_path']['label']}",
-                  soft_wrap=True)  # fmt: skip
-    console.print(f"sample: {w.sampled_rows:,} of {w.total_rows:,} rows "
-                  f"({advice.timings.get('total_s', 0):.1f} s)", soft_wrap=True)  # fmt: skip
+    console.print(
+        f"model {m['model']} ({m['format']}, stored {m['checkpoint_precision']}, "
+        f"{m['params'] / 1e6:,.0f} M parameters, context {m['context']:,}); "
+        f"target {d.name} ({d.source}); the engine runs its weights {m['engine_path']['label']}",
+        soft_wrap=True,
+    )
+    console.print(
+        f"sample: {w.sampled_rows:,} of {w.total_rows:,} rows ({advice.timings.get('total_s', 0):.1f} s)",
+        soft_wrap=True,
+    )
     if advice.skipped_shards:
         console.print(f"[yellow]unreadable shards left out:[/] {', '.join(advice.skipped_shards[:5])}")
 
     console.print("\n[bold]Tokens[/]")
     p, o, proj = w.prompt, w.output_expected, w.projected
     console.print(f"  prompt tokens per row: p50 {p.p50:,}  p90 {p.p90:,}  p99 {p.p99:,}  max {p.max:,}")
-    console.print(f"  expected output per request ({w.output_source}): mean {o.mean:,.1f}  p50 {o.p50:,}  "
-                  f"p90 {o.p90:,}  max {o.max:,}")  # fmt: skip
-    console.print(f"  whole input: {proj['rows']:,} rows -> {proj['requests']:,} requests, "
-                  f"{proj['prompt_tokens']:,} prompt tokens ({proj['cached_prompt_tokens']:,} from the prefix "
-                  f"cache), {proj['output_tokens']:,} output tokens", soft_wrap=True)  # fmt: skip
+    console.print(
+        f"  expected output per request ({w.output_source}): mean {o.mean:,.1f}  p50 {o.p50:,}  "
+        f"p90 {o.p90:,}  max {o.max:,}"
+    )
+    console.print(
+        f"  whole input: {proj['rows']:,} rows -> {proj['requests']:,} requests, "
+        f"{proj['prompt_tokens']:,} prompt tokens ({proj['cached_prompt_tokens']:,} from the prefix "
+        f"cache), {proj['output_tokens']:,} output tokens",
+        soft_wrap=True,
+    )
     if w.errors_by_class:
         errs = ", ".join(f"{k} {v}" for k, v in w.errors_by_class.items())
-        console.print(f"  [yellow]error rows in the sample:[/] {errs} (~{proj['error_rows']:,} in the input); "
-                      f"e.g. {next(iter(w.error_examples.values()))}", soft_wrap=True, markup=True)  # fmt: skip
+        console.print(
+            f"  [yellow]error rows in the sample:[/] {errs} (~{proj['error_rows']:,} in the input); "
+            f"e.g. {next(iter(w.error_examples.values()))}",
+            soft_wrap=True,
+            markup=True,
+        )
     for note in w.notes:
         console.print(f"  note: {note}", soft_wrap=True)
 
@@ -84,26 +97,42 @@ def print_advice(console: Console, advice: Advice) -> None:
             console.print(f"  {note}", soft_wrap=True, markup=False)
 
     console.print("\n[bold]Sharing[/]")
-    console.print(f"  distinct trie tokens {sh.distinct_tokens:,} of {sh.prompt_tokens:,}; block minimum "
-                  f"{sh.block_min_tokens:,} at block_size {sh.block_size} -> best prefix hit rate "
-                  f"{sh.best_hit_rate:.0%}", soft_wrap=True)  # fmt: skip
+    console.print(
+        f"  distinct trie tokens {sh.distinct_tokens:,} of {sh.prompt_tokens:,}; block minimum "
+        f"{sh.block_min_tokens:,} at block_size {sh.block_size} -> best prefix hit rate "
+        f"{sh.best_hit_rate:.0%}",
+        soft_wrap=True,
+    )
     for h in sh.heads:
-        console.print(f"  {h.tokens:,} tokens shared by {h.rows:,} rows: {h.preview}", soft_wrap=True, markup=False)
+        console.print(
+            f"  {h.tokens:,} tokens shared by {h.rows:,} rows: {h.preview}", soft_wrap=True, markup=False
+        )
     if advice.flag:
         console.print(f"  [red]template order:[/] {advice.flag.message}", soft_wrap=True)
 
-    console.print(f"\n[bold]Memory[/] on {d.name}: KV {advice.kv_bytes_per_token / 1024:,.1f} KiB per token ({d.dtype})")
+    console.print(
+        f"\n[bold]Memory[/] on {d.name}: KV {advice.kv_bytes_per_token / 1024:,.1f} KiB per token ({d.dtype})"
+    )
     t = Table(show_edge=False, pad_edge=False, box=None)
     for col in ("weights", "GB", "share", "KV GB", "KV tokens", "seqs mean/p99", "max_model_len"):
         t.add_column(col, justify="right")
     for prec, f in advice.fits.items():
-        t.add_row(prec, f"{f.weight_bytes / GB:,.2f}", f"{f.weight_share:.0%}", f"{f.kv_pool_bytes / GB:,.1f}",
-                  f"{f.kv_tokens:,}", f"{f.seqs_at_mean:,}/{f.seqs_at_p99:,}",
-                  f"{f.max_model_len:,}" if f.fits else "does not fit")  # fmt: skip
+        t.add_row(
+            prec,
+            f"{f.weight_bytes / GB:,.2f}",
+            f"{f.weight_share:.0%}",
+            f"{f.kv_pool_bytes / GB:,.1f}",
+            f"{f.kv_tokens:,}",
+            f"{f.seqs_at_mean:,}/{f.seqs_at_p99:,}",
+            f"{f.max_model_len:,}" if f.fits else "does not fit",
+        )
     console.print(t)
     big = advice.largest()
-    console.print(f"  largest that fit ({big['precision']}): max_model_len {big['max_model_len']:,}, max_num_seqs "
-                  f"{big['max_num_seqs']:,} (every running sequence at the sample's p99 size)", soft_wrap=True)  # fmt: skip
+    console.print(
+        f"  largest that fit ({big['precision']}): max_model_len {big['max_model_len']:,}, max_num_seqs "
+        f"{big['max_num_seqs']:,} (every running sequence at the sample's p99 size)",
+        soft_wrap=True,
+    )
 
     console.print("\n[bold]The six questions[/]")
     for a in advice.answers:
@@ -115,9 +144,13 @@ def print_advice(console: Console, advice: Advice) -> None:
 
     console.print("\n[bold]Recommended engine settings[/] (job config `engine:` section)")
     if advice.settings.get("fits") is False:
-        console.print(f"  [red]none: nothing fits[/] on {d.name}: {advice.answers[0].recommendation}", soft_wrap=True)
+        console.print(
+            f"  [red]none: nothing fits[/] on {d.name}: {advice.answers[0].recommendation}", soft_wrap=True
+        )
     else:
-        console.print(yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False)
+        console.print(
+            yaml.safe_dump({"engine": engine_settings(advice)}, sort_keys=False).rstrip(), markup=False
+        )
 
     console.print("\n[bold]Time and cost[/] for the whole input, one lane")
     t = Table(show_edge=False, pad_edge=False, box=None)
@@ -126,11 +159,19 @@ def print_advice(console: Console, advice: Advice) -> None:
     for e in advice.estimates:
         tp = f" TP{e.devices_per_lane}" if e.devices_per_lane > 1 else ""
         by = "mem" if e.bound_by == "memory bandwidth" else "flops"
-        t.add_row(e.device, e.precision + tp, f"{_duration(e.lower_bound_s)} ({by})",
-                  _span(_duration(e.expected_s[0]), _duration(e.expected_s[1])), _hours(e.gpu_hours_lower),
-                  _span(_hours(e.gpu_hours_expected[0]), _hours(e.gpu_hours_expected[1])))  # fmt: skip
+        t.add_row(
+            e.device,
+            e.precision + tp,
+            f"{_duration(e.lower_bound_s)} ({by})",
+            _span(_duration(e.expected_s[0]), _duration(e.expected_s[1])),
+            _hours(e.gpu_hours_lower),
+            _span(_hours(e.gpu_hours_expected[0]), _hours(e.gpu_hours_expected[1])),
+        )
     console.print(t)
     sources = dict.fromkeys((e.efficiency, e.efficiency_source) for e in advice.estimates)
     for (lo, hi), src in sources:
-        console.print(f"  expected = bound / efficiency {_span(f'{lo:.2g}', f'{hi:.2g}')}: {src}", soft_wrap=True,
-                      markup=False)  # fmt: skip
+        console.print(
+            f"  expected = bound / efficiency {_span(f'{lo:.2g}', f'{hi:.2g}')}: {src}",
+            soft_wrap=True,
+            markup=False,
+        )

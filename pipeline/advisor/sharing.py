@@ -82,9 +82,13 @@ def block_cache_min_tokens(prompts: Sequence[Sequence[int]], block_size: int) ->
 
 
 def analyze(
-    prompts: Sequence[Sequence[int]], rows: Sequence[int], block_size: int,
-    decode: Callable[[list[int]], str] | None = None, top: int = 5, suffixes: Sequence[Sequence[int]] = (),
-) -> Sharing:  # fmt: skip
+    prompts: Sequence[Sequence[int]],
+    rows: Sequence[int],
+    block_size: int,
+    decode: Callable[[list[int]], str] | None = None,
+    top: int = 5,
+    suffixes: Sequence[Sequence[int]] = (),
+) -> Sharing:
     """Sharing of the job's requests: one per prompt (``rows[i]``: the sampled row prompt i serves), or with
     ``suffixes`` (label scoring) one per prompt and suffix, ``prompt + suffix``, never built as lists.
 
@@ -119,9 +123,13 @@ def analyze(
 
 
 def _heads(
-    ordered: list[Sequence[int]], rows: list[int], adj: list[int], block_size: int,
-    decode: Callable[[list[int]], str] | None, top: int,
-) -> list[SharedHead]:  # fmt: skip
+    ordered: list[Sequence[int]],
+    rows: list[int],
+    adj: list[int],
+    block_size: int,
+    decode: Callable[[list[int]], str] | None,
+    top: int,
+) -> list[SharedHead]:
     """Branching points of the trie (LCP intervals) that add at least one full block over their parent,
     ranked by the tokens they save (head length x (rows - 1))."""
     found: list[tuple[int, int, int, int]] = []  # (depth, left, right, parent depth)
@@ -144,8 +152,10 @@ def _heads(
         if n_rows >= 2:
             scored.append((depth * (n_rows - 1), depth, n_rows, right - left + 1, left))
     scored.sort(reverse=True)
-    return [SharedHead(depth, n_rows, n_req, _preview(decode, list(ordered[left][:depth])))
-            for _, depth, n_rows, n_req, left in scored[:top]]  # fmt: skip
+    return [
+        SharedHead(depth, n_rows, n_req, _preview(decode, list(ordered[left][:depth])))
+        for _, depth, n_rows, n_req, left in scored[:top]
+    ]
 
 
 def _preview(decode: Callable[[list[int]], str] | None, tokens: list[int], width: int = 48) -> str:

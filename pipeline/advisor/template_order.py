@@ -56,9 +56,12 @@ def _segments(template: nodes.Template) -> list[tuple[str, str | set[str]]]:
 
 
 def check_template(
-    source: str, rows: Sequence[dict[str, Any]], count_tokens: Callable[[str], int], block_size: int,
+    source: str,
+    rows: Sequence[dict[str, Any]],
+    count_tokens: Callable[[str], int],
+    block_size: int,
     aliases: dict[str, str] | None = None,
-) -> OrderFlag | None:  # fmt: skip
+) -> OrderFlag | None:
     """A flag when static text of at least one block follows the first row-varying variable and is at
     least as long as the static head (or a tenth of the prompt), else None. A variable with few distinct
     values in the sample (a category) only splits sharing into groups and is not flagged."""
@@ -85,9 +88,11 @@ def check_template(
     if first is None or after < block_size or after < before:
         return None
     shown = f"{{{{ {first} }}}}"
-    message = (f"the template puts {shown} ({distinct} distinct values in the sample) before {after} tokens "
-               f"of static text; every row's prompt differs from there on, so that text is computed for "
-               f"every row. Put the static text first and {shown} last to share it.")  # fmt: skip
+    message = (
+        f"the template puts {shown} ({distinct} distinct values in the sample) before {after} tokens "
+        f"of static text; every row's prompt differs from there on, so that text is computed for "
+        f"every row. Put the static text first and {shown} last to share it."
+    )
     return OrderFlag(first, after, before, distinct, message)
 
 
@@ -102,7 +107,9 @@ def check_column(
     tail = count_tokens(os.path.commonprefix([t[::-1] for t in texts])[::-1])
     if tail < block_size or tail < 2 * head:
         return None
-    message = (f"every sampled value of column {column!r} ends with the same ~{tail} tokens but starts with "
-               f"only ~{head} shared tokens; the prefix cache shares only beginnings, so build the prompt "
-               f"with the shared text first (a template: static text, then the row's text).")  # fmt: skip
+    message = (
+        f"every sampled value of column {column!r} ends with the same ~{tail} tokens but starts with "
+        f"only ~{head} shared tokens; the prefix cache shares only beginnings, so build the prompt "
+        f"with the shared text first (a template: static text, then the row's text)."
+    )
     return OrderFlag(column, tail, head, len(set(texts)), message)

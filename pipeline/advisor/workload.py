@@ -62,7 +62,11 @@ class PilotResult:
 
     @property
     def tokens_per_s(self) -> float:
-        return (self.prompt_tokens - self.cached_tokens + self.generated_tokens) / self.elapsed_s if self.elapsed_s else 0.0
+        return (
+            (self.prompt_tokens - self.cached_tokens + self.generated_tokens) / self.elapsed_s
+            if self.elapsed_s
+            else 0.0
+        )
 
     @property
     def hit_rate(self) -> float:
@@ -89,8 +93,12 @@ class Workload:
     def footprint(self, shared_blocks: int) -> Footprint:
         """Each running sequence's own KV (prompt + expected output - prefix-cache hits): mean and p99."""
         sizes = sorted(p + o - c for p, o, c in self.requests) or [1]
-        return Footprint(sum(sizes) / len(sizes), float(sizes[min(len(sizes) - 1, int(0.99 * len(sizes)))]),
-                         shared_blocks, self.output_source != "scoring")  # fmt: skip
+        return Footprint(
+            sum(sizes) / len(sizes),
+            float(sizes[min(len(sizes) - 1, int(0.99 * len(sizes)))]),
+            shared_blocks,
+            self.output_source != "scoring",
+        )
 
     @property
     def projected(self) -> dict[str, int]:
@@ -98,19 +106,28 @@ class Workload:
         cached = sum(r[2] for r in self.requests)
         output = sum(r[1] for r in self.requests)
         s = self.scale
-        return {"rows": self.total_rows, "requests": round(len(self.requests) * s),
-                "error_rows": round(sum(self.errors_by_class.values()) * s),
-                "prompt_tokens": round(prompt * s), "cached_prompt_tokens": round(cached * s),
-                "computed_prompt_tokens": round((prompt - cached) * s), "output_tokens": round(output * s),
-                "total_tokens": round((prompt + output) * s)}  # fmt: skip
+        return {
+            "rows": self.total_rows,
+            "requests": round(len(self.requests) * s),
+            "error_rows": round(sum(self.errors_by_class.values()) * s),
+            "prompt_tokens": round(prompt * s),
+            "cached_prompt_tokens": round(cached * s),
+            "computed_prompt_tokens": round((prompt - cached) * s),
+            "output_tokens": round(output * s),
+            "total_tokens": round((prompt + output) * s),
+        }
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("requests", "pilot")}
         d["projected"] = self.projected
         d["requests_sampled"] = len(self.requests)
         if self.pilot is not None:
-            d["pilot"] = {**asdict(self.pilot), "output_tokens": Dist.of(self.pilot.output_tokens).__dict__,
-                          "tokens_per_s": self.pilot.tokens_per_s, "prefix_hit_rate": self.pilot.hit_rate}  # fmt: skip
+            d["pilot"] = {
+                **asdict(self.pilot),
+                "output_tokens": Dist.of(self.pilot.output_tokens).__dict__,
+                "tokens_per_s": self.pilot.tokens_per_s,
+                "prefix_hit_rate": self.pilot.hit_rate,
+            }
             d["pilot"].pop("output_caps")
             d["pilot"].pop("requests")
         return d
@@ -134,8 +151,10 @@ def build_workload(
     unbounded = sum(1 for m in rendered.max_tokens if m is None)
     if unbounded and source == "max_tokens":
         source = "guess"
-        notes.append(f"{unbounded} sampled rows set no max_tokens: they run until EOS or the context limit; "
-                     f"{UNBOUNDED_OUTPUT_GUESS} output tokens assumed for them (measure with --pilot N)")  # fmt: skip
+        notes.append(
+            f"{unbounded} sampled rows set no max_tokens: they run until EOS or the context limit; "
+            f"{UNBOUNDED_OUTPUT_GUESS} output tokens assumed for them (measure with --pilot N)"
+        )
     requests: list[tuple[int, int, int]] = []
     outputs: list[int] = []
     ends = [len(s) for s in rendered.suffixes] or [0]

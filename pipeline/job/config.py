@@ -135,7 +135,9 @@ def _str_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-OptStr = Annotated[str | None, _rule(lambda v: v is None or (isinstance(v, str) and bool(v)), "a non-empty string")]
+OptStr = Annotated[
+    str | None, _rule(lambda v: v is None or (isinstance(v, str) and bool(v)), "a non-empty string")
+]
 PosInt = Annotated[int, _rule(lambda v: _is_int(v) and v >= 1, "a positive integer")]
 Seconds = Annotated[int | float, _rule(lambda v: _is_number(v) and v > 0, "a positive number of seconds")]
 StrList = Annotated[tuple[str, ...], BeforeValidator(_str_list)]
@@ -154,10 +156,14 @@ class SummarizeConfig(Section):
     and the output)."""
 
     document_column: OptStr = "text"
-    long_document: Annotated[Literal["error", "truncate", "map_reduce"], _choice("error", "truncate", "map_reduce")] = "truncate"  # fmt: skip
+    long_document: Annotated[
+        Literal["error", "truncate", "map_reduce"], _choice("error", "truncate", "map_reduce")
+    ] = "truncate"
     truncate_side: Annotated[Literal["head", "tail", "both"], _choice("head", "tail", "both")] = "head"
     # map_reduce chunk size; None: as large as the context allows
-    chunk_tokens: Annotated[int | None, _rule(lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer")] = None  # fmt: skip
+    chunk_tokens: Annotated[
+        int | None, _rule(lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer")
+    ] = None
     reduce_template: OptStr = DEFAULT_REDUCE_TEMPLATE
 
 
@@ -183,9 +189,11 @@ class LabelConfig(Section):
     # error row, never scored, and as a stand-in it over-corrected (benchmarks/RESULTS.md, issue 14)
     content_free: Annotated[
         tuple[str, ...],
-        _rule(lambda v: isinstance(v, list | tuple) and bool(v) and all(isinstance(s, str) for s in v),
-              'a non-empty list of strings ("" allowed)'),
-    ] = ("N/A", "[MASK]")  # fmt: skip
+        _rule(
+            lambda v: isinstance(v, list | tuple) and bool(v) and all(isinstance(s, str) for s in v),
+            'a non-empty list of strings ("" allowed)',
+        ),
+    ] = ("N/A", "[MASK]")
     length_norm: Annotated[Literal["sum", "mean"], _choice("sum", "mean")] = "sum"  # sum over tokens | mean
     case_variants: Flag = True  # "Billing" also counts for "billing" (and the reverse)
 
@@ -212,14 +220,21 @@ class StorageConfig(Section):
     ``options`` may hold credentials, so they are never written to disk and left out of the repr."""
 
     endpoint_url: OptStr = None
-    options: Annotated[dict[str, Any], _rule(lambda v: isinstance(v, dict), "a mapping of fsspec options")] = Field(
-        default_factory=dict, repr=False
-    )  # fmt: skip
+    options: Annotated[
+        dict[str, Any], _rule(lambda v: isinstance(v, dict), "a mapping of fsspec options")
+    ] = Field(default_factory=dict, repr=False)
 
 
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "credential", "private", "sas", "signature")
-_SECRET_KEYS = {"key", "access_key", "access_key_id", "aws_access_key_id", "account_key", "api_key",
-                "connection_string"}  # fmt: skip
+_SECRET_KEYS = {
+    "key",
+    "access_key",
+    "access_key_id",
+    "aws_access_key_id",
+    "account_key",
+    "api_key",
+    "connection_string",
+}
 
 
 def secret_name_pattern() -> str:
@@ -263,7 +278,9 @@ class StructuredSection(Section):
 
     def outputs(self) -> Any:
         """The engine's ``StructuredOutputs`` for this section."""
-        return engine_access.StructuredOutputs(**{name: getattr(self, name) for name in self.model_fields_set})
+        return engine_access.StructuredOutputs(
+            **{name: getattr(self, name) for name in self.model_fields_set}
+        )
 
 
 class SamplingSection(Section):
@@ -304,7 +321,9 @@ class SamplingSection(Section):
             raise problem(f"expected a mapping such as {{regex: '...'}}, got {structured!r}", at="structured")
         if isinstance(data.get("logit_bias"), dict):  # JSON and OpenAI write token ids as strings
             data = {**data, "logit_bias": _token_keys(data["logit_bias"])}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"}
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "structured"
+        }
         if values:
             error = engine_access.SamplingParams(**values).validation_error()
             if error:
@@ -406,8 +425,17 @@ def _chat(value: Any) -> Any:
 
 
 # -- the job --------------------------------------------------------------------------------------------
-_SECTIONS = ("sampling", "sampling_columns", "keep_columns", "summarize", "label", "output", "engine", "storage",
-             "template_limits")  # fmt: skip
+_SECTIONS = (
+    "sampling",
+    "sampling_columns",
+    "keep_columns",
+    "summarize",
+    "label",
+    "output",
+    "engine",
+    "storage",
+    "template_limits",
+)
 
 
 class JobConfig(Section):
@@ -423,10 +451,14 @@ class JobConfig(Section):
     prompt_column: OptStr = None
     messages_column: OptStr = None  # list<struct<role, content>>: the conversation itself
     template: OptStr = None
-    chat: Annotated[Literal["auto", "on", "off"], _choice("auto", "on", "off"), BeforeValidator(_chat)] = "auto"  # last runs first
+    chat: Annotated[Literal["auto", "on", "off"], _choice("auto", "on", "off"), BeforeValidator(_chat)] = (
+        "auto"  # last runs first
+    )
     system_prompt: OptStr = None
     sampling: SamplingSection = Field(default_factory=SamplingSection)
-    sampling_columns: Annotated[dict[str, str], BeforeValidator(_sampling_columns)] = Field(default_factory=dict)
+    sampling_columns: Annotated[dict[str, str], BeforeValidator(_sampling_columns)] = Field(
+        default_factory=dict
+    )
     keep_columns: StrList = ()
     summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
     label: LabelConfig = Field(default_factory=LabelConfig)
@@ -451,8 +483,10 @@ class JobConfig(Section):
     def _no_output_column(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         clash = sorted(set(value) & set(OUTPUT_COLUMNS))
         if clash:
-            raise problem(f"{clash} would overwrite output columns ({', '.join(OUTPUT_COLUMNS)}); "
-                          "rename them in the input or leave them out")  # fmt: skip
+            raise problem(
+                f"{clash} would overwrite output columns ({', '.join(OUTPUT_COLUMNS)}); "
+                "rename them in the input or leave them out"
+            )
         return value
 
     @model_validator(mode="after")
@@ -476,9 +510,26 @@ class JobConfig(Section):
 
 
 # Columns every output row may have (pipeline/run/output_schema.py builds them); kept input columns may not reuse them.
-OUTPUT_COLUMNS = ("id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "latency_s", "truncated", "source_file", "row_index", "label", "label_probs", "label_logprobs_raw",
-                  "label_gold", "extracted", "samples")  # fmt: skip
+OUTPUT_COLUMNS = (
+    "id",
+    "output",
+    "finish_reason",
+    "error",
+    "error_class",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "latency_s",
+    "truncated",
+    "source_file",
+    "row_index",
+    "label",
+    "label_probs",
+    "label_logprobs_raw",
+    "label_gold",
+    "extracted",
+    "samples",
+)
 
 
 def fold_speculative(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -490,7 +541,9 @@ def fold_speculative(data: Mapping[str, Any]) -> dict[str, Any]:
     if spec is None:
         return rest
     if not isinstance(spec, dict):
-        raise JobConfigError(f"job config: speculative: expected a mapping such as {{method: ngram}}, got {spec!r}")
+        raise JobConfigError(
+            f"job config: speculative: expected a mapping such as {{method: ngram}}, got {spec!r}"
+        )
     engine = rest.get("engine") or {}
     if not isinstance(engine, dict):
         return dict(data)  # the engine section's own check names the problem

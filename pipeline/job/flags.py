@@ -33,8 +33,10 @@ def key_value(text: str) -> tuple[str, Any]:
         return key, yaml.safe_load(value)
     except yaml.YAMLError as exc:  # argparse turns this into one usage line, not a traceback
         problem = str(getattr(exc, "problem", None) or exc).strip()
-        raise argparse.ArgumentTypeError(f"{key}={value!r}: the value is not valid YAML ({problem}); to pass "
-                                         f"it as a string, quote it: {key}='...'") from exc  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{key}={value!r}: the value is not valid YAML ({problem}); to pass "
+            f"it as a string, quote it: {key}='...'"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,15 @@ class JobOption:
 
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         if self.repeatable:
-            parser.add_argument(self.flag, dest=self.name, type=self.parse, action="append", default=[],
-                                metavar="KEY=VALUE", help=self.help)  # fmt: skip
+            parser.add_argument(
+                self.flag,
+                dest=self.name,
+                type=self.parse,
+                action="append",
+                default=[],
+                metavar="KEY=VALUE",
+                help=self.help,
+            )
         else:
             parser.add_argument(self.flag, dest=self.name, type=self.parse, help=self.help)
 
@@ -118,47 +127,102 @@ def comma_list(text: str) -> list[str]:
 
 
 JOB_OPTIONS: tuple[JobOption, ...] = (
-    JobOption("task", "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
-              "--task label --labels positive,negative --template 'Review: {{ text }}'"),  # fmt: skip
+    JobOption(
+        "task",
+        "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
+        "--task label --labels positive,negative --template 'Review: {{ text }}'",
+    ),
     JobOption("id_column", "column with unique row ids (default: file path + row index)"),
     JobOption("prompt_column", "column used verbatim as the prompt"),
     JobOption("template", "Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'"),
     JobOption("messages_column", "column holding the whole conversation (list of {role, content})"),
     JobOption("system_prompt", "system prompt (chat template) or text before each prompt"),
-    JobOption("labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", at="label.labels"),
+    JobOption(
+        "labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", at="label.labels"
+    ),
     JobOption("temperature", "sampling temperature (0 = greedy, the default)", at="sampling.temperature"),
     JobOption("max_tokens", "output length limit per row", at="sampling.max_tokens"),
     JobOption("shard_rows", "rows per shard (part of the job fingerprint)", at="output.shard_rows"),
     JobOption("flush_rows", "write a part file every N finished rows", at="output.flush_rows"),
     JobOption("flush_seconds", "... or every T seconds", at="output.flush_seconds"),
-    JobOption("quantization", at="engine.quantization", help="quantize a full-precision model while loading: int8, int4 or fp8 "
-              "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
-              "blocks packed on the CPU too; docs/models.md)"),
+    JobOption(
+        "quantization",
+        at="engine.quantization",
+        help="quantize a full-precision model while loading: int8, int4 or fp8 "
+        "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
+        "blocks packed on the CPU too; docs/models.md)",
+    ),
     JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
-    JobOption("tensor_parallel_size", at="engine.tensor_parallel_size", help="split the model over N devices in one engine (GPUs; CPU processes "
-              "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)", type=int),  # fmt: skip
-    JobOption("kv_offload_gb", at="engine.kv_offload_bytes", convert=gib_to_bytes, help="host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
-              "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
-              type=float),  # fmt: skip
-    JobOption("kv_cache_dir", at="engine.kv_cache_dir", help="local directory of computed prompt KV blocks (engine.kv_cache_dir): a later run "
-              "of the same model and prompts reloads them instead of computing them; safe to share between "
-              "concurrent runs (docs/engine.md)"),  # fmt: skip
-    JobOption("kv_cache_dir_gb", at="engine.kv_cache_dir_bytes", convert=gib_to_bytes, help="size cap of --kv-cache-dir in GiB, least recently used files evicted "
-              "(engine.kv_cache_dir_bytes; default 16)", type=float),  # fmt: skip
-    JobOption("speculative_method", at="speculative.method", help="speculative decoding: ngram (prompt lookup) or draft_model "
-              "(with --speculative-model); exact: outputs do not change (docs/engine.md)"),  # fmt: skip
-    JobOption("num_speculative_tokens", at="speculative.num_speculative_tokens", help="draft tokens per step: auto (default: the engine speculates only "
-              "where it pays) or a fixed k", type=speculative_tokens),  # fmt: skip
-    JobOption("speculative_model", at="speculative.model", help="the draft model of --speculative-method draft_model (same tokenizer)"),
-    JobOption("pipeline_parallel_size", at="engine.pipeline_parallel_size", help="split the model's layers into P stages, P x T devices with "
-              "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
-              type=int),  # fmt: skip
+    JobOption(
+        "tensor_parallel_size",
+        at="engine.tensor_parallel_size",
+        help="split the model over N devices in one engine (GPUs; CPU processes "
+        "with gloo); a flow lane then takes N GPUs (engine.tensor_parallel_size)",
+        type=int,
+    ),
+    JobOption(
+        "kv_offload_gb",
+        at="engine.kv_offload_bytes",
+        convert=gib_to_bytes,
+        help="host-memory KV tier in GiB (engine.kv_offload_bytes): evicted prefix blocks and "
+        "preempted requests' KV are kept there and reloaded instead of recomputed (docs/engine.md)",
+        type=float,
+    ),
+    JobOption(
+        "kv_cache_dir",
+        at="engine.kv_cache_dir",
+        help="local directory of computed prompt KV blocks (engine.kv_cache_dir): a later run "
+        "of the same model and prompts reloads them instead of computing them; safe to share between "
+        "concurrent runs (docs/engine.md)",
+    ),
+    JobOption(
+        "kv_cache_dir_gb",
+        at="engine.kv_cache_dir_bytes",
+        convert=gib_to_bytes,
+        help="size cap of --kv-cache-dir in GiB, least recently used files evicted "
+        "(engine.kv_cache_dir_bytes; default 16)",
+        type=float,
+    ),
+    JobOption(
+        "speculative_method",
+        at="speculative.method",
+        help="speculative decoding: ngram (prompt lookup) or draft_model "
+        "(with --speculative-model); exact: outputs do not change (docs/engine.md)",
+    ),
+    JobOption(
+        "num_speculative_tokens",
+        at="speculative.num_speculative_tokens",
+        help="draft tokens per step: auto (default: the engine speculates only where it pays) or a fixed k",
+        type=speculative_tokens,
+    ),
+    JobOption(
+        "speculative_model",
+        at="speculative.model",
+        help="the draft model of --speculative-method draft_model (same tokenizer)",
+    ),
+    JobOption(
+        "pipeline_parallel_size",
+        at="engine.pipeline_parallel_size",
+        help="split the model's layers into P stages, P x T devices with "
+        "--tensor-parallel-size T; fewer bytes between GPUs than TP on PCIe (engine.pipeline_parallel_size)",
+        type=int,
+    ),
 )
 STORAGE_OPTIONS: tuple[JobOption, ...] = (
-    JobOption("endpoint_url", at="storage.endpoint_url", help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)"),
-    JobOption("storage_options", at="storage.options", help="fsspec storage option (repeatable), e.g. anon=true; credentials come from "
-              "the environment or the AWS credential chain (docs/pipeline.md#credentials)", type=key_value,
-              repeatable=True, flag_name="--storage-option"),  # fmt: skip
+    JobOption(
+        "endpoint_url",
+        at="storage.endpoint_url",
+        help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)",
+    ),
+    JobOption(
+        "storage_options",
+        at="storage.options",
+        help="fsspec storage option (repeatable), e.g. anon=true; credentials come from "
+        "the environment or the AWS credential chain (docs/pipeline.md#credentials)",
+        type=key_value,
+        repeatable=True,
+        flag_name="--storage-option",
+    ),
 )
 # load_job overrides without a flag (a YAML job sets these; the Python API may override them)
 API_OPTIONS: tuple[JobOption, ...] = (
@@ -169,7 +233,9 @@ API_OPTIONS: tuple[JobOption, ...] = (
 )
 JOB_OPTION_NAMES = tuple(o.name for o in (*JOB_OPTIONS, *STORAGE_OPTIONS))
 # load_job(**overrides) shortcuts: option name -> (section, key), and the conversions on the way in
-SHORTCUTS: dict[str, tuple[str, ...]] = {o.name: o.path for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.at}
+SHORTCUTS: dict[str, tuple[str, ...]] = {
+    o.name: o.path for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.at
+}
 SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
     o.name: o.convert for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.convert is not None
 }
@@ -181,11 +247,15 @@ def add_storage_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
         option.add_to(parser)
 
 
-def add_job_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, need_output: bool = True) -> None:
+def add_job_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, need_output: bool = True
+) -> None:
     """--input, --output, --model, --job and every job option."""
     parser.add_argument("--input", required=True, help="Parquet file, folder, glob, or s3:// URL")
     if need_output:
-        parser.add_argument("--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)")
+        parser.add_argument(
+            "--output", required=True, help="output folder or s3:// URL (results in OUTPUT/data/)"
+        )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     parser.add_argument("--job", help="job config YAML (see configs/jobs/summarize.yaml, label.yaml)")
     for option in JOB_OPTIONS:
@@ -194,9 +264,12 @@ def add_job_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, nee
 
 
 def add_new_run_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--new-run", action="store_true",
-                        help="discard an earlier run with a different job fingerprint in OUTPUT and start over "
-                             "(a run with the same fingerprint is resumed, not discarded)")  # fmt: skip
+    parser.add_argument(
+        "--new-run",
+        action="store_true",
+        help="discard an earlier run with a different job fingerprint in OUTPUT and start over "
+        "(a run with the same fingerprint is resumed, not discarded)",
+    )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

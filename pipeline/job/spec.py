@@ -98,8 +98,13 @@ class JobSpec:
         cfg["shard_rows"] = out["shard_rows"]
         kept = fingerprinted_engine_fields()
         cfg["engine"] = {k: v for k, v in sorted(self.config.engine.items()) if k in kept}
-        return {"version": FINGERPRINT_VERSION, "input": self.input, "model": self.model,
-                "model_identity": self.model_identity(), "job": cfg}  # fmt: skip
+        return {
+            "version": FINGERPRINT_VERSION,
+            "input": self.input,
+            "model": self.model,
+            "model_identity": self.model_identity(),
+            "job": cfg,
+        }
 
     def model_identity(self) -> dict[str, Any]:
         """What ``model`` refers to (weights digests, resolved dtype), from the engine without loading it.
@@ -108,9 +113,11 @@ class JobSpec:
         """
         engine = self.config.engine
         return model_identity(
-            self.model, str(engine.get("dtype") or "auto"), str(engine.get("device") or "auto"),
+            self.model,
+            str(engine.get("dtype") or "auto"),
+            str(engine.get("device") or "auto"),
             engine.get("quantization"),
-        )  # fmt: skip
+        )
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
@@ -130,7 +137,9 @@ StatKey = tuple[tuple[str, int, int], ...]
 
 
 @functools.lru_cache(maxsize=32)
-def _describe(model: str, dtype: str, device: str, quantization: str | None, stat_key: StatKey) -> dict[str, Any]:
+def _describe(
+    model: str, dtype: str, device: str, quantization: str | None, stat_key: StatKey
+) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import describe_model
 
     try:
@@ -226,15 +235,19 @@ def parse_job_config(data: Mapping[str, Any] | None) -> JobConfig:
     task = task_of(cfg)
     if cfg.json_schema is not None and not task.takes_schema:
         owners = " and ".join(t.name for t in TASKS.values() if t.takes_schema)
-        raise JobConfigError(f"job config: schema: applies to {owners} jobs only (this job is task: {cfg.task})")
+        raise JobConfigError(
+            f"job config: schema: applies to {owners} jobs only (this job is task: {cfg.task})"
+        )
     if not task.several_samples and (cfg.sampling.n != 1 or "n" in cfg.sampling_columns):
         owners = " and ".join(t.name for t in TASKS.values() if t.several_samples)
         raise JobConfigError(f"job config: sampling.n: several samples per row apply to {owners} jobs only")
     cfg = task.check(cfg, data or {})
     clash = sorted(set(cfg.keep_columns) & {f.name for f in task.output_fields(cfg)})
     if clash:  # the built-in tasks' columns are refused by the model already; a new task's here
-        raise JobConfigError(f"job config: keep_columns: {clash} would overwrite output columns of the {cfg.task} "
-                             "task; rename them in the input or leave them out")  # fmt: skip
+        raise JobConfigError(
+            f"job config: keep_columns: {clash} would overwrite output columns of the {cfg.task} "
+            "task; rename them in the input or leave them out"
+        )
     check_job_constraint(cfg, task)
     check_template(cfg.template, "template")
     return cfg

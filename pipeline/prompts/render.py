@@ -134,14 +134,18 @@ def conversation(value: Any, what: str) -> list[dict[str, str]]:
     if isinstance(value, (str, bytes)):
         value = _json_messages(as_text(value, what), what)
     if not isinstance(value, (list, tuple)):
-        raise RowError(BAD_TYPE, f"{what} must be a list of {{role, content}} messages, got {type(value).__name__}")
+        raise RowError(
+            BAD_TYPE, f"{what} must be a list of {{role, content}} messages, got {type(value).__name__}"
+        )
     if not value:
         raise RowError(EMPTY_PROMPT, f"{what} has no messages")
     out = []
     for i, message in enumerate(value):
         where = f"{what}[{i}]"
         if not isinstance(message, dict):
-            raise RowError(BAD_TYPE, f"{where} must be a {{role, content}} mapping, got {type(message).__name__}")
+            raise RowError(
+                BAD_TYPE, f"{where} must be a {{role, content}} mapping, got {type(message).__name__}"
+            )
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise RowError(BAD_TYPE, f"{where}.role is {role!r}; expected one of: {', '.join(CHAT_ROLES)}")
@@ -170,8 +174,11 @@ def _content_text(content: Any, where: str) -> str:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise RowError(BAD_TYPE, f"{where}[{j}] is not a text part ({{type: text, text: ...}}); "
-                               "this engine reads text only")  # fmt: skip
+                raise RowError(
+                    BAD_TYPE,
+                    f"{where}[{j}] is not a text part ({{type: text, text: ...}}); "
+                    "this engine reads text only",
+                )
             texts.append(part["text"])
         return "\n".join(texts)
     raise RowError(BAD_TYPE, f"{where} must be text or a list of text parts, got {type(content).__name__}")

@@ -158,8 +158,14 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         limit = _max_chars()
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(times, int) and len(seq) * times > limit:
-                    raise TemplateLimitExceeded(f"'*' would build {len(seq) * times:,} items (template_limits.max_chars is {limit:,})")
+                if (
+                    isinstance(seq, (str, bytes, list, tuple))
+                    and isinstance(times, int)
+                    and len(seq) * times > limit
+                ):
+                    raise TemplateLimitExceeded(
+                        f"'*' would build {len(seq) * times:,} items (template_limits.max_chars is {limit:,})"
+                    )
         if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64 and abs(left) > 1:
             raise TemplateLimitExceeded(f"'**' with exponent {right} is refused in templates")
         if operator == "%" and isinstance(left, str):
@@ -167,11 +173,16 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        if isinstance(getattr(__obj, "__self__", None), (str, bytes)) and getattr(__obj, "__name__", "") in _PADDING:
+        if (
+            isinstance(getattr(__obj, "__self__", None), (str, bytes))
+            and getattr(__obj, "__name__", "") in _PADDING
+        ):
             limit = _max_chars()
             for value in (*args, *kwargs.values()):
                 if isinstance(value, int) and value > limit:
-                    raise TemplateLimitExceeded(f"{__obj.__name__}({value:,}) is over template_limits.max_chars ({limit:,})")
+                    raise TemplateLimitExceeded(
+                        f"{__obj.__name__}({value:,}) is over template_limits.max_chars ({limit:,})"
+                    )
         return super().call(__context, __obj, *args, **kwargs)
 
 
@@ -204,7 +215,9 @@ def render_limited(template: jinja2.Template, context: dict[str, Any], limits: T
         nonlocal ticks
         ticks += 1
         if ticks % _CHECK_EVERY == 0 and time.monotonic() > deadline:
-            raise TemplateLimitExceeded(f"rendering took longer than {limits.seconds:g} s (template_limits.seconds)")
+            raise TemplateLimitExceeded(
+                f"rendering took longer than {limits.seconds:g} s (template_limits.seconds)"
+            )
         return tracer
 
     previous = sys.gettrace()
@@ -217,8 +230,9 @@ def render_limited(template: jinja2.Template, context: dict[str, Any], limits: T
         for piece in template.generate(**context):
             size += len(piece)
             if size > limits.max_chars:
-                raise TemplateLimitExceeded(f"the rendered prompt is over {limits.max_chars:,} characters "
-                                            "(template_limits.max_chars)")  # fmt: skip
+                raise TemplateLimitExceeded(
+                    f"the rendered prompt is over {limits.max_chars:,} characters (template_limits.max_chars)"
+                )
             pieces.append(piece)
         return "".join(pieces)
     finally:

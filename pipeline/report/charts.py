@@ -48,8 +48,10 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 def _lines(series: list[LaneSeries]) -> tuple[list[tuple[str, list[tuple[float, float]]]], float]:
     """(label, [(seconds since the run's first lane started, tok/s)]) per lane, plus the run total."""
     t0 = min(s.started_at for s in series)
-    lines = [(f"{s.lane}", [(s.started_at - t0 + i.start_s + i.seconds / 2, i.tokens_per_s) for i in s.intervals])
-             for s in series]  # fmt: skip
+    lines = [
+        (f"{s.lane}", [(s.started_at - t0 + i.start_s + i.seconds / 2, i.tokens_per_s) for i in s.intervals])
+        for s in series
+    ]
     if len(series) > 1:
         total = run_timeline(series)
         lines.append(("all lanes", [(i.start_s + i.seconds / 2, i.tokens_per_s) for i in total]))
@@ -73,9 +75,12 @@ def svg_chart(series: list[LaneSeries], title: str = "prefixflow throughput") ->
     def y(v: float) -> float:
         return TOP + ph * (1 - v / ytop)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-           'font-family="sans-serif" font-size="11">', f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-           f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)} (tok/s)</text>']  # fmt: skip
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)} (tok/s)</text>',
+    ]
     for v in yticks:
         out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:,.0f}</text>')
@@ -91,8 +96,10 @@ def svg_chart(series: list[LaneSeries], title: str = "prefixflow throughput") ->
         path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="{width}" points="{path}"/>')
         ly = TOP + 14 + 16 * k
-        out.append(f'<line x1="{LEFT + pw + 12}" x2="{LEFT + pw + 30}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" '
-                   f'stroke-width="{width}"/><text x="{LEFT + pw + 34}" y="{ly}">{escape(label)}</text>')  # fmt: skip
+        out.append(
+            f'<line x1="{LEFT + pw + 12}" x2="{LEFT + pw + 30}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" '
+            f'stroke-width="{width}"/><text x="{LEFT + pw + 34}" y="{ly}">{escape(label)}</text>'
+        )
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -115,8 +122,13 @@ def png_chart(series: list[LaneSeries], title: str = "prefixflow throughput") ->
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
     for label, pts in lines:
         total = label == "all lanes"
-        ax.plot([t for t, _ in pts], [v for _, v in pts], label=label, linewidth=2.5 if total else 1.5,
-                color="black" if total else None)  # fmt: skip
+        ax.plot(
+            [t for t, _ in pts],
+            [v for _, v in pts],
+            label=label,
+            linewidth=2.5 if total else 1.5,
+            color="black" if total else None,
+        )
     ax.set_title(f"{title} (tok/s)")
     ax.set_xlabel("seconds since the first lane started")
     ax.set_ylim(bottom=0)

@@ -104,8 +104,12 @@ class Snapshot:
 
     def line(self) -> str:
         pct = f" ({self.rows / self.total:.0%})" if self.total else ""
-        parts = [f"{self.rows:,}/{self.total:,} rows{pct}", rates_text(self), f"elapsed {clock_text(self.elapsed_s)}",
-                 f"ETA {clock_text(self.eta_s)}"]  # fmt: skip
+        parts = [
+            f"{self.rows:,}/{self.total:,} rows{pct}",
+            rates_text(self),
+            f"elapsed {clock_text(self.elapsed_s)}",
+            f"ETA {clock_text(self.eta_s)}",
+        ]
         return "  ".join(parts)
 
 
@@ -173,8 +177,15 @@ class ProgressDisplay:
         self._thread: threading.Thread | None = None
         self._bar: Progress | None = None
         if mode == "bar":
-            self._bar = Progress(TextColumn("[bold]rows"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 console=console or Console(file=self.stream), auto_refresh=False, transient=False)  # fmt: skip
+            self._bar = Progress(
+                TextColumn("[bold]rows"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=console or Console(file=self.stream),
+                auto_refresh=False,
+                transient=False,
+            )
             self._task = self._bar.add_task("rows", total=total_rows, info="")
 
     # -- the ProgressSink side ------------------------------------------------------------------
@@ -221,7 +232,9 @@ class ProgressDisplay:
             return None
         stats = self.engine_stats()
         generated = getattr(stats, "generated_tokens", None)  # per step; output_tokens moves per finished row
-        return int(stats.computed_prompt_tokens), int(generated if generated is not None else stats.output_tokens)
+        return int(stats.computed_prompt_tokens), int(
+            generated if generated is not None else stats.output_tokens
+        )
 
     def _tokens_done(self) -> int:
         engine = self._engine_counts()
@@ -253,7 +266,9 @@ class ProgressDisplay:
             eta = self._eta(max(self.total - done, 0), rows_rate)
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
             elapsed = self.clock() - self.start
-            return Snapshot(done, self.total, rows_rate, self._token_rate.rate, hit, elapsed, eta, self._tokens_done())
+            return Snapshot(
+                done, self.total, rows_rate, self._token_rate.rate, hit, elapsed, eta, self._tokens_done()
+            )
 
     def _eta(self, rows_left: int, rows_rate: float | None) -> float | None:
         if rows_left == 0:
@@ -266,9 +281,16 @@ class ProgressDisplay:
             # Decode steps dominate a generating job's time, prefill a scoring job's: count the kind of
             # token that rows of this job need (a prefill step computes far more tokens per second).
             if self.output_tokens > 0:
-                rate, in_flight, per_row = self._gen_rate.rate, generated - self.output_tokens, self.output_tokens
+                rate, in_flight, per_row = (
+                    self._gen_rate.rate,
+                    generated - self.output_tokens,
+                    self.output_tokens,
+                )
             else:
-                rate, in_flight = self._prompt_rate.rate, prompt_done - (self.prompt_tokens - self.cached_tokens)
+                rate, in_flight = (
+                    self._prompt_rate.rate,
+                    prompt_done - (self.prompt_tokens - self.cached_tokens),
+                )
                 per_row = self.prompt_tokens - self.cached_tokens
             if rate is not None and rate > 0:
                 return max(rows_left * per_row / self.rows - max(in_flight, 0), 0.0) / rate
@@ -333,7 +355,9 @@ class Tee:
             (s.warn for s in self.sinks if callable(getattr(s, "warn", None))), None
         )
 
-    def advance(self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0) -> None:
+    def advance(
+        self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
+    ) -> None:
         for sink in self.sinks:
             sink.advance(rows, prompt_tokens, cached_tokens, output_tokens)
 

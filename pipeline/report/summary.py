@@ -57,13 +57,21 @@ class RunSummary:
     # speculative decoding per method: proposed, accepted, runs, acceptance_rate, mean_accepted_length
     speculation: dict[str, dict[str, float]] = field(default_factory=dict)
     predicted_vs_measured: list[dict[str, Any]] = field(default_factory=list)  # advisor/compare.py rows
-    label_counts_raw: dict[str, int] = field(default_factory=dict)  # score mode: rows per label before calibration
-    label_calibration: dict[str, Any] = field(default_factory=dict)  # batch calibration's estimate (label_batch.py)
+    label_counts_raw: dict[str, int] = field(
+        default_factory=dict
+    )  # score mode: rows per label before calibration
+    label_calibration: dict[str, Any] = field(
+        default_factory=dict
+    )  # batch calibration's estimate (label_batch.py)
     label_quality: dict[str, Any] = field(default_factory=dict)  # with label.gold_column (label_quality.py)
     shards_unpublished: list[str] = field(default_factory=list)  # committed, not (wholly) in data/ yet
-    shards_lost: list[str] = field(default_factory=list)  # committed, a part deleted: generated again next run
+    shards_lost: list[str] = field(
+        default_factory=list
+    )  # committed, a part deleted: generated again next run
     orphan_parts: list[str] = field(default_factory=list)  # own parts no marker lists (a deleted marker)
-    shards_unplanned: list[str] = field(default_factory=list)  # markers of shards not in the plan (never count)
+    shards_unplanned: list[str] = field(
+        default_factory=list
+    )  # markers of shards not in the plan (never count)
     rows_published: int | None = None  # rows of committed shards wholly in data/ (None: not checked)
 
     @property
@@ -80,16 +88,26 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, output_tokens_per_s=self.output_tokens_per_s,
-                 prefix_hit_rate=self.prefix_hit_rate)  # fmt: skip
+        d.update(
+            tokens_per_s=self.tokens_per_s,
+            output_tokens_per_s=self.output_tokens_per_s,
+            prefix_hit_rate=self.prefix_hit_rate,
+        )
         return d
 
 
 def summarize_layout(
-    layout: Layout, output: str, planned: list[str] | None, markers: list[commits.CommitMarker],
-    num_labels: int = 0, foreign: list[str] | None = None, replaced: list[str] | None = None,
-    data: DataState | None = None, label_names: tuple[str, ...] = (), files: RunFiles | None = None,
-) -> RunSummary:  # fmt: skip
+    layout: Layout,
+    output: str,
+    planned: list[str] | None,
+    markers: list[commits.CommitMarker],
+    num_labels: int = 0,
+    foreign: list[str] | None = None,
+    replaced: list[str] | None = None,
+    data: DataState | None = None,
+    label_names: tuple[str, ...] = (),
+    files: RunFiles | None = None,
+) -> RunSummary:
     """Totals of ``layout``'s run from its ``markers`` (only those of planned shards count, when the plan
     is known); ``num_labels`` (how many labels a label job lists) enables the label-collapse check (over
     the calibrated labels), ``label_names`` (the job's, in order) the label-quality report.
@@ -147,13 +165,18 @@ def summarize_layout(
     )
 
 
-def _label_report(layout: Layout, markers: list[commits.CommitMarker], labels: tuple[str, ...]) -> dict[str, Any]:
+def _label_report(
+    layout: Layout, markers: list[commits.CommitMarker], labels: tuple[str, ...]
+) -> dict[str, Any]:
     if not labels:
         return {}
     merged = merge_quality([m.label_quality for m in markers])
     prior = read_prior(layout)
-    return {"label_counts_raw": merged.get("raw_counts", {}), "label_quality": quality_report(merged, labels),
-            "label_calibration": prior.summary() if prior is not None else {}}  # fmt: skip
+    return {
+        "label_counts_raw": merged.get("raw_counts", {}),
+        "label_quality": quality_report(merged, labels),
+        "label_calibration": prior.summary() if prior is not None else {},
+    }
 
 
 def listed_labels(job: Mapping[str, Any]) -> int:
@@ -188,7 +211,11 @@ class DataState:
     def lost(self, markers: list[commits.CommitMarker]) -> list[str]:
         """Unpublished shards whose missing parts are not staged either: the next run generates them again."""
         staged = self.files.paths
-        return sorted(m.shard_id for m in markers if any(self.layout.path(p.staged) not in staged for p in self._missing(m)))
+        return sorted(
+            m.shard_id
+            for m in markers
+            if any(self.layout.path(p.staged) not in staged for p in self._missing(m))
+        )
 
     def _missing(self, marker: commits.CommitMarker) -> list[commits.MarkerPart]:
         have = self.files.data.get(marker.shard_id, frozenset())
@@ -242,14 +269,27 @@ def finalize(run: Run) -> RunSummary:
             for shard_id in sorted(done & set(run.files.staged)):
                 layout.store.remove_tree(layout.staging(shard_id), best_effort=True)
         job = spec.config.as_record()
-        summary = summarize_layout(layout, spec.output, planned, markers, listed_labels(job),
-                                   label_names=job_labels(job), files=run.files)  # fmt: skip
+        summary = summarize_layout(
+            layout,
+            spec.output,
+            planned,
+            markers,
+            listed_labels(job),
+            label_names=job_labels(job),
+            files=run.files,
+        )
         summary = with_prediction(layout, summary, run.files)
         series = load_series(layout)
         charts = [layout.rel(p) for p in write_charts(layout, series)]
         charts += [layout.rel(p) for p in write_label_charts(layout, summary)]
-        manifest = {**summary.as_dict(), "finalized_at": time.time(), "fingerprint": spec.fingerprint_hash(),
-                    "usage": usage(summary.as_dict(), series), "throughput": summary_of(series), "charts": charts}  # fmt: skip
+        manifest = {
+            **summary.as_dict(),
+            "finalized_at": time.time(),
+            "fingerprint": spec.fingerprint_hash(),
+            "usage": usage(summary.as_dict(), series),
+            "throughput": summary_of(series),
+            "charts": charts,
+        }
         layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return summary
 
@@ -283,8 +323,9 @@ def status(output: str, storage: StorageConfig | None = None) -> tuple[RunSummar
     recorded = record.spec.get("job", {})
     num_labels = listed_labels(recorded) if isinstance(recorded, dict) else 0
     labels = job_labels(recorded) if isinstance(recorded, dict) else ()
-    summary = summarize_layout(layout, output, planned, markers, num_labels, others + foreign, replaced, state,
-                               labels, files)  # fmt: skip
+    summary = summarize_layout(
+        layout, output, planned, markers, num_labels, others + foreign, replaced, state, labels, files
+    )
     return with_prediction(layout, summary, files), record
 
 

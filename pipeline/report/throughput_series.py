@@ -86,17 +86,30 @@ class LaneSeries:
         return self.devices * self.seconds
 
     def to_json(self) -> bytes:
-        doc = {"version": 1, "lane": self.lane, "attempt": self.attempt, "started_at": self.started_at,
-               "interval_s": self.interval_s, "devices": self.devices, "columns": ["start_s", "seconds", *FIELDS],
-               "intervals": [i.as_list() for i in self.intervals]}  # fmt: skip
+        doc = {
+            "version": 1,
+            "lane": self.lane,
+            "attempt": self.attempt,
+            "started_at": self.started_at,
+            "interval_s": self.interval_s,
+            "devices": self.devices,
+            "columns": ["start_s", "seconds", *FIELDS],
+            "intervals": [i.as_list() for i in self.intervals],
+        }
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> LaneSeries:
         doc = json.loads(data)
         rows = [Interval(float(r[0]), float(r[1]), *(int(v) for v in r[2:])) for r in doc["intervals"]]
-        return cls(str(doc["lane"]), str(doc["attempt"]), float(doc["started_at"]), float(doc["interval_s"]), rows,
-                   int(doc.get("devices", 1)))  # fmt: skip
+        return cls(
+            str(doc["lane"]),
+            str(doc["attempt"]),
+            float(doc["started_at"]),
+            float(doc["interval_s"]),
+            rows,
+            int(doc.get("devices", 1)),
+        )
 
     def totals(self) -> dict[str, int]:
         return {f: sum(getattr(i, f) for i in self.intervals) for f in FIELDS}
@@ -197,9 +210,7 @@ def saver(layout: Layout) -> Callable[[LaneSeries], None]:
     """Write a lane's series under the output root (a lane attempt owns its file; rewritten whole)."""
 
     def save(series: LaneSeries) -> None:
-        layout.store.write_atomic(
-            layout.throughput(f"{series.lane}-{series.attempt}.json"), series.to_json()
-        )
+        layout.store.write_atomic(layout.throughput(f"{series.lane}-{series.attempt}.json"), series.to_json())
 
     return save
 
@@ -242,10 +253,18 @@ def summary_of(series: list[LaneSeries]) -> dict[str, Any]:
     lanes = []
     for s in series:
         rates = sorted(i.tokens_per_s for i in s.intervals)
-        lanes.append({"lane": s.lane, "attempt": s.attempt, "started_at": s.started_at, **s.totals(),
-                      "seconds": round(s.seconds, 3), "devices": s.devices,
-                      "device_seconds": round(s.device_seconds, 3),
-                      "peak_tokens_per_s": round(rates[-1], 2) if rates else 0.0,
-                      "median_tokens_per_s": round(rates[len(rates) // 2], 2) if rates else 0.0,
-                      "idle_intervals": sum(1 for i in s.intervals if i.rows == 0 and not i.stepped)})  # fmt: skip
+        lanes.append(
+            {
+                "lane": s.lane,
+                "attempt": s.attempt,
+                "started_at": s.started_at,
+                **s.totals(),
+                "seconds": round(s.seconds, 3),
+                "devices": s.devices,
+                "device_seconds": round(s.device_seconds, 3),
+                "peak_tokens_per_s": round(rates[-1], 2) if rates else 0.0,
+                "median_tokens_per_s": round(rates[len(rates) // 2], 2) if rates else 0.0,
+                "idle_intervals": sum(1 for i in s.intervals if i.rows == 0 and not i.stepped),
+            }
+        )
     return {"lanes": lanes, "device_seconds": round(sum(s.device_seconds for s in series), 3)}

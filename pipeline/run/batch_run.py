@@ -39,8 +39,17 @@ from prefixflow.pipeline.tasks.openai_batch_output import results_jsonl
 
 STATE_SUFFIX = ".prefixflow"
 BATCH_SUFFIXES = (".jsonl", ".ndjson")
-RESULT_COLUMNS = ["id", "output", "finish_reason", "error", "error_class", "prompt_tokens", "cached_tokens",
-                  "output_tokens", "samples"]  # fmt: skip
+RESULT_COLUMNS = [
+    "id",
+    "output",
+    "finish_reason",
+    "error",
+    "error_class",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "samples",
+]
 
 
 @dataclass(frozen=True)
@@ -74,8 +83,10 @@ def _read_input(url: str, storage: StorageConfig) -> bytes:
     except FileNotFoundError as exc:
         raise InputError(f"input {url!r} does not exist") from exc
     except Exception as exc:
-        raise InputError(f"cannot read input {url!r}: {type(exc).__name__}: {exc}; check the path, credentials "
-                         "(AWS_* environment, --storage-option) or --endpoint-url") from exc  # fmt: skip
+        raise InputError(
+            f"cannot read input {url!r}: {type(exc).__name__}: {exc}; check the path, credentials "
+            "(AWS_* environment, --storage-option) or --endpoint-url"
+        ) from exc
 
 
 def read_batch_file(url: str, storage: StorageConfig) -> list[BatchRequest]:
@@ -84,9 +95,13 @@ def read_batch_file(url: str, storage: StorageConfig) -> list[BatchRequest]:
 
 
 def prepare_batch(
-    input: str, results: str, model: str, job: str | dict[str, Any] | None = None, new_run: bool = False,
+    input: str,
+    results: str,
+    model: str,
+    job: str | dict[str, Any] | None = None,
+    new_run: bool = False,
     **overrides: Any,
-) -> BatchJob:  # fmt: skip
+) -> BatchJob:
     """Convert the Batch file (once per content) and build the job over it. Raises InputError for a
     malformed file, JobConfigError for a results path that is not a .jsonl file, and
     FingerprintMismatch when the state folder holds a run of another version of the file."""
@@ -105,8 +120,10 @@ def prepare_batch(
     _check_results_owner(results, layout, storage, new_run)
     record = read_run_record(layout)
     if record is not None and record.spec["input"] != spec.input and not new_run:
-        raise FingerprintMismatch(f"{input} has changed since the run in {state} started (its content differs); "
-                                  "rerun with the original file, pass --new-run to start over, or pick another --output")  # fmt: skip
+        raise FingerprintMismatch(
+            f"{input} has changed since the run in {state} started (its content differs); "
+            "rerun with the original file, pass --new-run to start over, or pick another --output"
+        )
     converted = layout.path(BATCH_INPUT_DIR, name)
     if not layout.store.exists(converted):
         layout.store.write_atomic(converted, requests_table(requests))
@@ -123,11 +140,15 @@ def _check_results_owner(results: str, layout: Layout, storage: StorageConfig, n
     """Never replace a results file that another tool (or a deleted run) left, unless told to."""
     store = Store.open(results, storage)
     if store.fs.isdir(store.root):  # --new-run cannot help: the file could never be written there
-        raise OutputStateError(f"--output {results} is a folder; OpenAI Batch results are one JSONL file: pass a "
-                               f"file path such as {results.rstrip('/')}/results.jsonl, or another name")  # fmt: skip
+        raise OutputStateError(
+            f"--output {results} is a folder; OpenAI Batch results are one JSONL file: pass a "
+            f"file path such as {results.rstrip('/')}/results.jsonl, or another name"
+        )
     if store.exists(store.root) and not layout.store.exists(layout.record) and not new_run:
-        raise OutputStateError(f"{results} exists but {layout.store.root} holds no prefixflow run that wrote it; "
-                               "pass --new-run to replace it, or pick another --output")  # fmt: skip
+        raise OutputStateError(
+            f"{results} exists but {layout.store.root} holds no prefixflow run that wrote it; "
+            "pass --new-run to replace it, or pick another --output"
+        )
 
 
 def cleanup_inputs(batch: BatchJob) -> None:
@@ -147,8 +168,10 @@ def write_results(batch: BatchJob) -> int:
     if record is None:
         raise OutputStateError(f"{layout.store.root} holds no run record")
     store = layout.store
-    requests = pq.read_table(io.BytesIO(store.read_bytes(layout.path(BATCH_INPUT_DIR, batch.converted))),
-                             columns=["custom_id", "line", "request_kind", "request_error"]).to_pylist()  # fmt: skip
+    requests = pq.read_table(
+        io.BytesIO(store.read_bytes(layout.path(BATCH_INPUT_DIR, batch.converted))),
+        columns=["custom_id", "line", "request_kind", "request_error"],
+    ).to_pylist()
     records: dict[str, dict[str, Any]] = {}
     for path in store.list_files(layout.for_run(record.run_id).data):
         if path.endswith(".parquet"):

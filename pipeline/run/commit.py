@@ -67,8 +67,13 @@ def _summarize_part(
     if has_label:
         job_labels = [f.name for f in part.schema_arrow.field("label_probs").type]
         cols = {c: table.column(c).to_pylist() for c in extra}
-        quality = part_quality(job_labels, cols["label"], cols["label_probs"], cols.get("label_logprobs_raw"),
-                               cols.get("label_gold"))  # fmt: skip
+        quality = part_quality(
+            job_labels,
+            cols["label"],
+            cols["label_probs"],
+            cols.get("label_logprobs_raw"),
+            cols.get("label_gold"),
+        )
     return keys, sum(classes.values()), classes, tokens, labels, quality
 
 
@@ -76,8 +81,17 @@ def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartIn
     attempt, name = staged.rsplit("/", 2)[-2:]
     n = int(name.removeprefix("part-").removesuffix(".parquet"))
     keys, errors, classes, tokens, labels, quality = _summarize_part(data)
-    return PartInfo(staged, layout.data_part(shard_id, attempt, n), len(keys), errors, classes, tokens, keys,
-                    labels, quality)  # fmt: skip
+    return PartInfo(
+        staged,
+        layout.data_part(shard_id, attempt, n),
+        len(keys),
+        errors,
+        classes,
+        tokens,
+        keys,
+        labels,
+        quality,
+    )
 
 
 def scan_staged(layout: Layout, shard_id: str, staged: tuple[str, ...] | None = None) -> list[PartInfo]:
@@ -143,7 +157,9 @@ class CommitMarker:
     preemptions: int = 0  # the engine's preemptions while this attempt generated; absent in older markers
     # speculative decoding while this attempt generated, per method: proposed, accepted, runs (absent in older markers)
     speculation: dict[str, dict[str, int]] = field(default_factory=dict)
-    label_quality: dict[str, Any] = field(default_factory=dict)  # label jobs (label_quality.py); not in older markers
+    label_quality: dict[str, Any] = field(
+        default_factory=dict
+    )  # label jobs (label_quality.py); not in older markers
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -155,9 +171,17 @@ class CommitMarker:
         return cls(**data, parts=parts)
 
 
-def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, parts: list[PartInfo],
-                 elapsed_s: float, num_rows: int, preemptions: int = 0,
-                 speculation: dict[str, dict[str, int]] | None = None) -> CommitMarker:  # fmt: skip
+def build_marker(
+    layout: Layout,
+    shard_id: str,
+    fingerprint: str,
+    attempt: str,
+    parts: list[PartInfo],
+    elapsed_s: float,
+    num_rows: int,
+    preemptions: int = 0,
+    speculation: dict[str, dict[str, int]] | None = None,
+) -> CommitMarker:
     """The marker of ``layout``'s run for ``shard_id`` over ``parts``."""
     classes: dict[str, int] = {}
     labels: dict[str, int] = {}
@@ -189,9 +213,12 @@ def build_marker(layout: Layout, shard_id: str, fingerprint: str, attempt: str, 
 
 
 def commit(
-    layout: Layout, marker: CommitMarker, before_publish: Callable[[], None] | None = None,
-    present: Collection[str] | None = None, clean: bool = True,
-) -> CommitMarker:  # fmt: skip
+    layout: Layout,
+    marker: CommitMarker,
+    before_publish: Callable[[], None] | None = None,
+    present: Collection[str] | None = None,
+    clean: bool = True,
+) -> CommitMarker:
     """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish
     (after ``before_publish``, which raises to stop; ``present`` as in ``publish``) and, with ``clean``,
     remove the shard's staging (best effort: a concurrent attempt may still write there; ``finalize``
@@ -245,8 +272,10 @@ def publish(layout: Layout, marker: CommitMarker, present: Collection[str] | Non
         if not store.exists(src):
             if store.exists(dst):  # a concurrent publisher copied it, then cleaned staging up
                 continue
-            raise PartLost(f"committed part {part.data} of shard {marker.shard_id} is missing from data/ "
-                           "and from staging")  # fmt: skip
+            raise PartLost(
+                f"committed part {part.data} of shard {marker.shard_id} is missing from data/ "
+                "and from staging"
+            )
         store.copy(src, dst)
 
 

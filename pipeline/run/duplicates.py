@@ -44,8 +44,13 @@ def duplicate_index(spec: JobSpec) -> bytes:
     for (relpath, i), unique in unique_derived_ids(nulls, set(seen)).items():
         for name, value in zip(dups, (relpath, i, None, None, unique)):
             dups[name].append(value)
-    types = {"source_file": pa.string(), "row_index": pa.int64(), "first_file": pa.string(), "first_row": pa.int64(),
-             "derived_id": pa.string()}  # fmt: skip
+    types = {
+        "source_file": pa.string(),
+        "row_index": pa.int64(),
+        "first_file": pa.string(),
+        "first_row": pa.int64(),
+        "derived_id": pa.string(),
+    }
     table = pa.table({name: pa.array(values, types[name]) for name, values in dups.items()})
     buf = io.BytesIO()
     pq.write_table(table, buf)
@@ -73,8 +78,11 @@ def load_derived_ids(table: pa.Table | None, relpath: str) -> dict[int, str]:
     run's id index ``table`` (``Run.id_index``)."""
     if table is None or "derived_id" not in table.column_names:
         return {}
-    rows = zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist(),
-               table.column("derived_id").to_pylist())  # fmt: skip
+    rows = zip(
+        table.column("source_file").to_pylist(),
+        table.column("row_index").to_pylist(),
+        table.column("derived_id").to_pylist(),
+    )
     return {r: d for f, r, d in rows if f == relpath and d is not None}
 
 
@@ -87,5 +95,9 @@ def load_duplicates(table: pa.Table | None, relpath: str) -> dict[tuple[str, int
     firsts: list[tuple[str, int] | None] = [None] * len(files)
     if "first_file" in table.column_names:
         firsts = list(zip(table.column("first_file").to_pylist(), table.column("first_row").to_pylist()))
-    renamed = table.column("derived_id").to_pylist() if "derived_id" in table.column_names else [None] * len(files)
-    return {(f, r): first for f, r, first, d in zip(files, rows, firsts, renamed) if f == relpath and d is None}
+    renamed = (
+        table.column("derived_id").to_pylist() if "derived_id" in table.column_names else [None] * len(files)
+    )
+    return {
+        (f, r): first for f, r, first, d in zip(files, rows, firsts, renamed) if f == relpath and d is None
+    }

@@ -48,10 +48,14 @@ class RunFiles:
                     data.setdefault(rest[0], set()).add(path)
                 else:
                     other.append(path)
-        return cls(frozenset(markers), {k: tuple(sorted(v)) for k, v in staged.items()},
-                   {k: frozenset(v) for k, v in data.items()}, tuple(other),
-                   frozenset(p for p, i in listing.items() if i.get("type", "file") == "file"),
-                   {k: frozenset(v) for k, v in folders.items()})  # fmt: skip
+        return cls(
+            frozenset(markers),
+            {k: tuple(sorted(v)) for k, v in staged.items()},
+            {k: frozenset(v) for k, v in data.items()},
+            tuple(other),
+            frozenset(p for p, i in listing.items() if i.get("type", "file") == "file"),
+            {k: frozenset(v) for k, v in folders.items()},
+        )
 
     def present(self, shard_id: str) -> frozenset[str]:
         """The shard's staged parts and data/ files at the listing."""

@@ -58,7 +58,9 @@ class Run:
     verified_at: float = 0.0  # monotonic time the record was last read and named this run
     _markers: dict[str, commits.CommitMarker] = field(default_factory=dict, repr=False)
     _committed: set[str] = field(default_factory=set, repr=False)
-    _written: dict[str, set[str]] = field(default_factory=dict, repr=False)  # shard -> parts staged/published since
+    _written: dict[str, set[str]] = field(
+        default_factory=dict, repr=False
+    )  # shard -> parts staged/published since
     _retire: list[str] = field(default_factory=list, repr=False)  # staged parts of committed shards
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -150,7 +152,9 @@ class Run:
         """The run's id index (duplicates.py), read once; None when the job has no id column."""
 
         def load() -> pa.Table | None:
-            if self.layout.duplicates not in self.files.paths and not self.store.exists(self.layout.duplicates):
+            if self.layout.duplicates not in self.files.paths and not self.store.exists(
+                self.layout.duplicates
+            ):
                 return None
             return pq.read_table(io.BytesIO(self.store.read_bytes(self.layout.duplicates)))
 
@@ -163,7 +167,9 @@ class Run:
         with self._lock:
             self._committed.add(marker.shard_id)
             self._markers[marker.shard_id] = marker
-            self._written.setdefault(marker.shard_id, set()).update(self.layout.path(p.data) for p in marker.parts)
+            self._written.setdefault(marker.shard_id, set()).update(
+                self.layout.path(p.data) for p in marker.parts
+            )
             ours = [self.layout.path(p.staged) for p in marker.parts]
             self._retire += ours + [p for p in self.staged_parts(marker.shard_id) if p not in ours]
             due = len(self._retire) >= RETIRE_BATCH
@@ -220,9 +226,11 @@ class Run:
 
 
 def open_run(
-    spec: JobSpec, store: Store | None = None, shards: list[Any] | None = None,
+    spec: JobSpec,
+    store: Store | None = None,
+    shards: list[Any] | None = None,
     markers: list[commits.CommitMarker] | None = None,
-) -> Run:  # fmt: skip
+) -> Run:
     """The current run of ``spec`` on its output: one listing of the root and one read of the record.
 
     Raises OutputNotPrepared (no record) or FingerprintMismatch (a run of another job), like every

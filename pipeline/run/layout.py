@@ -32,7 +32,15 @@ MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
 BATCH_INPUT_DIR = "_batch_input"  # an OpenAI Batch run's converted requests (batch_run.py)
-RUN_SCOPED = (DATA_DIR, "_commits", "_staging", "_ids", "_predictions", "_metrics", "_calibration")  # each holds one folder per run id
+RUN_SCOPED = (
+    DATA_DIR,
+    "_commits",
+    "_staging",
+    "_ids",
+    "_predictions",
+    "_metrics",
+    "_calibration",
+)  # each holds one folder per run id
 # Entries a root may hold before its run record exists: what a concurrent first start writes, and the
 # requests table an OpenAI Batch run converts into its own state folder before its run starts.
 PRE_RECORD = (RECORD_FILE, LEASES_DIR, BATCH_INPUT_DIR)

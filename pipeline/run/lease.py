@@ -80,7 +80,9 @@ class Lease:
     driver: str = ""  # the run this holder drives ("" for a lane or a helper writer)
     ref: str = ""  # the driver's run for its orchestrator (e.g. "prefect-flow-run:<id>")
     written: float | None = None  # the storage's timestamp of the lease object (from the listing), not stored
-    seen_at: float | None = None  # the reader's "now" on the clock of ``renewed`` (set by ``others``), not stored
+    seen_at: float | None = (
+        None  # the reader's "now" on the clock of ``renewed`` (set by ``others``), not stored
+    )
 
     @property
     def renewed(self) -> float:
@@ -139,8 +141,18 @@ class OutputLease:
     def write(self) -> None:
         import sys
 
-        lease = Lease(self.holder, self.mode, MACHINE, socket.gethostname(), os.getpid(), time.time(), LEASE_TTL_S,
-                      " ".join(os.path.basename(a) for a in sys.argv[:2]), self.driver, self.ref)  # fmt: skip
+        lease = Lease(
+            self.holder,
+            self.mode,
+            MACHINE,
+            socket.gethostname(),
+            os.getpid(),
+            time.time(),
+            LEASE_TTL_S,
+            " ".join(os.path.basename(a) for a in sys.argv[:2]),
+            self.driver,
+            self.ref,
+        )
         body = asdict(lease)
         del body["written"], body["seen_at"]
         started = time.monotonic()
@@ -203,7 +215,9 @@ class OutputLease:
         if self.driver == driver:
             return
         if self.driver:
-            raise OutputBusy(self._busy_message(f"pid {os.getpid()} on {socket.gethostname()}, driving {self.driver}"))
+            raise OutputBusy(
+                self._busy_message(f"pid {os.getpid()} on {socket.gethostname()}, driving {self.driver}")
+            )
         self.driver, self.ref = driver, ref
         self.write()
         rivals = [lease for lease in self.others() if lease.driver]

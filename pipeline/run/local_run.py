@@ -28,9 +28,13 @@ from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_voca
 
 
 def run_local(
-    spec: JobSpec, new_run: bool = False, llm: Engine | None = None, progress: bool | None = None,
-    console: Console | None = None, progress_interval: float | None = None,
-) -> tuple[RunSummary, list[ShardError]]:  # fmt: skip
+    spec: JobSpec,
+    new_run: bool = False,
+    llm: Engine | None = None,
+    progress: bool | None = None,
+    console: Console | None = None,
+    progress_interval: float | None = None,
+) -> tuple[RunSummary, list[ShardError]]:
     """Every shard of the job, one after another; a failing shard is reported, the others still run.
 
     Everything that can fail on a bad job (model, engine settings, columns, output root) fails before
@@ -49,19 +53,33 @@ def run_local(
         with hold_output(spec, driver="prefixflow run"):
             run = prepare_run(spec, new_run=new_run, shards=shards)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]
-            console.print(f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
-                          f"{len(shards) - len(todo)} already committed")  # fmt: skip
+            console.print(
+                f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
+                f"{len(shards) - len(todo)} already committed"
+            )
             if todo:
                 record_prediction(run, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
                 llm = llm or open_engine(spec)
                 if spec.task.keeps_run_state(spec.config):  # a label prior: made at plan time, the sample's
-                    run.cached("task_state", lambda: spec.task.run_state(  # prompts then sit in the prefix cache
-                        spec, run.layout, run.fingerprint, llm, shards,
-                        warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True)))  # fmt: skip
+                    run.cached(
+                        "task_state",
+                        lambda: spec.task.run_state(  # prompts then sit in the prefix cache
+                            spec,
+                            run.layout,
+                            run.fingerprint,
+                            llm,
+                            shards,
+                            warn=lambda text: console.print(f"[yellow]warning:[/] {text}", soft_wrap=True),
+                        ),
+                    )
                 mode = "off" if progress is False else "bar" if progress else "auto"
-                with ProgressDisplay(sum(s.num_rows for s in todo), mode=mode,
-                                     engine_stats=getattr(llm, "stats", None), console=console,
-                                     log_every_s=progress_interval) as bar:  # fmt: skip
+                with ProgressDisplay(
+                    sum(s.num_rows for s in todo),
+                    mode=mode,
+                    engine_stats=getattr(llm, "stats", None),
+                    console=console,
+                    log_every_s=progress_interval,
+                ) as bar:
                     for outcome in run_shards(run, todo, llm, progress=bar):
                         if outcome.error is not None:
                             failures.append(outcome.error)
@@ -89,8 +107,11 @@ def print_summary(console: Console, summary: RunSummary, storage: StorageConfig 
     console.print(summary_table(summary))
     if summary.predicted_vs_measured:
         console.print(comparison_table(summary.predicted_vs_measured))
-    console.print(f"results: {summary.data_glob}   read with {polars_hint(summary.data_glob, storage)}",
-                  soft_wrap=True, markup=False)  # fmt: skip
+    console.print(
+        f"results: {summary.data_glob}   read with {polars_hint(summary.data_glob, storage)}",
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 def summary_table(summary: RunSummary) -> Table:
@@ -114,8 +135,11 @@ def summary_table(summary: RunSummary) -> Table:
         ),
         ("prefix-cache hit rate", f"{summary.prefix_hit_rate:.1%}"),
         ("shard time", f"{summary.elapsed_s:.1f} s"),
-        ("usage", f"prompt {summary.prompt_tokens:,} tokens (cached {summary.cached_tokens:,}), output "
-                  f"{summary.output_tokens:,} tokens, {summary.device_seconds:,.1f} device-seconds"),
+        (
+            "usage",
+            f"prompt {summary.prompt_tokens:,} tokens (cached {summary.cached_tokens:,}), output "
+            f"{summary.output_tokens:,} tokens, {summary.device_seconds:,.1f} device-seconds",
+        ),
     ]
     if summary.shards_in_progress:
         rows.append(("in progress", ", ".join(summary.shards_in_progress[:5])))
@@ -135,7 +159,12 @@ def comparison_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("metric", "predicted", "measured", ""):
         t.add_column(col)
     for r in rows:
-        t.add_row(Text(str(r["metric"])), Text(str(r["predicted"])), Text(str(r["measured"])), Text(str(r["verdict"])))
+        t.add_row(
+            Text(str(r["metric"])),
+            Text(str(r["predicted"])),
+            Text(str(r["measured"])),
+            Text(str(r["verdict"])),
+        )
     return t
 
 

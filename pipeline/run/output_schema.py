@@ -38,11 +38,18 @@ BASE_FIELDS = [
 ]
 
 
-SAMPLE = pa.struct([pa.field("text", pa.string()), pa.field("finish_reason", pa.string()),
-                    pa.field("output_tokens", pa.int64())])  # fmt: skip
+SAMPLE = pa.struct(
+    [
+        pa.field("text", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("output_tokens", pa.int64()),
+    ]
+)
 
 
-def output_schema(cfg: JobConfig, task: Task, kept_types: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
+def output_schema(
+    cfg: JobConfig, task: Task, kept_types: Mapping[str, pa.DataType] | None = None
+) -> pa.Schema:
     """Base columns, then the task's own (``Task.output_fields``: a label job's ``label``, ``label_probs``
     ...; an extract job's ``extracted``), ``samples`` when a row has several, then the input columns the
     job keeps (typed by ``kept_types``, from ``kept_column_types``; string where unknown)."""
@@ -75,8 +82,14 @@ def kept_column_types(cfg: JobConfig, files: Sequence[tuple[str, pa.Schema]]) ->
                 unified = typ
                 continue
             try:
-                unified = pa.unify_schemas([pa.schema([pa.field(name, unified)]), pa.schema([pa.field(name, typ)])],
-                                           promote_options="permissive").field(name).type  # fmt: skip
+                unified = (
+                    pa.unify_schemas(
+                        [pa.schema([pa.field(name, unified)]), pa.schema([pa.field(name, typ)])],
+                        promote_options="permissive",
+                    )
+                    .field(name)
+                    .type
+                )
             except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 first = next((f for f, t in seen[:i] if not _merges(t, typ)), seen[0][0])
                 raise JobConfigError(
@@ -89,7 +102,9 @@ def kept_column_types(cfg: JobConfig, files: Sequence[tuple[str, pa.Schema]]) ->
 
 def _merges(a: pa.DataType, b: pa.DataType) -> bool:
     try:
-        pa.unify_schemas([pa.schema([pa.field("c", a)]), pa.schema([pa.field("c", b)])], promote_options="permissive")
+        pa.unify_schemas(
+            [pa.schema([pa.field("c", a)]), pa.schema([pa.field("c", b)])], promote_options="permissive"
+        )
     except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True

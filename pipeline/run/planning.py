@@ -215,8 +215,11 @@ def input_identities(spec: JobSpec) -> dict[str, dict[str, Any]]:
 
 def input_changes(recorded: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[str]:
     """What differs between the input a run started on and the input now, one entry per file."""
-    out = [f"{name} changed ({_what_changed(recorded[name], now[name])})"
-           for name in sorted(set(recorded) & set(now)) if recorded[name] != now[name]]  # fmt: skip
+    out = [
+        f"{name} changed ({_what_changed(recorded[name], now[name])})"
+        for name in sorted(set(recorded) & set(now))
+        if recorded[name] != now[name]
+    ]
     out += [f"{name} removed" for name in sorted(set(recorded) - set(now))]
     out += [f"{name} added" for name in sorted(set(now) - set(recorded))]
     return out
@@ -232,7 +235,9 @@ def _what_changed(old: dict[str, Any], new: dict[str, Any]) -> str:
 def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | None = None) -> None:
     """Fail fast when a column the job names exists in none of the input files (a typo would otherwise
     turn every row into an error row). A column missing from only some files stays a per-row error."""
-    present = {name for _, schema in (input_schemas(spec) if schemas is None else schemas) for name in schema.names}
+    present = {
+        name for _, schema in (input_schemas(spec) if schemas is None else schemas) for name in schema.names
+    }
     if not present:
         return
     cfg = spec.config

@@ -116,8 +116,10 @@ def parse_run_record(layout: Layout, blob: bytes) -> RunRecord:
     try:
         data = json.loads(blob)
     except ValueError as exc:
-        raise OutputStateError(f"{where} is not a readable prefixflow run record ({exc}); prefixflow will not "
-                               "guess what in that folder is its own: move it away or write to another --output") from exc  # fmt: skip
+        raise OutputStateError(
+            f"{where} is not a readable prefixflow run record ({exc}); prefixflow will not "
+            "guess what in that folder is its own: move it away or write to another --output"
+        ) from exc
     if isinstance(data, dict) and "run_id" not in data and "fingerprint_hash" in data:
         raise OutputStateError(
             f"{layout.store.root} holds a run of an older prefixflow (its record has no run id). Finish or "
@@ -127,8 +129,10 @@ def parse_run_record(layout: Layout, blob: bytes) -> RunRecord:
         data["retired_runs"] = tuple(data.get("retired_runs", ()))
         return RunRecord(**data)
     except (TypeError, AttributeError) as exc:
-        raise OutputStateError(f"{where} is not a readable prefixflow run record ({exc}); move the folder "
-                               "away or write to another --output") from exc  # fmt: skip
+        raise OutputStateError(
+            f"{where} is not a readable prefixflow run record ({exc}); move the folder "
+            "away or write to another --output"
+        ) from exc
 
 
 def storage_failure(layout: Layout, exc: BaseException) -> OutputStateError:
@@ -175,8 +179,10 @@ def _check_output_root(spec: JobSpec, layout: Layout) -> None:
     except Exception as exc:  # an unreachable endpoint, refused credentials: one line, no traceback
         raise storage_failure(layout, exc) from exc
     if is_file:
-        raise OutputStateError(f"output {spec.output} is an existing file; --output must be a folder "
-                               "(new or from an earlier run of this job)")  # fmt: skip
+        raise OutputStateError(
+            f"output {spec.output} is an existing file; --output must be a folder "
+            "(new or from an earlier run of this job)"
+        )
     if layout.store.is_local:
         parent = root
         while not os.path.exists(parent):
@@ -285,8 +291,13 @@ def prepare(spec: JobSpec, new_run: bool = False) -> tuple[RunRecord, list[commi
 def mark_in_progress(layout: Layout, record: RunRecord) -> None:
     """Replace ``_manifest.json`` (a finished run's totals) by one saying this run is in progress, so a
     reader never takes the manifest of a replaced or resumed run for the state of the output."""
-    manifest = {"run_id": record.run_id, "complete": False, "state": "in progress", "started_at": time.time(),
-                "note": "a run is writing this output; finalize rewrites this file with the totals"}  # fmt: skip
+    manifest = {
+        "run_id": record.run_id,
+        "complete": False,
+        "state": "in progress",
+        "started_at": time.time(),
+        "note": "a run is writing this output; finalize rewrites this file with the totals",
+    }
     layout.store.write_atomic(layout.manifest, json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
@@ -335,7 +346,11 @@ def _replace(layout: Layout, fresh: RunRecord, replacing: str) -> RunRecord:
     """--new-run, holding the output alone: the new record first (the old run stops counting at once),
     then ``sweep`` removes the old run's folders. Always starts over, also for the same job."""
     current = read_run_record(layout)
-    if current is not None and current.run_id != replacing and current.fingerprint_hash == fresh.fingerprint_hash:
+    if (
+        current is not None
+        and current.run_id != replacing
+        and current.fingerprint_hash == fresh.fingerprint_hash
+    ):
         return current  # another --new-run of this same job started over first
     retired = (*current.retired_runs, current.run_id) if current is not None else ()
     record = replace(fresh, retired_runs=retired)

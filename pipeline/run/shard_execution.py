@@ -62,10 +62,20 @@ class ShardResult:
 
     @classmethod
     def from_marker(cls, marker: commits.CommitMarker, skipped: bool, resumed_rows: int = 0) -> ShardResult:
-        return cls(marker.shard_id, marker.rows, marker.error_rows, dict(marker.errors_by_class),
-                   marker.prompt_tokens, marker.cached_tokens, marker.output_tokens,
-                   marker.elapsed_s, skipped, resumed_rows, dict(marker.label_counts),
-                   marker.preemptions)  # fmt: skip
+        return cls(
+            marker.shard_id,
+            marker.rows,
+            marker.error_rows,
+            dict(marker.errors_by_class),
+            marker.prompt_tokens,
+            marker.cached_tokens,
+            marker.output_tokens,
+            marker.elapsed_s,
+            skipped,
+            resumed_rows,
+            dict(marker.label_counts),
+            marker.preemptions,
+        )
 
 
 class _Flusher:
@@ -97,9 +107,13 @@ class _Flusher:
 
 
 def run_shard(
-    run: Run, shard: Shard, llm: Engine, progress: ProgressSink | None = None, *,
+    run: Run,
+    shard: Shard,
+    llm: Engine,
+    progress: ProgressSink | None = None,
+    *,
     label_watch: RowWatch | None = None,
-) -> ShardResult:  # fmt: skip
+) -> ShardResult:
     """Run one shard to commit. Skips a committed shard (re-publishing its parts if a crash interrupted
     that); inside an uncommitted one keeps earlier flushed parts and generates only the missing rows.
     Raises ShardError when the input file cannot be read, RunSuperseded when a --new-run replaced the
@@ -137,13 +151,18 @@ def _run_shard(
             shard.shard_id, f"cannot read input {shard.path!r}: {type(exc).__name__}: {exc}"
         ) from exc
     if len(rows) != shard.num_rows:
-        raise ShardError(shard.shard_id, f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
-                         "the file changed since planning")  # fmt: skip
+        raise ShardError(
+            shard.shard_id,
+            f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
+            "the file changed since planning",
+        )
     cfg = spec.config
     flusher = _Flusher(run, shard.shard_id, run.cached("schema", lambda: run.record.schema), cfg.output)
     task = spec.task
     prep = RowPreparer(cfg, llm, load_duplicates(run.id_index(), shard.relpath), task)
-    renamed = load_derived_ids(run.id_index(), shard.relpath)  # null ids whose default derived id is a real id
+    renamed = load_derived_ids(
+        run.id_index(), shard.relpath
+    )  # null ids whose default derived id is a real id
     pending: list[Prepared] = []
 
     def emit(rec: dict[str, Any]) -> None:
@@ -169,7 +188,9 @@ def _run_shard(
     state = None  # the run's shared state (a label job's stored prior, made now if this is the first shard)
     if pending:
         warn = getattr(label_watch, "warn", None)
-        state = run.cached("task_state", lambda: task.run_state(spec, layout, run.fingerprint, llm, warn=warn))
+        state = run.cached(
+            "task_state", lambda: task.run_state(spec, layout, run.fingerprint, llm, warn=warn)
+        )
     try:
         for rec in execute(llm, prep, pending, cfg.output.flush_rows, state):
             emit(rec)
@@ -180,10 +201,17 @@ def _run_shard(
     covered = sum(p.rows for p in parts)
     if covered != shard.num_rows:
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
-    marker = commits.build_marker(layout, shard.shard_id, run.fingerprint, flusher.attempt, parts,
-                                  time.perf_counter() - start, shard.num_rows,
-                                  _preemptions(llm) - preempted,
-                                  speculation_delta(speculated, speculation_counts(llm)))  # fmt: skip
+    marker = commits.build_marker(
+        layout,
+        shard.shard_id,
+        run.fingerprint,
+        flusher.attempt,
+        parts,
+        time.perf_counter() - start,
+        shard.num_rows,
+        _preemptions(llm) - preempted,
+        speculation_delta(speculated, speculation_counts(llm)),
+    )
     run.ensure_current()
     present = run.present(shard.shard_id) | {p.staged for p in parts}
     marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=present, clean=False)
@@ -200,9 +228,14 @@ def speculation_counts(llm: Engine) -> dict[str, dict[str, int]]:
     return {m: {k: int(v.get(k, 0)) for k in SPECULATION_COUNTS} for m, v in spec.items()}
 
 
-def speculation_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    return {m: {k: v[k] - before.get(m, {}).get(k, 0) for k in SPECULATION_COUNTS} for m, v in after.items()
-            if v["runs"] > before.get(m, {}).get("runs", 0)}  # fmt: skip
+def speculation_delta(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    return {
+        m: {k: v[k] - before.get(m, {}).get(k, 0) for k in SPECULATION_COUNTS}
+        for m, v in after.items()
+        if v["runs"] > before.get(m, {}).get("runs", 0)
+    }
 
 
 def _preemptions(llm: Engine) -> int:
@@ -221,9 +254,14 @@ class ShardOutcome:
 
 
 def run_shards(
-    run: Run, shards: list[Shard], llm: Engine, progress: ProgressSink | None = None,
-    warn: Callable[[str], None] | None = None, lane: str = "local", devices: int | None = None,
-) -> Iterator[ShardOutcome]:  # fmt: skip
+    run: Run,
+    shards: list[Shard],
+    llm: Engine,
+    progress: ProgressSink | None = None,
+    warn: Callable[[str], None] | None = None,
+    lane: str = "local",
+    devices: int | None = None,
+) -> Iterator[ShardOutcome]:
     """The shard loop of `prefixflow run` and of every flow lane: ``shards`` in order on one engine.
 
     A shard that fails (unreadable input, an unexpected error) is yielded with its error and the
@@ -236,8 +274,10 @@ def run_shards(
     warn = warn or getattr(progress, "warn", None) or logging.getLogger("prefixflow").warning
     watch = spec.task.watch(spec.config, warn)
     engine = spec.config.engine
-    held = devices if devices is not None else int(engine.get("tensor_parallel_size") or 1) * int(
-        engine.get("pipeline_parallel_size") or 1
+    held = (
+        devices
+        if devices is not None
+        else int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
     )
     recorder = ThroughputRecorder(lane, save=saver(run.layout), devices=max(held, 1))
     detach = recorder.attach(llm)  # tokens per engine step, so the series shows decoding as it happens

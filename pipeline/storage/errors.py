@@ -11,8 +11,10 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterator
 
-CREDENTIAL_HINT = ("credentials come from --storage-option key=/secret=, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                   "AWS_PROFILE or the machine's role (docs/pipeline.md#credentials)")  # fmt: skip
+CREDENTIAL_HINT = (
+    "credentials come from --storage-option key=/secret=, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+    "AWS_PROFILE or the machine's role (docs/pipeline.md#credentials)"
+)
 ENDPOINT_HINT = "check --endpoint-url (or AWS_ENDPOINT_URL) and that the store is reachable"
 REACH_HINT = "check the URL, --endpoint-url, the network and the credentials (environment or AWS profile)"
 
@@ -27,7 +29,8 @@ _BY_NAME = {
 }
 # S3 error codes (botocore ClientError) -> what to fix
 _BY_CODE = {
-    "AccessDenied": "access denied; the credentials lack permission for this bucket/prefix. " + CREDENTIAL_HINT,
+    "AccessDenied": "access denied; the credentials lack permission for this bucket/prefix. "
+    + CREDENTIAL_HINT,
     "403": "access denied; " + CREDENTIAL_HINT,
     "InvalidAccessKeyId": "the access key is not known to the store; " + CREDENTIAL_HINT,
     "SignatureDoesNotMatch": "the secret key does not match the access key; " + CREDENTIAL_HINT,
@@ -79,12 +82,22 @@ def _error_code(err: BaseException) -> str | None:
     return None
 
 
-RESUME_HINT = ("once that is fixed, run the same command again to resume: committed shards are kept and not "
-               "generated again")  # fmt: skip
+RESUME_HINT = (
+    "once that is fixed, run the same command again to resume: committed shards are kept and not "
+    "generated again"
+)
 # Errors of a store that is briefly away or stalled (not a wrong setting): the run can be resumed.
-_TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-                    "ClientConnectorError", "ServerDisconnectedError", "ServerTimeoutError", "FSTimeoutError",
-                    "ResponseStreamingError"}  # fmt: skip
+_TRANSIENT_NAMES = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+    "FSTimeoutError",
+    "ResponseStreamingError",
+}
 
 
 def transient_problem(exc: BaseException) -> str | None:
@@ -93,7 +106,9 @@ def transient_problem(exc: BaseException) -> str | None:
     timeouts). None for anything else (a wrong setting, a bug)."""
     for err in _chain(exc):
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            what = "no space left on the device" if err.errno != errno.EROFS else "the file system is read-only"
+            what = (
+                "no space left on the device" if err.errno != errno.EROFS else "the file system is read-only"
+            )
             where = f" (writing {err.filename})" if err.filename else ""
             return f"{what}{where}"
         if type(err).__name__ in _TRANSIENT_NAMES or isinstance(err, (ConnectionError, TimeoutError)):

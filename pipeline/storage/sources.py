@@ -72,8 +72,10 @@ def check_parquet_magic(store: Store, path: str, url: str) -> None:
         raise InputError(f"cannot read input {url!r}: {type(exc).__name__}: {exc}") from exc
     if head.startswith(PARQUET_MAGIC):
         return
-    raise InputError(f"input {url!r} is not a Parquet file ({_looks_like(head)}); prefixflow reads Parquet files, "
-                     "folders and globs of them, and OpenAI Batch JSONL files (.jsonl with custom_id/method/url/body)")  # fmt: skip
+    raise InputError(
+        f"input {url!r} is not a Parquet file ({_looks_like(head)}); prefixflow reads Parquet files, "
+        "folders and globs of them, and OpenAI Batch JSONL files (.jsonl with custom_id/method/url/body)"
+    )
 
 
 def _looks_like(head: bytes) -> str:
@@ -115,7 +117,9 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
     return identity
 
 
-WHOLE_FILE_BYTES = 4 * 2**20  # a file this small is read by one request (S3: one GET instead of HEAD + ranges)
+WHOLE_FILE_BYTES = (
+    4 * 2**20
+)  # a file this small is read by one request (S3: one GET instead of HEAD + ranges)
 
 
 def parquet_file(store: Store, path: str, size: int | None = None) -> pq.ParquetFile:

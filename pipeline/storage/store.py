@@ -27,8 +27,11 @@ TEMP_PREFIX = ".tmp-"  # local writes go through <folder>/.tmp-<random>, then a 
 # about a minute and a half (s3fs' defaults, 15 s per read x botocore's 5 attempts x s3fs' own 5 retries,
 # kept a run silent for over 5 minutes). The botocore ones can be overridden with
 # --storage-option config_kwargs='{read_timeout: 60, retries: {max_attempts: 5}}'.
-S3_TIMEOUTS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 20,
-                               "retries": {"max_attempts": 2, "mode": "standard"}}  # fmt: skip
+S3_TIMEOUTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 20,
+    "retries": {"max_attempts": 2, "mode": "standard"},
+}
 S3_CALL_RETRIES = 2  # s3fs' own retries of a timed-out call (its default 5), on top of botocore's attempts
 
 
@@ -43,7 +46,10 @@ def storage_options(url: str, cfg: StorageConfig) -> dict[str, Any]:
             opts["client_kwargs"] = client_kwargs
         # deep copies: botocore's Config rewrites a `retries` dict in place (max_attempts ->
         # total_max_attempts), which would change the shared defaults for every later store
-        opts["config_kwargs"] = {**copy.deepcopy(S3_TIMEOUTS), **copy.deepcopy(dict(opts.get("config_kwargs") or {}))}
+        opts["config_kwargs"] = {
+            **copy.deepcopy(S3_TIMEOUTS),
+            **copy.deepcopy(dict(opts.get("config_kwargs") or {})),
+        }
     return opts
 
 
@@ -103,7 +109,9 @@ class Store:
                 found = self.fs.find(path, detail=True, withdirs=True)
         except FileNotFoundError:
             return {}
-        return {p: info for p, info in sorted(found.items()) if not p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)}
+        return {
+            p: info for p, info in sorted(found.items()) if not p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)
+        }
 
     def read_bytes(self, path: str) -> bytes:
         """The whole file; on S3 one GET (s3fs would first HEAD it for its size to split big reads)."""

@@ -103,13 +103,22 @@ class Task:
         """Whether ``run_state`` makes anything (a run made before its first shard can make it early)."""
         return False
 
-    def run_state(self, spec: JobSpec, layout: Layout, fingerprint: str, llm: Engine,
-                  shards: list[Shard] | None = None, warn: Callable[[str], None] | None = None) -> Any:  # fmt: skip
+    def run_state(
+        self,
+        spec: JobSpec,
+        layout: Layout,
+        fingerprint: str,
+        llm: Engine,
+        shards: list[Shard] | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> Any:
         """State every shard of a run shares, made once per run and stored beside it (the label task's
         batch-calibration prior); None when the task keeps none."""
         return None
 
-    def run(self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
+    def run(
+        self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any
+    ) -> Iterator[dict[str, Any]]:
         """Finished records of ``rows`` (each one prompt) in completion order."""
         return stream_generate(llm, prep, rows)
 
@@ -125,5 +134,6 @@ class Task:
 def require_prompt(cfg: JobConfig) -> None:
     """A task whose rows have no natural default prompt column."""
     if not (cfg.prompt_column or cfg.template or cfg.messages_column):
-        raise JobConfigError(f"job config: prompt_column: a {cfg.task} job needs prompt_column (a column) or "
-                             "template (Jinja2)")  # fmt: skip
+        raise JobConfigError(
+            f"job config: prompt_column: a {cfg.task} job needs prompt_column (a column) or template (Jinja2)"
+        )

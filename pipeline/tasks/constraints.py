@@ -41,13 +41,16 @@ def check_job_constraint(cfg: JobConfig, task: Task) -> None:
     given = cfg.sampling.structured
     own = task.own_constraint(cfg)
     if given is not None and own is not None:
-        raise JobConfigError(f"job config: sampling.structured: a {cfg.task} job is already constrained to "
-                             f"{own[0]}; remove it")  # fmt: skip
+        raise JobConfigError(
+            f"job config: sampling.structured: a {cfg.task} job is already constrained to {own[0]}; remove it"
+        )
     if given is None and own is None:
         return
     for name in ("ignore_eos", "min_tokens"):
         if getattr(cfg.sampling, name):
-            raise JobConfigError(f"job config: sampling.{name}: cannot be combined with a constrained output: "
-                                 "the grammar decides where the output ends")  # fmt: skip
+            raise JobConfigError(
+                f"job config: sampling.{name}: cannot be combined with a constrained output: "
+                "the grammar decides where the output ends"
+            )
     if given is not None:
         check_structured(given.outputs())

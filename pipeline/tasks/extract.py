@@ -111,7 +111,11 @@ class Extraction:
         errors = sorted(self.validator.iter_errors(value), key=lambda e: list(e.absolute_path))
         if errors:
             first = errors[0]
-            return None, SCHEMA_ERROR, f"output does not match the schema at {first.json_path}: {first.message}"
+            return (
+                None,
+                SCHEMA_ERROR,
+                f"output does not match the schema at {first.json_path}: {first.message}",
+            )
         try:
             return to_arrow(value, self.shape), None, None
         except ValueError as exc:

@@ -19,8 +19,9 @@ from prefixflow.pipeline.tasks.json_columns import shape_of
 def job_schema(cfg: JobConfig) -> dict[str, Any]:
     """The loaded schema of a checked extract job."""
     if not isinstance(cfg.json_schema, dict):
-        raise JobConfigError("job config: schema: an extract job needs a JSON schema (inline, or a .json/.yaml "
-                             "file path)")  # fmt: skip
+        raise JobConfigError(
+            "job config: schema: an extract job needs a JSON schema (inline, or a .json/.yaml file path)"
+        )
     return cfg.json_schema
 
 

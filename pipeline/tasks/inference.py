@@ -30,8 +30,10 @@ def _finished(p: Prepared, out: Output, prep: RowPreparer) -> dict[str, Any]:
     text = _valid_utf8(out.text)
     rec = {**p.base, **counts, "output": text, "finish_reason": out.finish_reason}
     if out.samples:  # n > 1
-        rec["samples"] = [{"text": _valid_utf8(s.text), "finish_reason": s.finish_reason,
-                           "output_tokens": len(s.token_ids)} for s in out.samples]  # fmt: skip
+        rec["samples"] = [
+            {"text": _valid_utf8(s.text), "finish_reason": s.finish_reason, "output_tokens": len(s.token_ids)}
+            for s in out.samples
+        ]
     return prep.parse_output(rec, text, out.finish_reason) if prep.parse_output is not None else rec
 
 
@@ -42,8 +44,9 @@ def _valid_utf8(text: str) -> str:
 def stream_generate(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator[dict[str, Any]]:
     if not rows:
         return
-    outs = llm.generate_stream([p.prompt_ids for p in rows], [p.params for p in rows],
-                               request_ids=[str(i) for i in range(len(rows))])  # fmt: skip
+    outs = llm.generate_stream(
+        [p.prompt_ids for p in rows], [p.params for p in rows], request_ids=[str(i) for i in range(len(rows))]
+    )
     for out in outs:
         yield _finished(rows[int(out.request_id)], out, prep)
 
@@ -84,8 +87,10 @@ def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator
                     continue
                 joined = prep.tok.encode("\n".join(summaries[id(p)]), add_special_tokens=False)
                 room = prep.budget(p.params) // 2
-                p.chunks = [prep.fit(p.row, joined[i : i + room], room, prep.budget(p.params))
-                            for i in range(0, len(joined), room)]  # fmt: skip
+                p.chunks = [
+                    prep.fit(p.row, joined[i : i + room], room, prep.budget(p.params))
+                    for i in range(0, len(joined), room)
+                ]
             except RowError as err:  # e.g. empty summaries, a reduce template that fails on this row
                 yield error_record(p.base, err.error_class, f"reduce step: {err.message}", **totals[id(p)])
                 continue
@@ -99,7 +104,10 @@ def map_reduce(llm: Engine, prep: RowPreparer, rows: list[Prepared]) -> Iterator
 
 
 def _reduce(
-    llm: Engine, prep: RowPreparer, finals: list[tuple[Prepared, list[int]]], totals: dict[int, dict[str, Any]]
+    llm: Engine,
+    prep: RowPreparer,
+    finals: list[tuple[Prepared, list[int]]],
+    totals: dict[int, dict[str, Any]],
 ) -> Iterator[dict[str, Any]]:
     if not finals:
         return
@@ -112,7 +120,9 @@ def _reduce(
         yield rec
 
 
-def execute(llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any = None) -> Iterator[dict[str, Any]]:  # fmt: skip
+def execute(
+    llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any = None
+) -> Iterator[dict[str, Any]]:
     """All prepared rows of a shard, finished records in completion order (``state``: the task's
     ``run_state`` for this run, e.g. a label job's stored calibration prior)."""
     yield from prep.task.run(llm, prep, [p for p in rows if p.prompt is not None], batch, state)

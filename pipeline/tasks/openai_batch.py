@@ -43,12 +43,33 @@ SAMPLING = {
     "min_p": ("min_p", float),
 }
 # Body fields accepted only with the value that changes nothing (the default); any other value is a 400.
-NO_OP = {"logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
-         "parallel_tool_calls": (False, True), "response_format": ({"type": "text"},), "logit_bias": ({},),
-         "echo": (False,), "best_of": (1,), "modalities": (["text"],)}  # fmt: skip
+NO_OP = {
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (False, True),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "echo": (False,),
+    "best_of": (1,),
+    "modalities": (["text"],),
+}
 # The per-row sampling columns of the requests table.
-SUPPORTED_COLUMNS = ("max_tokens", "temperature", "top_p", "seed", "stop", "top_k", "min_p", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "n")  # fmt: skip
+SUPPORTED_COLUMNS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+)
 
 SCHEMA = pa.schema(
     [
@@ -109,20 +130,33 @@ def parse_batch(data: bytes, source: str) -> list[BatchRequest]:
             obj = json.loads(raw)
         except ValueError as exc:
             raise InputError(f"{where} is not JSON ({exc}); each line must be one request object") from exc
-        if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str) and obj["custom_id"] and not obj["custom_id"].strip():
-            raise InputError(f"{where}: custom_id {obj['custom_id']!r} is only whitespace; a custom_id must name its "
-                             "request (its result is matched by it)")  # fmt: skip
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get("custom_id"), str)
+            and obj["custom_id"]
+            and not obj["custom_id"].strip()
+        ):
+            raise InputError(
+                f"{where}: custom_id {obj['custom_id']!r} is only whitespace; a custom_id must name its "
+                "request (its result is matched by it)"
+            )
         if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str) or not obj["custom_id"]:
             if not requests:  # the first line already: most likely not meant as a Batch file at all
-                raise InputError(f"{source} is neither a Parquet file nor an OpenAI Batch file: line {number} has no "
-                                 "custom_id. prefixflow reads Parquet (convert JSON lines with "
-                                 "polars.read_ndjson(...).write_parquet(...)) or OpenAI Batch JSONL")  # fmt: skip
-            raise InputError(f"{where} has no custom_id (a non-empty string); OpenAI Batch lines look like "
-                             '{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}')  # fmt: skip
+                raise InputError(
+                    f"{source} is neither a Parquet file nor an OpenAI Batch file: line {number} has no "
+                    "custom_id. prefixflow reads Parquet (convert JSON lines with "
+                    "polars.read_ndjson(...).write_parquet(...)) or OpenAI Batch JSONL"
+                )
+            raise InputError(
+                f"{where} has no custom_id (a non-empty string); OpenAI Batch lines look like "
+                '{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}'
+            )
         custom_id = obj["custom_id"]
         if custom_id in seen:
-            raise InputError(f"{where}: custom_id {custom_id!r} is already used on line {seen[custom_id]}; "
-                             "custom_ids must be unique within a batch")  # fmt: skip
+            raise InputError(
+                f"{where}: custom_id {custom_id!r} is already used on line {seen[custom_id]}; "
+                "custom_ids must be unique within a batch"
+            )
         seen[custom_id] = number
         requests.append(_request(obj, custom_id, number))
     if not requests:
@@ -151,7 +185,9 @@ def _request(obj: dict[str, Any], custom_id: str, line: int) -> BatchRequest:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("body.messages must be a non-empty list of {role, content} messages")
-        return BatchRequest(custom_id, line, kind, json.dumps(messages, ensure_ascii=False), None, sampling, None)
+        return BatchRequest(
+            custom_id, line, kind, json.dumps(messages, ensure_ascii=False), None, sampling, None
+        )
     except ValueError as exc:
         return refused(str(exc))
 
@@ -172,7 +208,11 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     for key, value in body.items():
         if key in IGNORED or key == "stream" or value is None:
             continue
-        if key in NO_OP and key not in SAMPLING and any(value == v and type(value) is type(v) for v in NO_OP[key]):
+        if (
+            key in NO_OP
+            and key not in SAMPLING
+            and any(value == v and type(value) is type(v) for v in NO_OP[key])
+        ):
             continue  # the default value: nothing to honour
         if key not in SAMPLING:
             raise ValueError(f"body.{key} is not supported by this engine")
@@ -196,8 +236,18 @@ def _typed(key: str, value: Any, kind: type) -> Any:
 
 def requests_table(requests: list[BatchRequest]) -> bytes:
     """The requests as one Parquet file (row groups of 1,000 lines, so shards can split it)."""
-    rows = [{"custom_id": r.custom_id, "line": r.line, "request_kind": r.kind, "messages": r.messages,
-             "prompt": r.prompt, "request_error": r.error, **r.sampling} for r in requests]  # fmt: skip
+    rows = [
+        {
+            "custom_id": r.custom_id,
+            "line": r.line,
+            "request_kind": r.kind,
+            "messages": r.messages,
+            "prompt": r.prompt,
+            "request_error": r.error,
+            **r.sampling,
+        }
+        for r in requests
+    ]
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), buf, row_group_size=1000, compression="zstd")
     return buf.getvalue()
@@ -206,9 +256,17 @@ def requests_table(requests: list[BatchRequest]) -> bytes:
 def batch_job(base: dict[str, Any]) -> dict[str, Any]:
     """The job a Batch file runs as: the user's job (engine, sharding, default sampling) with the
     prompt side fixed: chat lines through the chat template, completion prompts as given."""
-    fixed = {"task": "generate", "id_column": "custom_id", "messages_column": "messages", "prompt_column": "prompt",
-             "template": None, "chat": "off", "system_prompt": None, "keep_columns": ["request_kind"],
-             "sampling_columns": {c: c for c in SUPPORTED_COLUMNS}}  # fmt: skip
+    fixed = {
+        "task": "generate",
+        "id_column": "custom_id",
+        "messages_column": "messages",
+        "prompt_column": "prompt",
+        "template": None,
+        "chat": "off",
+        "system_prompt": None,
+        "keep_columns": ["request_kind"],
+        "sampling_columns": {c: c for c in SUPPORTED_COLUMNS},
+    }
     clash = sorted(k for k in fixed if k in base and base[k] not in (None, fixed[k]))
     if clash:
         raise InputError(

@@ -25,21 +25,33 @@ def _error_body(message: str, code: str) -> dict[str, Any]:
 
 def _usage(record: Mapping[str, Any]) -> dict[str, Any]:
     prompt, output = int(record.get("prompt_tokens") or 0), int(record.get("output_tokens") or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": int(record.get("cached_tokens") or 0)}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": int(record.get("cached_tokens") or 0)},
+    }
 
 
 def _choice(kind: str, index: int, text: str, finish_reason: str) -> dict[str, Any]:
     if kind == "chat":
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}  # fmt: skip
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _choices(kind: str, record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One choice per sample (``n``); a row without samples has the one in ``output``."""
-    samples = record.get("samples") or [{"text": record.get("output"), "finish_reason": record.get("finish_reason")}]
-    return [_choice(kind, i, s.get("text") or "", s.get("finish_reason") or "stop") for i, s in enumerate(samples)]
+    samples = record.get("samples") or [
+        {"text": record.get("output"), "finish_reason": record.get("finish_reason")}
+    ]
+    return [
+        _choice(kind, i, s.get("text") or "", s.get("finish_reason") or "stop") for i, s in enumerate(samples)
+    ]
 
 
 def response_line(
@@ -66,16 +78,25 @@ def response_line(
             "usage": _usage(record),
         }
         status = 200
-    return {"id": _stable_id("batch_req", run_id, custom_id), "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}  # fmt: skip
+    return {
+        "id": _stable_id("batch_req", run_id, custom_id),
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": None,
+    }
 
 
 def results_jsonl(
-    requests: Iterable[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]], model: str, run_id: str,
+    requests: Iterable[Mapping[str, Any]],
+    records: Mapping[str, Mapping[str, Any]],
+    model: str,
+    run_id: str,
     created: int,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """The whole output file: every request's line, in input (line) order."""
     ordered = sorted(requests, key=lambda r: r["line"])
-    lines = [json.dumps(response_line(r, records.get(r["custom_id"]), model, run_id, created), ensure_ascii=False)
-             for r in ordered]  # fmt: skip
+    lines = [
+        json.dumps(response_line(r, records.get(r["custom_id"]), model, run_id, created), ensure_ascii=False)
+        for r in ordered
+    ]
     return ("\n".join(lines) + "\n").encode("utf-8")

@@ -10,12 +10,15 @@ from prefixflow.pipeline.tasks.generate import GenerateTask
 from prefixflow.pipeline.tasks.label.task import LabelTask
 from prefixflow.pipeline.tasks.summarize import SummarizeTask
 
-TASKS: dict[str, Task] = {task.name: task for task in (
-    GenerateTask(),
-    SummarizeTask(),
-    LabelTask(),
-    ExtractTask(),
-)}  # fmt: skip
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        GenerateTask(),
+        SummarizeTask(),
+        LabelTask(),
+        ExtractTask(),
+    )
+}
 
 
 def get_task(name: str) -> Task:

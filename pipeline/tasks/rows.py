@@ -35,7 +35,14 @@ if TYPE_CHECKING:
     from prefixflow.pipeline.tasks.base import Task
 
 INT_PARAMS = {"top_k", "seed", "max_tokens", "min_tokens", "logprobs", "n"}
-FLOAT_PARAMS = {"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+FLOAT_PARAMS = {
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+}
 
 
 @dataclass
@@ -57,8 +64,10 @@ class Prepared:
 
 
 def max_tokens_problem(max_tokens: int, max_model_len: int) -> str:
-    return (f"max_tokens is {max_tokens} but the model's context length (max_model_len) is {max_model_len}: "
-            "prompt and output must fit in it together; set max_tokens below the context length")  # fmt: skip
+    return (
+        f"max_tokens is {max_tokens} but the model's context length (max_model_len) is {max_model_len}: "
+        "prompt and output must fit in it together; set max_tokens below the context length"
+    )
 
 
 def check_max_tokens(cfg: JobConfig, max_model_len: int) -> None:
@@ -83,7 +92,11 @@ class RowPreparer:
     """Per-shard helper holding the tokenizer, chat wrapper and limits (built once, used per row)."""
 
     def __init__(
-        self, cfg: JobConfig, llm: Engine, duplicates: Mapping[tuple[str, int], tuple[str, int] | None], task: Task
+        self,
+        cfg: JobConfig,
+        llm: Engine,
+        duplicates: Mapping[tuple[str, int], tuple[str, int] | None],
+        task: Task,
     ) -> None:
         self.cfg = cfg
         self.task = task
@@ -123,8 +136,10 @@ class RowPreparer:
         if (relpath, key) in self.duplicates:
             first = self.duplicates[(relpath, key)]
             earlier = f"row {first[1]} of {first[0]} ({derived_id(*first)})" if first else "an earlier row"
-            raise RowError(DUPLICATE_ID, f"id {row_id!r} is already used by {earlier}; ids must be unique, "
-                           "so this row was not run")  # fmt: skip
+            raise RowError(
+                DUPLICATE_ID,
+                f"id {row_id!r} is already used by {earlier}; ids must be unique, so this row was not run",
+            )
 
     def params(self, row: dict[str, Any]) -> Any:
         """The row's SamplingParams: the job's, with the row's own sampling columns (checked here, so a
@@ -183,8 +198,11 @@ class RowPreparer:
     def encode_reference(self, user_text: str) -> list[int]:
         """A label-calibration reference prompt (label_references), wrapped like the rows' prompts."""
         if self.render_chat is not None and self.template is None and not self.cfg.prompt_column:
-            return list(self.tok.encode(self.render_chat([{"role": "user", "content": user_text}]),
-                                        add_special_tokens=False))  # fmt: skip
+            return list(
+                self.tok.encode(
+                    self.render_chat([{"role": "user", "content": user_text}]), add_special_tokens=False
+                )
+            )
         return self.encode(user_text, allow_blank=True)
 
     def encode_messages(self, row: dict[str, Any]) -> list[int] | None:

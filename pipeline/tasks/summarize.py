@@ -20,8 +20,10 @@ class SummarizeTask(Task):
 
     def check(self, cfg: JobConfig, given: Mapping[str, Any]) -> JobConfig:
         if cfg.messages_column:
-            raise JobConfigError("job config: messages_column: applies to generate and label jobs; summarize "
-                                 "reads a document column")  # fmt: skip
+            raise JobConfigError(
+                "job config: messages_column: applies to generate and label jobs; summarize "
+                "reads a document column"
+            )
         check_template(cfg.summarize.reduce_template, "summarize.reduce_template")
         return cfg
 

@@ -75,9 +75,30 @@ def test_engine_vs_hf_smoke(tmp_path) -> None:
 
 def test_prefix_bench_smoke(tmp_path) -> None:
     out = tmp_path / "pb.json"
-    args = ["--workloads", "labeling,chat", "--num-prefixes", "2", "--num-docs", "8", "--prefix-len", "400",
-            "--doc-len", "40", "--output-len", "2", "--conversations", "2", "--turns", "2", "--scale", "1",
-            "--chat-output-len", "2", "--block-size", "4"]  # fmt: skip
+    args = [
+        "--workloads",
+        "labeling,chat",
+        "--num-prefixes",
+        "2",
+        "--num-docs",
+        "8",
+        "--prefix-len",
+        "400",
+        "--doc-len",
+        "40",
+        "--output-len",
+        "2",
+        "--conversations",
+        "2",
+        "--turns",
+        "2",
+        "--scale",
+        "1",
+        "--chat-output-len",
+        "2",
+        "--block-size",
+        "4",
+    ]
     result = prefix_bench.main([*CPU, *POOL, *args, "--json", str(out)])
     assert json.loads(out.read_text())["benchmark"] == "prefix_bench"
     labeling, chat = result["workloads"]

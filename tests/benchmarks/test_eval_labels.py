@@ -24,8 +24,21 @@ def test_label_metrics_hand_counted() -> None:
 
 def test_eval_labels_smoke(tmp_path: Path) -> None:
     out = tmp_path / "eval.json"
-    eval_labels.main(["--model", "tiny", "--limit", "8", "--sets", "tickets", "--threads", "1",
-                      "--pipeline", "--json", str(out)])  # fmt: skip
+    eval_labels.main(
+        [
+            "--model",
+            "tiny",
+            "--limit",
+            "8",
+            "--sets",
+            "tickets",
+            "--threads",
+            "1",
+            "--pipeline",
+            "--json",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     styles = result["sets"]["tickets"]
     assert set(styles) == {s.name for s in eval_labels.SETS[0].styles}
@@ -33,7 +46,10 @@ def test_eval_labels_smoke(tmp_path: Path) -> None:
     assert {"raw (before issue 14)", default, "permutation average + case"} <= set(styles["chat"]["methods"])
     for res in styles.values():
         applied = res["pipeline_default"]["calibration"]["applied"]  # 8 rows < 8 x 4 labels: contextual
-        assert applied == "contextual" and "fewer than 8 x 4 labels" in res["pipeline_default"]["calibration"]["fallback"]
+        assert (
+            applied == "contextual"
+            and "fewer than 8 x 4 labels" in res["pipeline_default"]["calibration"]["fallback"]
+        )
         default = eval_labels.METHOD_OF[applied]
         for m in res["methods"].values():
             assert m["n"] == 8 and 0 <= m["accuracy"] <= 1 and sum(m["predicted"]) == 8

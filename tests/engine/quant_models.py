@@ -81,7 +81,14 @@ def hf_twin_greedy(
     with torch.inference_mode():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                               min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+            y = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             outs.append(y[0, len(ids) :].tolist())
     return outs

@@ -69,7 +69,9 @@ def _groups(k: int, group: int, perm: np.ndarray | None) -> np.ndarray:
     return g
 
 
-def _rtn(w: np.ndarray, g_of_k: np.ndarray, bits: int, sym: bool, min_zero: int, scale_dtype: torch.dtype) -> tuple:
+def _rtn(
+    w: np.ndarray, g_of_k: np.ndarray, bits: int, sym: bool, min_zero: int, scale_dtype: torch.dtype
+) -> tuple:
     """Round-to-nearest codes [N, K], scales exact in ``scale_dtype`` and integer zeros [N, G]."""
     maxq = 2**bits - 1
     n_groups = int(g_of_k.max()) + 1
@@ -92,10 +94,14 @@ def _rtn(w: np.ndarray, g_of_k: np.ndarray, bits: int, sym: bool, min_zero: int,
 
 
 def _dequant(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, g_of_k: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(((q - zeros[:, g_of_k]).astype(np.float32) * scales[:, g_of_k]).astype(np.float32))
+    return torch.from_numpy(
+        ((q - zeros[:, g_of_k]).astype(np.float32) * scales[:, g_of_k]).astype(np.float32)
+    )
 
 
-def quantize_tensor(w: torch.Tensor, fmt: Fmt, perm: np.ndarray | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def quantize_tensor(
+    w: torch.Tensor, fmt: Fmt, perm: np.ndarray | None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One projection -> (checkpoint tensors by suffix, dequantized float32 weight)."""
     wn = w.float().numpy()
     n, k = wn.shape
@@ -108,7 +114,9 @@ def quantize_tensor(w: torch.Tensor, fmt: Fmt, perm: np.ndarray | None) -> tuple
         wq = (w.float() / scale).to(torch.float8_e4m3fn)
         return {"weight": wq, "weight_scale": scale}, wq.float() * scale
     g_of_k = _groups(k, fmt.group, perm)
-    min_zero = 1 if fmt.kind == "gptq" and not fmt.v2 else 0  # v1 stores zero - 1: a zero of 0 cannot be stored
+    min_zero = (
+        1 if fmt.kind == "gptq" and not fmt.v2 else 0
+    )  # v1 stores zero - 1: a zero of 0 cannot be stored
     scale_dtype = torch.bfloat16 if fmt.kind == "ct-int" else torch.float16
     q, scales, zeros = _rtn(wn, g_of_k, fmt.bits, fmt.sym, min_zero, scale_dtype)
     dense = _dequant(q, scales, zeros, g_of_k)
@@ -142,33 +150,81 @@ def quantize_tensor(w: torch.Tensor, fmt: Fmt, perm: np.ndarray | None) -> tuple
 
 def quantization_config(fmt: Fmt) -> dict:
     if fmt.kind == "gptq":
-        return {"quant_method": "gptq", "bits": fmt.bits, "group_size": fmt.group, "desc_act": fmt.act_order,
-                "sym": fmt.sym, "checkpoint_format": "gptq_v2" if fmt.v2 else "gptq", "lm_head": False}  # fmt: skip
+        return {
+            "quant_method": "gptq",
+            "bits": fmt.bits,
+            "group_size": fmt.group,
+            "desc_act": fmt.act_order,
+            "sym": fmt.sym,
+            "checkpoint_format": "gptq_v2" if fmt.v2 else "gptq",
+            "lm_head": False,
+        }
     if fmt.kind == "awq":
-        return {"quant_method": "awq", "bits": 4, "group_size": fmt.group, "zero_point": True, "version": "gemm"}
+        return {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": fmt.group,
+            "zero_point": True,
+            "version": "gemm",
+        }
     if fmt.kind == "ct-fp8":
-        weights = {"num_bits": 8, "type": "float", "strategy": fmt.fp8_strategy, "symmetric": True, "dynamic": False}
+        weights = {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": fmt.fp8_strategy,
+            "symmetric": True,
+            "dynamic": False,
+        }
         acts = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
-        group = {"targets": ["Linear"], "weights": weights, "input_activations": acts, "format": "float-quantized"}
-        return {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": group},
-                "ignore": ["lm_head"], "quantization_status": "compressed"}  # fmt: skip
+        group = {
+            "targets": ["Linear"],
+            "weights": weights,
+            "input_activations": acts,
+            "format": "float-quantized",
+        }
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": group},
+            "ignore": ["lm_head"],
+            "quantization_status": "compressed",
+        }
     strategy = "channel" if fmt.group == -1 else "group"
-    weights = {"num_bits": fmt.bits, "type": "int", "symmetric": fmt.sym, "strategy": strategy,
-               "group_size": None if fmt.group == -1 else fmt.group, "actorder": "group" if fmt.act_order else None}  # fmt: skip
+    weights = {
+        "num_bits": fmt.bits,
+        "type": "int",
+        "symmetric": fmt.sym,
+        "strategy": strategy,
+        "group_size": None if fmt.group == -1 else fmt.group,
+        "actorder": "group" if fmt.act_order else None,
+    }
     group = {"targets": ["Linear"], "weights": weights, "input_activations": None}
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": group},
-            "ignore": ["lm_head"], "quantization_status": "compressed"}  # fmt: skip
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": group},
+        "ignore": ["lm_head"],
+        "quantization_status": "compressed",
+    }
 
 
 def _input_key(name: str) -> str:
     """Projections that read the same input share one act-order permutation (as real GPTQ runs produce)."""
-    for proj, key in (("q_proj", "qkv"), ("k_proj", "qkv"), ("v_proj", "qkv"), ("gate_proj", "gu"), ("up_proj", "gu")):
+    for proj, key in (
+        ("q_proj", "qkv"),
+        ("k_proj", "qkv"),
+        ("v_proj", "qkv"),
+        ("gate_proj", "gu"),
+        ("up_proj", "gu"),
+    ):
         if f".{proj}." in name:
             return name.replace(f"{proj}.weight", key)
     return name
 
 
-def write_quantized(base: Path, root: Path, fmt: Fmt, seed: int = 0) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+def write_quantized(
+    base: Path, root: Path, fmt: Fmt, seed: int = 0
+) -> tuple[Path, Path, dict[str, torch.Tensor]]:
     """Returns (quantized dir, dense twin dir, dequantized weights by HF name)."""
     quant_dir, twin_dir = root / f"{base.name}-{fmt.label}", root / f"{base.name}-{fmt.label}-twin"
     tensors = load_file(str(base / "model.safetensors"))

@@ -33,7 +33,11 @@ class SparseFmt:
 
     @property
     def quant_fmt(self) -> Fmt | None:
-        return {None: None, "fp8": Fmt("ct-fp8", fp8_strategy="channel"), "int4": Fmt("ct-int", 4, 128, sym=True)}[self.quant]
+        return {
+            None: None,
+            "fp8": Fmt("ct-fp8", fp8_strategy="channel"),
+            "int4": Fmt("ct-int", 4, 128, sym=True),
+        }[self.quant]
 
 
 def prune_mask(w: np.ndarray) -> np.ndarray:
@@ -52,12 +56,22 @@ def pack_bitmask(values: torch.Tensor, mask: np.ndarray) -> dict[str, torch.Tens
     kept = values.contiguous().view(bits).numpy()[mask].reshape(n, k // 2)
     compressed = torch.from_numpy(np.ascontiguousarray(kept)).view(values.dtype)
     bitmask = torch.from_numpy(np.packbits(mask, axis=-1, bitorder="little"))
-    return {"compressed": compressed, "bitmask": bitmask, "shape": torch.tensor([[n], [k]], dtype=torch.int64)}
+    return {
+        "compressed": compressed,
+        "bitmask": bitmask,
+        "shape": torch.tensor([[n], [k]], dtype=torch.int64),
+    }
 
 
 def sparsity_qc(fmt: SparseFmt) -> dict:
-    sc = {"format": fmt.storage, "sparsity_structure": "2:4", "targets": ["Linear"], "ignore": ["lm_head"],
-          "global_sparsity": 0.5, "registry_requires_subclass": False}  # fmt: skip
+    sc = {
+        "format": fmt.storage,
+        "sparsity_structure": "2:4",
+        "targets": ["Linear"],
+        "ignore": ["lm_head"],
+        "global_sparsity": 0.5,
+        "registry_requires_subclass": False,
+    }
     qf = fmt.quant_fmt
     if qf is None:
         return {"quant_method": "compressed-tensors", "format": fmt.storage, "sparsity_config": sc}
@@ -73,7 +87,9 @@ def sparsify_tensor(w: torch.Tensor, fmt: SparseFmt) -> tuple[dict[str, torch.Te
         parts, dense = {"weight": pruned}, pruned
     else:
         parts, dense = quantize_tensor(pruned, qf, None)
-    if fmt.storage == "sparse-24-bitmask" and "weight" in parts:  # int codes stay packed (as compressed-tensors does)
+    if (
+        fmt.storage == "sparse-24-bitmask" and "weight" in parts
+    ):  # int codes stay packed (as compressed-tensors does)
         parts = {k: v for k, v in parts.items() if k != "weight"} | pack_bitmask(parts["weight"], mask)
     return parts, dense
 

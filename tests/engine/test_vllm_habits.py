@@ -29,11 +29,15 @@ def test_request_output_has_vllms_outputs_list(llm) -> None:
     (sample,) = out.outputs
     assert out.finished and sample.index == 0 and out.prompt == "hello there"
     assert sample.text == out.text and sample.token_ids == out.token_ids and sample.finish_reason == "length"
-    assert sample.cumulative_logprob == pytest.approx(sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids)))
+    assert sample.cumulative_logprob == pytest.approx(
+        sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids))
+    )
 
 
 @torch.inference_mode()
-def _hf_penalized_greedy(model, prompt: list[int], presence: float, frequency: float, repetition: float) -> list[int]:
+def _hf_penalized_greedy(
+    model, prompt: list[int], presence: float, frequency: float, repetition: float
+) -> list[int]:
     """Greedy decoding on transformers' logits with the penalties written out as vLLM/OpenAI define them."""
     ids = list(prompt)
     for _ in range(NEW):
@@ -47,23 +51,39 @@ def _hf_penalized_greedy(model, prompt: list[int], presence: float, frequency: f
     return ids[len(prompt) :]
 
 
-@pytest.mark.parametrize("presence,frequency,repetition", [(0.0, 0.0, 1.6), (1.5, 0.0, 1.0), (0.0, 0.9, 1.0),
-                                                           (0.5, 0.5, 1.3)])  # fmt: skip
-def test_penalties_match_a_reference_on_transformers_logits(llm, hf_model, presence, frequency, repetition) -> None:
+@pytest.mark.parametrize(
+    "presence,frequency,repetition", [(0.0, 0.0, 1.6), (1.5, 0.0, 1.0), (0.0, 0.9, 1.0), (0.5, 0.5, 1.3)]
+)
+def test_penalties_match_a_reference_on_transformers_logits(
+    llm, hf_model, presence, frequency, repetition
+) -> None:
     prompts = random_prompts(3, 4, 20, seed=3)
-    params = SamplingParams(max_tokens=NEW, ignore_eos=True, presence_penalty=presence, frequency_penalty=frequency,
-                            repetition_penalty=repetition)  # fmt: skip
+    params = SamplingParams(
+        max_tokens=NEW,
+        ignore_eos=True,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        repetition_penalty=repetition,
+    )
     got = [list(o.token_ids) for o in llm.generate(prompts, params)]
-    plain = [list(o.token_ids) for o in llm.generate(prompts, SamplingParams(max_tokens=NEW, ignore_eos=True))]
+    plain = [
+        list(o.token_ids) for o in llm.generate(prompts, SamplingParams(max_tokens=NEW, ignore_eos=True))
+    ]
     assert got == [_hf_penalized_greedy(hf_model, p, presence, frequency, repetition) for p in prompts]
     assert got != plain  # the penalties did change something on this random model
 
 
 def test_bad_penalties_and_n_are_error_outputs(llm) -> None:
-    outs = llm.generate(["a", "b", "c"], [SamplingParams(presence_penalty=3.0), SamplingParams(repetition_penalty=0),
-                                          SamplingParams(n=0)])  # fmt: skip
+    outs = llm.generate(
+        ["a", "b", "c"],
+        [SamplingParams(presence_penalty=3.0), SamplingParams(repetition_penalty=0), SamplingParams(n=0)],
+    )
     assert [o.finish_reason for o in outs] == ["error"] * 3
-    assert "presence_penalty" in outs[0].error and "repetition_penalty" in outs[1].error and "n must" in outs[2].error
+    assert (
+        "presence_penalty" in outs[0].error
+        and "repetition_penalty" in outs[1].error
+        and "n must" in outs[2].error
+    )
 
 
 def test_n_samples_share_the_prompts_kv_blocks(llm) -> None:
@@ -80,11 +100,15 @@ def test_n_samples_share_the_prompts_kv_blocks(llm) -> None:
     assert out.num_prompt_tokens == 45 and out.num_output_tokens == 4 * NEW
     texts = {s.token_ids for s in out.outputs}
     assert len(texts) > 1  # each sample draws from its own seed stream
-    (single,) = llm.generate([prompt], SamplingParams(temperature=1.0, seed=123, max_tokens=NEW, ignore_eos=True))
+    (single,) = llm.generate(
+        [prompt], SamplingParams(temperature=1.0, seed=123, max_tokens=NEW, ignore_eos=True)
+    )
     assert out.outputs[0].token_ids == single.token_ids  # sample 0 is the n=1 request
     others = random_prompts(5, 5, 30, seed=12)
-    mixed = llm.generate([*others[:2], prompt, *others[2:]], [SamplingParams(max_tokens=3)] * 2 + [params]
-                         + [SamplingParams(max_tokens=3)] * 3)  # fmt: skip
+    mixed = llm.generate(
+        [*others[:2], prompt, *others[2:]],
+        [SamplingParams(max_tokens=3)] * 2 + [params] + [SamplingParams(max_tokens=3)] * 3,
+    )
     assert [s.token_ids for s in mixed[2].outputs] == [s.token_ids for s in out.outputs]  # batch-invariant
 
 

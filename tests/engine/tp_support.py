@@ -23,5 +23,7 @@ def assert_processes_gone(pids: list[int], within_s: float = 15.0) -> None:
     deadline = time.monotonic() + within_s
     while any(alive(p) for p in pids):
         if time.monotonic() > deadline:
-            raise AssertionError(f"processes still running after {within_s} s: {[p for p in pids if alive(p)]}")
+            raise AssertionError(
+                f"processes still running after {within_s} s: {[p for p in pids if alive(p)]}"
+            )
         time.sleep(0.05)

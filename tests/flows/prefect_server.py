@@ -31,10 +31,18 @@ STARTUP_TIMEOUT_S = float(os.environ.get("PREFIXFLOW_TEST_SERVER_TIMEOUT_S", "24
 # leave off the background services no test here needs (each one is another writer)
 SERVER_SETTINGS = {
     "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
-    **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
-       for name in ("FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER",
-                    "TRIGGERS")},
-}  # fmt: skip
+    **{
+        f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+        for name in (
+            "FOREMAN",
+            "LATE_RUNS",
+            "PAUSE_EXPIRATIONS",
+            "CANCELLATION_CLEANUP",
+            "CLEANUP_RECONCILER",
+            "TRIGGERS",
+        )
+    },
+}
 
 
 def quiet_prefect_env(home: Path, api_url: str | None = None) -> dict[str, str]:
@@ -96,7 +104,9 @@ class Managed:
 def spawn(name: str, args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> Managed:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return Managed(name, proc, log)
 
 
@@ -124,8 +134,19 @@ class PrefectServer:
             PREFECT_SERVER_LOGGING_LEVEL="WARNING",
             **SERVER_SETTINGS,
         )
-        args = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
-                "--no-ui", "--analytics-off"]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--no-ui",
+            "--analytics-off",
+        ]
         self.server = spawn("prefect-server", args, env, self.root / "server.log")
         try:
             self._wait_healthy(timeout_s)
@@ -139,7 +160,9 @@ class PrefectServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.server.proc.poll() is not None:
-                raise RuntimeError(f"prefect server start exited {self.server.proc.returncode}:\n{self.server.text()[-3000:]}")
+                raise RuntimeError(
+                    f"prefect server start exited {self.server.proc.returncode}:\n{self.server.text()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as response:
                     if response.status == 200 and response.read().strip() == b"true":
@@ -147,7 +170,9 @@ class PrefectServer:
             except OSError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"prefect server on port {self.port} not healthy in {timeout_s}s:\n{self.server.text()[-3000:]}")
+        raise TimeoutError(
+            f"prefect server on port {self.port} not healthy in {timeout_s}s:\n{self.server.text()[-3000:]}"
+        )
 
     def client_env(self, name: str) -> dict[str, str]:
         """The environment of a client process (worker, CLI) of this server; its own PREFECT_HOME."""
@@ -157,15 +182,40 @@ class PrefectServer:
         """`prefect ARGS` (or `prefixflow ARGS` when args[0] is "prefixflow") against this server."""
         module = ["-m", "prefixflow.flows.cli"] if args[0] == "prefixflow" else ["-m", "prefect"]
         argv = [sys.executable, *module, *(args[1:] if args[0] == "prefixflow" else args)]
-        return subprocess.run(argv, cwd=REPO, env=self.client_env("cli"), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        return subprocess.run(
+            argv,
+            cwd=REPO,
+            env=self.client_env("cli"),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
 
-    def start_worker(self, pool: str, name: str, limit: int | None = None, env: dict[str, str] | None = None) -> Managed:
+    def start_worker(
+        self, pool: str, name: str, limit: int | None = None, env: dict[str, str] | None = None
+    ) -> Managed:
         """`prefect worker start --pool POOL --type process` polling every second; `limit`: flow runs at once."""
         worker_env = self.client_env(name)
-        worker_env.update(PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="0", **(env or {}))
-        args = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--name", name, "--type", "process",
-                "--install-policy", "never", *(["--limit", str(limit)] if limit else [])]  # fmt: skip
+        worker_env.update(
+            PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="0", **(env or {})
+        )
+        args = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "worker",
+            "start",
+            "--pool",
+            pool,
+            "--name",
+            name,
+            "--type",
+            "process",
+            "--install-policy",
+            "never",
+            *(["--limit", str(limit)] if limit else []),
+        ]
         worker = spawn(name, args, worker_env, self.root / f"{name}.log")
         self.workers.append(worker)
         return worker

@@ -102,24 +102,49 @@ class LocalRayCluster:
         temp = self.root / f"n{len(self.nodes)}"  # short: Ray's socket paths must stay under 108 bytes
         temp.mkdir(parents=True, exist_ok=True)
         # the `ray` console script of this interpreter's Ray (a PATH lookup could find another one)
-        args = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={ip}", "--num-cpus=1", "--num-gpus=0",
-                f"--resources={json.dumps({'lane': 1})}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port(ip)}",
-                "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            f"--node-ip-address={ip}",
+            "--num-cpus=1",
+            "--num-gpus=0",
+            f"--resources={json.dumps({'lane': 1})}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--temp-dir={temp}",
+            f"--dashboard-agent-listen-port={free_port(ip)}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            "--disable-usage-stats",
+        ]
         if head:
-            args += ["--head", f"--port={self.port}", f"--ray-client-server-port={free_port(ip)}",
-                     "--include-dashboard=false", f"--dashboard-port={free_port(ip)}"]  # fmt: skip
+            args += [
+                "--head",
+                f"--port={self.port}",
+                f"--ray-client-server-port={free_port(ip)}",
+                "--include-dashboard=false",
+                f"--dashboard-port={free_port(ip)}",
+            ]
         else:
             args.append(f"--address={self.address}")
         env = env_with_repo_on_path()
         env.pop("RAY_ADDRESS", None)
         # HOME: a ~/.ray/auth_token that some other Ray run left on this machine must not turn on token
         # auth for half of the cluster (the nodes then refuse each other)
-        env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", HOME=str(self.root), **self.env,
-                   **(node_env or {}))  # fmt: skip
+        env.update(
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_AUTH_MODE="disabled",
+            HOME=str(self.root),
+            **self.env,
+            **(node_env or {}),
+        )
         log = temp / "ray-start.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return RayNode(ip, proc, temp, log)
 
     @staticmethod
@@ -132,7 +157,9 @@ class LocalRayCluster:
             if node.proc.poll() is not None:
                 raise RuntimeError(f"ray start on {node.ip} exited {node.proc.returncode}:\n{text[-3000:]}")
             time.sleep(0.5)
-        raise TimeoutError(f"ray start on {node.ip} did not come up in {timeout_s}s:\n{node.log.read_text()[-3000:]}")
+        raise TimeoutError(
+            f"ray start on {node.ip} did not come up in {timeout_s}s:\n{node.log.read_text()[-3000:]}"
+        )
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL what is left); safe to call twice."""

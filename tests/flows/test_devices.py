@@ -59,7 +59,9 @@ def test_a_tensor_parallel_lane_takes_one_gpu_per_rank(monkeypatch: pytest.Monke
     layout = lane_layout(None, None, on_ray=False, tensor_parallel_size=2)
     assert (layout.lanes, layout.gpus_per_lane) == (2, 2)  # the fifth GPU cannot host a TP=2 engine
     assert [g.ordinals for g in device_groups(layout.gpus_per_lane, gpu_ids())] == [(0, 1), (2, 3)]
-    with pytest.raises(ValueError, match="gpus_per_lane=1 but tensor_parallel_size=2: .* set gpus_per_lane to 2"):
+    with pytest.raises(
+        ValueError, match="gpus_per_lane=1 but tensor_parallel_size=2: .* set gpus_per_lane to 2"
+    ):
         lane_layout(None, 1, on_ray=False, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="only 5 GPU"):
         lane_layout(None, None, on_ray=False, tensor_parallel_size=8)

@@ -89,13 +89,20 @@ def test_two_lanes_exactly_once_with_artifacts(
     assert len(list((out / "_metrics").glob("*/throughput/lane-*.json"))) == 2
     assert (out / "_throughput.svg").read_text().startswith("<svg")
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert manifest["usage"]["output_tokens"] == summary["output_tokens"] and manifest["usage"]["device_seconds"] > 0
+    assert (
+        manifest["usage"]["output_tokens"] == summary["output_tokens"]
+        and manifest["usage"]["device_seconds"] > 0
+    )
     # what the advisor predicted when the run started, beside what the run measured (issue 18)
     compared = {row["metric"]: row for row in json.loads(arts["prefixflow-predicted-vs-measured"].data)}
-    assert {"output tok/s per lane", "prefix hit rate", "preemptions", "device-hours, whole input"} <= set(compared)
+    assert {"output tok/s per lane", "prefix hit rate", "preemptions", "device-hours, whole input"} <= set(
+        compared
+    )
     assert compared["prefix hit rate"]["measured"] == pytest.approx(hit_rate, abs=1e-4)
     assert compared["preemptions"]["measured"] == 0
-    assert not any(k.startswith("predicted_vs_measured") for k in summary)  # its own artifact, not a summary row
+    assert not any(
+        k.startswith("predicted_vs_measured") for k in summary
+    )  # its own artifact, not a summary row
 
 
 def test_lane_failing_once_is_retried_without_regenerating(

@@ -18,7 +18,10 @@ from tests.flows.support import (
     requires_pipeline,
 )
 
-pytestmark = [requires_pipeline, pytest.mark.timeout(600)]  # a Prefect server and a Ray instance start on a shared host
+pytestmark = [
+    requires_pipeline,
+    pytest.mark.timeout(600),
+]  # a Prefect server and a Ray instance start on a shared host
 
 
 @pytest.fixture(scope="module")

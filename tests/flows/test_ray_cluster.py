@@ -51,9 +51,18 @@ def cluster(tmp_path: Path) -> Iterator[LocalRayCluster]:
 def _run(cluster: LocalRayCluster, inp: Path, out: Path, **kw: Any) -> Any:
     from prefixflow.flows import batch_inference
 
-    params: dict[str, Any] = dict(input=str(inp), output=str(out), model="tiny", job=JOB, shard_rows=SHARD_ROWS,
-                                  ray_address=cluster.address, lane_resources={"lane": 1}, retry_delay_s=0.0,
-                                  progress_poll_s=0.5, return_state=True)  # fmt: skip
+    params: dict[str, Any] = dict(
+        input=str(inp),
+        output=str(out),
+        model="tiny",
+        job=JOB,
+        shard_rows=SHARD_ROWS,
+        ray_address=cluster.address,
+        lane_resources={"lane": 1},
+        retry_delay_s=0.0,
+        progress_poll_s=0.5,
+        return_state=True,
+    )
     params.update(kw)
     return batch_inference(**params)
 
@@ -87,8 +96,16 @@ def test_lanes_spread_over_two_nodes_identical_to_local(
     lanes = asyncio.run(read_lane_runs(state.state_details.flow_run_id))
     assert [r.name for r in lanes] == ["lane-0", "lane-1"]
 
-    local = batch_inference(input=str(inp), output=str(tmp_path / "local-out"), model="tiny", job=JOB,
-                            shard_rows=SHARD_ROWS, lanes=2, concurrency_limit=None, progress_poll_s=0.5)  # fmt: skip
+    local = batch_inference(
+        input=str(inp),
+        output=str(tmp_path / "local-out"),
+        model="tiny",
+        job=JOB,
+        shard_rows=SHARD_ROWS,
+        lanes=2,
+        concurrency_limit=None,
+        progress_poll_s=0.5,
+    )
     assert local["complete"] is True
     assert _rows(tmp_path / "ray-out").equals(_rows(tmp_path / "local-out"))
 
@@ -107,8 +124,9 @@ def test_node_killed_mid_shard_lane_resubmitted_on_survivor(
 
     def kill_mid_shard() -> None:
         # the slow node's lane committed a shard, then flushed a part of its next one: kill it there
-        seen["log"] = wait_for_log(slow.worker_logs, ["HOOK commit_end", "HOOK flush_begin", "HOOK flush_begin"],
-                                   timeout_s=240)  # fmt: skip
+        seen["log"] = wait_for_log(
+            slow.worker_logs, ["HOOK commit_end", "HOOK flush_begin", "HOOK flush_begin"], timeout_s=240
+        )
         seen["markers"] = _markers(out)
         seen["killed"] = slow.kill(signal.SIGKILL)
 
@@ -167,13 +185,21 @@ def test_head_restart_between_runs_resumes(
     assert {name: after[name] for name in committed} == committed
 
 
-def test_unreachable_cluster_is_one_clear_line(prefect_server: str, dataset: tuple[Path, list[str]], tmp_path: Path):
+def test_unreachable_cluster_is_one_clear_line(
+    prefect_server: str, dataset: tuple[Path, list[str]], tmp_path: Path
+):
     from prefixflow.flows import batch_inference
 
     inp, _ = dataset
     address = f"127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
-    state = batch_inference(input=str(inp), output=str(tmp_path / "out"), model="tiny", job=JOB,
-                            ray_address=address, return_state=True)  # fmt: skip
+    state = batch_inference(
+        input=str(inp),
+        output=str(tmp_path / "out"),
+        model="tiny",
+        job=JOB,
+        ray_address=address,
+        return_state=True,
+    )
     assert state.is_failed()
     message = str(state.message)
     assert f"Ray cluster at {address} is unreachable" in message and "ray start --head" in message

@@ -37,9 +37,13 @@ async def _api_dump(flow_run_id: Any) -> str:
 
     async with get_client() as client:
         parts = [(await client.read_flow_run(flow_run_id)).model_dump_json()]
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
         parts += [r.model_dump_json() for r in runs]
-        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
         parts += [log.model_dump_json() for log in logs]
         arts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
@@ -80,10 +84,19 @@ def test_credentials_from_a_secret_block_never_reach_the_api(
     with pytest.raises(Exception, match="credentials"):
         bare.ls(bucket)  # without the block this process cannot use the store at all
     state = batch_inference(
-        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out", model="tiny", job=JOB, shard_rows=SHARD_ROWS,
-        endpoint_url=s3_endpoint, credentials_block="secret/pf-s3-credentials", lanes=1, concurrency_limit=None,
-        retry_delay_s=0.0, progress_poll_s=0.5, return_state=True,
-    )  # fmt: skip
+        input=f"s3://{bucket}/in",
+        output=f"s3://{bucket}/out",
+        model="tiny",
+        job=JOB,
+        shard_rows=SHARD_ROWS,
+        endpoint_url=s3_endpoint,
+        credentials_block="secret/pf-s3-credentials",
+        lanes=1,
+        concurrency_limit=None,
+        retry_delay_s=0.0,
+        progress_poll_s=0.5,
+        return_state=True,
+    )
     assert state.is_completed(), state.message
     assert state.result()["rows"] == 20 and state.result()["complete"]
     dump = asyncio.run(_api_dump(state.state_details.flow_run_id))
@@ -101,10 +114,16 @@ def test_plain_credentials_in_storage_options_are_refused_and_never_stored(
     from prefixflow.flows import batch_inference
 
     state = batch_inference(
-        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out2", model="tiny", job=JOB, endpoint_url=s3_endpoint,
-        storage_options={"key": KEY_ID, "secret": SECRET, "anon": False}, lanes=1, concurrency_limit=None,
+        input=f"s3://{bucket}/in",
+        output=f"s3://{bucket}/out2",
+        model="tiny",
+        job=JOB,
+        endpoint_url=s3_endpoint,
+        storage_options={"key": KEY_ID, "secret": SECRET, "anon": False},
+        lanes=1,
+        concurrency_limit=None,
         return_state=True,
-    )  # fmt: skip
+    )
     assert state.is_failed()
     assert "look like credentials" in state.message and "credentials_block" in state.message
     assert SECRET not in state.message
@@ -118,7 +137,9 @@ async def _api_dump_of_failed(flow_run_id: Any) -> str:
 
     async with get_client() as client:
         run = await client.read_flow_run(flow_run_id)
-        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
     return "\n".join([run.model_dump_json(), *(log.model_dump_json() for log in logs)])
 
 
@@ -136,11 +157,19 @@ def test_credentials_in_a_job_dict_are_refused_and_never_stored(
     """Issue 22 item 5: `job={"storage": {"options": {...}}}` ran, and both values were in flow_run.parameters."""
     from prefixflow.flows import batch_inference
 
-    secret_job = {**JOB, "storage": {"endpoint_url": s3_endpoint, "options": {"key": KEY_ID, "secret": SECRET}}}
+    secret_job = {
+        **JOB,
+        "storage": {"endpoint_url": s3_endpoint, "options": {"key": KEY_ID, "secret": SECRET}},
+    }
     state = batch_inference(
-        input=f"s3://{bucket}/in", output=f"s3://{bucket}/out3", model="tiny", job=secret_job, lanes=1,
-        concurrency_limit=None, return_state=True,
-    )  # fmt: skip
+        input=f"s3://{bucket}/in",
+        output=f"s3://{bucket}/out3",
+        model="tiny",
+        job=secret_job,
+        lanes=1,
+        concurrency_limit=None,
+        return_state=True,
+    )
     assert state.is_failed()
     assert "job.storage.options.key" in state.message and "job.storage.options.secret" in state.message
     dump = asyncio.run(_api_dump_of_failed(state.state_details.flow_run_id))
@@ -155,7 +184,9 @@ def test_a_deployment_run_with_credentials_is_refused_before_prefect_stores_it(p
     from prefixflow.flows.flow import batch_inference
 
     name = f"secrets-{uuid.uuid4().hex[:6]}"
-    deployment_id = batch_inference.to_deployment(name=name, parameters={"input": "in/", "output": "out/"}).apply()
+    deployment_id = batch_inference.to_deployment(
+        name=name, parameters={"input": "in/", "output": "out/"}
+    ).apply()
     _check_credentials_refused_before_stored(prefect_server, name, deployment_id)
 
 
@@ -170,15 +201,29 @@ def test_a_deployment_run_with_credentials_is_refused_by_a_real_prefect_server_s
     made = server.cli("work-pool", "create", "pf-secrets", "--type", "process")
     assert made.returncode == 0, made.stdout + made.stderr
     name = f"secrets-{uuid.uuid4().hex[:6]}"
-    done = server.cli("prefixflow", "serve", "--work-pool", "pf-secrets", "--name", name, "--input", str(tmp_path),
-                      "--output", str(tmp_path / "out"), "--model", "tiny")  # fmt: skip
+    done = server.cli(
+        "prefixflow",
+        "serve",
+        "--work-pool",
+        "pf-secrets",
+        "--name",
+        name,
+        "--input",
+        str(tmp_path),
+        "--output",
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with server.api():
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name(f"batch-inference/{name}").id
-        _check_credentials_refused_before_stored(server.api_url, name, deployment_id, server.client_env("cli"))
+        _check_credentials_refused_before_stored(
+            server.api_url, name, deployment_id, server.client_env("cli")
+        )
 
 
 def _check_credentials_refused_before_stored(
@@ -194,22 +239,33 @@ def _check_credentials_refused_before_stored(
 
     env = env or dict(os.environ, PREFECT_API_URL=api_url)
     cli = [sys.executable, "-m", "prefect", "deployment", "run", f"batch-inference/{name}"]
-    refused = subprocess.run([*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
-                             env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)  # fmt: skip
+    refused = subprocess.run(
+        [*cli, "--param", f'storage_options={{"anon": false, "secret": "{SECRET}"}}'],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert refused.returncode != 0, refused.stdout
     nested = {"client_kwargs": {"aws_secret_access_key": SECRET}}
 
     async def attempt() -> tuple[list[str], str]:
         errors = []
         async with get_client() as client:
-            for params in ({"storage_options": nested}, {"job": {"storage": {"options": {"key": KEY_ID}}}},
-                           {"endpoint_url": f"http://{KEY_ID}:{SECRET}@h:9000"}):  # fmt: skip
+            for params in (
+                {"storage_options": nested},
+                {"job": {"storage": {"options": {"key": KEY_ID}}}},
+                {"endpoint_url": f"http://{KEY_ID}:{SECRET}@h:9000"},
+            ):
                 try:
                     await client.create_flow_run_from_deployment(deployment_id, parameters=params)
                     errors.append("accepted")
                 except Exception as exc:  # noqa: BLE001 - the API answers 409 with the failing field
                     errors.append(str(exc))
-            ok = await client.create_flow_run_from_deployment(deployment_id, parameters={"storage_options": {"anon": True}})
+            ok = await client.create_flow_run_from_deployment(
+                deployment_id, parameters={"storage_options": {"anon": True}}
+            )
             runs = await client.read_flow_runs()
             return errors, "\n".join([r.model_dump_json() for r in runs] + [ok.model_dump_json()])
 

@@ -58,9 +58,29 @@ def test_serve_registers_cron_deployment_runs_it_and_stops_on_sigterm(prefect_se
     job.write_text(yaml.safe_dump(JOB))
     env = env_with_repo_on_path()
     env.update(PREFECT_API_URL=prefect_server, PREFECT_RUNNER_POLL_FREQUENCY="1")
-    argv = ["serve", "--name", "nightly", "--cron", "0 3 * * *", "--input", str(tmp_path / "in"),
-            "--output", str(tmp_path / "out"), "--model", "tiny", "--job", str(job), "--shard-rows",
-            str(SHARD_ROWS), "--lanes", "2", "--max-tokens", "4", "--retry-delay", "0"]  # fmt: skip
+    argv = [
+        "serve",
+        "--name",
+        "nightly",
+        "--cron",
+        "0 3 * * *",
+        "--input",
+        str(tmp_path / "in"),
+        "--output",
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--job",
+        str(job),
+        "--shard-rows",
+        str(SHARD_ROWS),
+        "--lanes",
+        "2",
+        "--max-tokens",
+        "4",
+        "--retry-delay",
+        "0",
+    ]
     cmd = [sys.executable, "-c", "import sys; from prefixflow.flows.cli import main; sys.exit(main())", *argv]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -105,8 +125,22 @@ def test_work_pool_deployment_with_interval(prefect_server: str, tmp_path: Path)
             await client.create_work_pool(WorkPoolCreate(name="pf-test-pool", type="process"))
 
     asyncio.run(make_pool())
-    argv = ["--name", "hourly", "--interval", "3600", "--work-pool", "pf-test-pool", "--input", str(tmp_path),
-            "--output", str(tmp_path / "out"), "--model", "tiny", "--concurrency-limit", "none"]  # fmt: skip
+    argv = [
+        "--name",
+        "hourly",
+        "--interval",
+        "3600",
+        "--work-pool",
+        "pf-test-pool",
+        "--input",
+        str(tmp_path),
+        "--output",
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--concurrency-limit",
+        "none",
+    ]
     assert serve_main(argv) == 0
     deployment = asyncio.run(_deployment("hourly"))
     assert deployment is not None and deployment.work_pool_name == "pf-test-pool"

@@ -41,7 +41,9 @@ def rows(out: Path) -> pa.Table:
 
 def local_reference(inp: Path, out: Path, job: dict[str, Any]) -> pa.Table:
     """The same job run by `run_local` in this process: what a worker's run must equal."""
-    summary, failures = run_local(load_job(str(inp), str(out), "tiny", job, shard_rows=SHARD_ROWS), progress=False)
+    summary, failures = run_local(
+        load_job(str(inp), str(out), "tiny", job, shard_rows=SHARD_ROWS), progress=False
+    )
     assert summary.complete and not failures
     return rows(out)
 
@@ -56,11 +58,33 @@ def pool(real_prefect_server: PrefectServer) -> str:
     return POOL
 
 
-def register(server: PrefectServer, name: str, inp: Path, out: Path, job_file: Path, *extra: str, pool: str = POOL) -> None:
+def register(
+    server: PrefectServer, name: str, inp: Path, out: Path, job_file: Path, *extra: str, pool: str = POOL
+) -> None:
     """`prefixflow serve --work-pool` (a subprocess, as a user types it)."""
-    done = server.cli("prefixflow", "serve", "--work-pool", pool, "--name", name, "--input", str(inp), "--output",
-                      str(out), "--model", "tiny", "--job", str(job_file), "--shard-rows", str(SHARD_ROWS),
-                      "--lanes", "1", "--retry-delay", "0", *extra)  # fmt: skip
+    done = server.cli(
+        "prefixflow",
+        "serve",
+        "--work-pool",
+        pool,
+        "--name",
+        name,
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--model",
+        "tiny",
+        "--job",
+        str(job_file),
+        "--shard-rows",
+        str(SHARD_ROWS),
+        "--lanes",
+        "1",
+        "--retry-delay",
+        "0",
+        *extra,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"registered deployment batch-inference/{name}" in done.stdout
 
@@ -90,7 +114,9 @@ def wait_final(server: PrefectServer, run_id: str, timeout_s: float = 420) -> An
         if run.state is not None and run.state.is_final():
             return run
         if time.monotonic() > deadline:
-            raise AssertionError(f"flow run {run_id} not final after {timeout_s}s: {run.state!r}\n{worker_logs(server)}")
+            raise AssertionError(
+                f"flow run {run_id} not final after {timeout_s}s: {run.state!r}\n{worker_logs(server)}"
+            )
         time.sleep(1)
 
 
@@ -117,8 +143,15 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     jobs = {"a": JOB, "b": {**JOB, "sampling": {"max_tokens": 2, "temperature": 0.0}}}
     runs = {}
     for name, job in jobs.items():
-        register(server, f"job-{name}", tmp_path / "in", tmp_path / f"out-{name}", write_job(tmp_path / f"{name}.yaml", job),
-                 "--concurrency-limit", "none")  # fmt: skip
+        register(
+            server,
+            f"job-{name}",
+            tmp_path / "in",
+            tmp_path / f"out-{name}",
+            write_job(tmp_path / f"{name}.yaml", job),
+            "--concurrency-limit",
+            "none",
+        )
     runs["a"] = trigger(server, "job-a")  # ad hoc
     runs["b"] = trigger(server, "job-b", "--start-in", "2 seconds")  # scheduled, picked up when due
     done = {name: wait_final(server, run_id) for name, run_id in runs.items()}
@@ -131,7 +164,9 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     assert a.start_time < b.end_time and b.start_time < a.end_time, "the two runs did not overlap"
     for name, job in jobs.items():
         assert_exactly_once(tmp_path / f"out-{name}", ids)
-        assert rows(tmp_path / f"out-{name}").equals(local_reference(tmp_path / "in", tmp_path / f"ref-{name}", job))
+        assert rows(tmp_path / f"out-{name}").equals(
+            local_reference(tmp_path / "in", tmp_path / f"ref-{name}", job)
+        )
     summary = json.loads((tmp_path / "out-a" / "_manifest.json").read_text())
     assert summary["complete"] and summary["rows"] == len(ids)
 
@@ -161,7 +196,11 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     made = server.cli("work-pool", "create", pool, "--type", "process")
     assert made.returncode == 0, made.stdout + made.stderr
     # each shard pauses 2 s after its commit, so the first run is caught mid-run; leases outlive the pause
-    slow = {"PREFIXFLOW_TEST_HOOKS": "commit_end", "PREFIXFLOW_TEST_HOOK_SLEEP": "2", "PREFIXFLOW_LEASE_TTL_S": "900"}
+    slow = {
+        "PREFIXFLOW_TEST_HOOKS": "commit_end",
+        "PREFIXFLOW_TEST_HOOK_SLEEP": "2",
+        "PREFIXFLOW_LEASE_TTL_S": "900",
+    }
     workers = [server.start_worker(pool, f"kill-{x}", limit=1, env=slow) for x in "ab"]
     ids = write_dataset(tmp_path / "in")
     out, job_file = tmp_path / "out", write_job(tmp_path / "job.yaml", JOB)
@@ -173,7 +212,9 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     owner = [w for w in workers if w.name == picked]
     assert len(owner) == 1, (picked, worker_logs(server))
     wait_for_commits(out, 1)
-    owner[0].kill_tree(signal.SIGSTOP)  # the first run stays mid-run (alive, its lease live) while the second tries
+    owner[0].kill_tree(
+        signal.SIGSTOP
+    )  # the first run stays mid-run (alive, its lease live) while the second tries
     running = asyncio.run(read_run(server, first))
     before = markers(out)
     assert running.state.is_running() and 1 <= len(before) < 5, (running.state, before)

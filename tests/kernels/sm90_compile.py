@@ -104,8 +104,17 @@ def attention_configs():
         block_n = triton_attention._block_n(head_dim, interpreted=False)
         for decode_only in (True, False):
             block_q, warps = triton_attention.varlen_tile(decode_only, head_dim, group_p, interpreted=False)
-            consts = dict(GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-                          BLOCK_SIZE=16, DOT_PREC=None, UPCAST=False, UNMASKED_BULK=not decode_only)  # fmt: skip
+            consts = dict(
+                GROUP=group,
+                GROUP_P=group_p,
+                BLOCK_Q=block_q,
+                BLOCK_N=block_n,
+                HEAD_DIM=head_dim,
+                BLOCK_SIZE=16,
+                DOT_PREC=None,
+                UPCAST=False,
+                UNMASKED_BULK=not decode_only,
+            )
             kind = "decode" if decode_only else "prefill"
             yield (
                 f"varlen {kind} Hq{q_heads}/Hkv{kv_heads} D{head_dim}",
@@ -113,8 +122,17 @@ def attention_configs():
                 consts,
                 warps,
             )
-        consts = dict(NUM_Q_HEADS=q_heads, NUM_SPLITS=8, GROUP=group, BLOCK_M=max(16, group_p), BLOCK_N=block_n,
-                      HEAD_DIM=head_dim, BLOCK_SIZE=16, DOT_PREC=None, UPCAST=False)  # fmt: skip
+        consts = dict(
+            NUM_Q_HEADS=q_heads,
+            NUM_SPLITS=8,
+            GROUP=group,
+            BLOCK_M=max(16, group_p),
+            BLOCK_N=block_n,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=16,
+            DOT_PREC=None,
+            UPCAST=False,
+        )
         yield (
             f"split decode Hq{q_heads}/Hkv{kv_heads} D{head_dim}",
             triton_attention._split_decode_kernel,
@@ -156,11 +174,29 @@ def quant_configs():
     """The W4A16/W8A16 GEMM launches of triton_quant_gemm.quant_linear (compiled, not interpreted)."""
     for bits in (4, 8):
         for has_g, has_z, has_m in ((False, True, False), (True, True, False), (False, False, True)):
-            consts = dict(BITS=bits, GROUP=128 if not has_m else 32, DEFAULT_ZERO=1 << (bits - 1), HAS_Z=has_z,
-                          HAS_M=has_m, HAS_G=has_g, BLOCK_K=32 if has_m else 64, UPCAST=False)  # fmt: skip
+            consts = dict(
+                BITS=bits,
+                GROUP=128 if not has_m else 32,
+                DEFAULT_ZERO=1 << (bits - 1),
+                HAS_Z=has_z,
+                HAS_M=has_m,
+                HAS_G=has_g,
+                BLOCK_K=32 if has_m else 64,
+                UPCAST=False,
+            )
             tag = f"w{bits} g_idx={has_g} zeros={has_z} mins={has_m}"
-            yield f"quant tiled {tag}", triton_quant_gemm._tiled_kernel, dict(consts, BLOCK_M=64, BLOCK_N=128), 8
-            yield f"quant split-K {tag}", triton_quant_gemm._split_k_kernel, dict(consts, BLOCK_M=16, BLOCK_N=64), 4
+            yield (
+                f"quant tiled {tag}",
+                triton_quant_gemm._tiled_kernel,
+                dict(consts, BLOCK_M=64, BLOCK_N=128),
+                8,
+            )
+            yield (
+                f"quant split-K {tag}",
+                triton_quant_gemm._split_k_kernel,
+                dict(consts, BLOCK_M=16, BLOCK_N=64),
+                4,
+            )
 
 
 def main() -> int:

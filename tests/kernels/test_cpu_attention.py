@@ -17,11 +17,16 @@ def _args(batch):
     return (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
 
 
-@pytest.mark.parametrize(("heads", "dtype"), [((8, 2, 32), torch.float32), ((4, 1, 64), torch.float32),
-                                              ((6, 6, 16), torch.bfloat16)], ids=["gqa", "mqa", "mha-bf16"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("heads", "dtype"),
+    [((8, 2, 32), torch.float32), ((4, 1, 64), torch.float32), ((6, 6, 16), torch.bfloat16)],
+    ids=["gqa", "mqa", "mha-bf16"],
+)
 def test_batched_equals_reference(heads, dtype):
     hq, hkv, d = heads
-    batch = build_paged_batch(MIXED, hq, hkv, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=d)
+    batch = build_paged_batch(
+        MIXED, hq, hkv, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=d
+    )
     want = reference.paged_attention(*_args(batch), d**-0.5)
     got = cpu_attention.paged_attention(*_args(batch), d**-0.5)
     assert not torch.isnan(got).any()
@@ -40,12 +45,21 @@ def test_one_request_per_chunk_is_the_same(monkeypatch):
 def test_more_queries_than_context_is_an_error():
     batch = build_paged_batch([(4, 4)], 2, 1, 16, block_size=4, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="2 context tokens"):
-        cpu_attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                                      batch.query_start_loc, torch.tensor([2], dtype=torch.int32), 0.25)  # fmt: skip
+        cpu_attention.paged_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.query_start_loc,
+            torch.tensor([2], dtype=torch.int32),
+            0.25,
+        )
 
 
 def test_prompts_without_cached_context_take_the_causal_path():
-    batch = build_paged_batch([(32, 32), (32, 32), (32, 32)], 4, 2, 16, block_size=16, device=torch.device("cpu"), seed=3)
+    batch = build_paged_batch(
+        [(32, 32), (32, 32), (32, 32)], 4, 2, 16, block_size=16, device=torch.device("cpu"), seed=3
+    )
     got = cpu_attention.paged_attention(*_args(batch), 0.25)
     assert relative_error(got, reference.paged_attention(*_args(batch), 0.25)) < 1e-5
 
@@ -53,9 +67,18 @@ def test_prompts_without_cached_context_take_the_causal_path():
 def test_plan_is_reused_for_equal_metadata_and_rebuilt_after_an_in_place_refill():
     batch = build_paged_batch(MIXED, 8, 2, 32, block_size=16, device=torch.device("cpu"), seed=4)
     first = cpu_attention.paged_attention(*_args(batch), 0.2)
-    again = cpu_attention.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables.clone(),
-                                          batch.query_start_loc.clone(), batch.seq_lens.clone(), 0.2)  # fmt: skip
+    again = cpu_attention.paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables.clone(),
+        batch.query_start_loc.clone(),
+        batch.seq_lens.clone(),
+        0.2,
+    )
     assert torch.equal(first, again)
-    batch.seq_lens.sub_(torch.tensor([0, 9, 0, 4, 0, 0, 17, 3], dtype=torch.int32))  # shorter contexts, same tensors
+    batch.seq_lens.sub_(
+        torch.tensor([0, 9, 0, 4, 0, 0, 17, 3], dtype=torch.int32)
+    )  # shorter contexts, same tensors
     got = cpu_attention.paged_attention(*_args(batch), 0.2)
     assert relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5

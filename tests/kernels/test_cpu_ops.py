@@ -18,7 +18,11 @@ def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Te
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_equals_reference(dtype: torch.dtype) -> None:
-    x, res, w = rand(37, 96, seed=1, dtype=dtype), rand(37, 96, seed=2, dtype=dtype), rand(96, seed=3, dtype=dtype)
+    x, res, w = (
+        rand(37, 96, seed=1, dtype=dtype),
+        rand(37, 96, seed=2, dtype=dtype),
+        rand(96, seed=3, dtype=dtype),
+    )
     out, new_res = cpu_ops.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
     want, want_res = reference.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
     assert torch.equal(out, want) and torch.equal(new_res, want_res)

@@ -20,9 +20,13 @@ PROMPTS = [[1, 5, 9, 33, 7] * 6, [3, 4] * 10 + [8], [1, 5, 9, 33, 7] * 6 + [11, 
 
 def run(backend: str) -> tuple[list[list[int]], list]:
     llm = engine.LLM(
-        model="tiny", kernel_backend=backend, block_size=16, max_num_batched_tokens=24, dtype="float32",
+        model="tiny",
+        kernel_backend=backend,
+        block_size=16,
+        max_num_batched_tokens=24,
+        dtype="float32",
         device="cuda" if torch.cuda.is_available() else "cpu",
-    )  # fmt: skip
+    )
     params = engine.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
     assert all(o.finish_reason == "length" for o in outs), [o.error for o in outs]

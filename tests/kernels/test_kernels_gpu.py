@@ -104,8 +104,13 @@ def test_rms_norm_real_shape() -> None:
 def test_rotary_and_silu_real_shape() -> None:
     from prefixflow.kernels import triton_activation, triton_rotary
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}  # fmt: skip
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     cache = kernels.build_rope_cache(128, 131072, 500000.0, scaling).to(CUDA)
     q = torch.randn(4096, 32, 128, dtype=torch.bfloat16, device=CUDA)
     k = torch.randn(4096, 8, 128, dtype=torch.bfloat16, device=CUDA)

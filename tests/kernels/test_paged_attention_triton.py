@@ -18,6 +18,7 @@ def triton_attention():  # type: ignore[no-untyped-def]
 
     return module
 
+
 MIXED = [(1, 37), (7, 30), (20, 20)]  # decode, prefill chunk over a cached prefix, fresh prefill
 F32_BOUND = 2e-5
 BF16_BOUND = 2e-2  # bf16 operands and bf16 probabilities in the PV product
@@ -95,7 +96,13 @@ def test_results_do_not_depend_on_batch_neighbours() -> None:
     out_full = triton_attention().paged_attention(*args, 0.2, num_kv_splits=1)
     lo, hi = int(full.query_start_loc[1]), int(full.query_start_loc[2])
     alone = triton_attention().paged_attention(
-        full.q[lo:hi], full.k_cache, full.v_cache, full.block_tables[1:2],
-        torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE), full.seq_lens[1:2], 0.2, num_kv_splits=1,
-    )  # fmt: skip
+        full.q[lo:hi],
+        full.k_cache,
+        full.v_cache,
+        full.block_tables[1:2],
+        torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE),
+        full.seq_lens[1:2],
+        0.2,
+        num_kv_splits=1,
+    )
     assert relative_error(alone, out_full[lo:hi]) < F32_BOUND

@@ -97,7 +97,9 @@ def test_triton_quant_gemm_bfloat16_activations_and_batch_dims():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("group", "act_order", "mins"), [(32, False, True), (64, True, False), (128, False, False)])
+@pytest.mark.parametrize(
+    ("group", "act_order", "mins"), [(32, False, True), (64, True, False), (128, False, False)]
+)
 def test_cpu_dequant_kernel_matches_reference_in_float32(bits, group, act_order, mins):
     w = packed(200, 48, bits, group, mins=mins, act_order=act_order)  # 200: a partial last group
     x = torch.randn(5, 200)

@@ -64,6 +64,8 @@ def test_quantized_engine_runs_on_cuda(tmp_path) -> None:
 
     for kind, kernel in (("int4", "triton-w4a16"), ("int8", "triton-w8a16"), ("fp8", "fp8-scaled-mm")):
         llm = LLM("tiny", device="cuda", quantization=kind)
-        assert all(name.endswith(kernel) or name == "dense" for name in linear_kernels(llm.engine.runner.shard.model))
+        assert all(
+            name.endswith(kernel) or name == "dense" for name in linear_kernels(llm.engine.runner.shard.model)
+        )
         out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, ignore_eos=True))
         assert out[0].finish_reason == "length"

@@ -94,8 +94,19 @@ def test_workload_specs() -> None:
 
 def test_cli_runs_on_cpu_with_a_tiny_shape(tmp_path, capsys) -> None:
     cfg = tmp_path / "tiny.json"
-    cfg.write_text(json.dumps({**LLAMA_8B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}))  # fmt: skip
+    cfg.write_text(
+        json.dumps(
+            {
+                **LLAMA_8B,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+            }
+        )
+    )
     out = tmp_path / "r.json"
     result = roofline.main(
         ["--model", str(cfg), "--workload", "fixed:2:8:4", "--device", "cpu", "--json", str(out)]

@@ -30,9 +30,12 @@ def hf_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tens
         {"rope_type": "default", "rope_theta": theta} if scaling is None else {**scaling, "rope_theta": theta}
     )
     cfg = LlamaConfig(
-        hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim, rope_parameters=params,
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        rope_parameters=params,
         max_position_embeddings=131072,
-    )  # fmt: skip
+    )
     rope_type = params["rope_type"]
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

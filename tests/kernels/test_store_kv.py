@@ -33,7 +33,9 @@ def run(store, block_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_store_kv_writes_exactly_the_mapped_slots(impl: str, block_size: int) -> None:
     store = (
-        reference.store_kv if impl == "reference" else pytest.importorskip("prefixflow.kernels.triton_store_kv").store_kv
+        reference.store_kv
+        if impl == "reference"
+        else pytest.importorskip("prefixflow.kernels.triton_store_kv").store_kv
     )
     k_cache, v_cache, key, value, slots = run(store, block_size, seed=block_size)
     flat_k = k_cache.view(-1, HKV, D)

@@ -21,9 +21,14 @@ MODEL = "tiny"
 
 def docs(n: int, start: int = 0) -> list[dict[str, Any]]:
     words = ["apple", "river", "stone", "cloud", "ember", "maple", "north", "quiet"]
-    return [{"id": f"doc-{i:04d}", "title": f"title {i}",
-             "text": " ".join(words[(i + k) % len(words)] for k in range(3 + i % 5))}
-            for i in range(start, start + n)]  # fmt: skip
+    return [
+        {
+            "id": f"doc-{i:04d}",
+            "title": f"title {i}",
+            "text": " ".join(words[(i + k) % len(words)] for k in range(3 + i % 5)),
+        }
+        for i in range(start, start + n)
+    ]
 
 
 def write_parquet(
@@ -46,8 +51,13 @@ def write_dataset(
 
 
 def job(task: str = "generate", **extra: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"task": task, "id_column": "id", "engine": dict(ENGINE),
-                            "sampling": {"max_tokens": 4}, "output": {"shard_rows": 10, "flush_rows": 4}}  # fmt: skip
+    base: dict[str, Any] = {
+        "task": task,
+        "id_column": "id",
+        "engine": dict(ENGINE),
+        "sampling": {"max_tokens": 4},
+        "output": {"shard_rows": 10, "flush_rows": 4},
+    }
     if task == "generate":
         base["template"] = "Write about {{ text }}"
     if task == "label":
@@ -66,16 +76,35 @@ REPO = Path(__file__).resolve().parents[2]
 
 def cli_args(inp: Path, out: Path | str, job_file: Path, *extra: str) -> list[str]:
     """`prefixflow run` arguments for the tiny model (as a user would type them, minus the program)."""
-    return ["run", "--input", str(inp), "--output", str(out), "--model", MODEL, "--job", str(job_file),
-            "--no-progress", *extra]  # fmt: skip
+    return [
+        "run",
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--model",
+        MODEL,
+        "--job",
+        str(job_file),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def start_cli(args: list[str], hooks: str = "", hook_sleep: float = 0.2, **env: str) -> subprocess.Popen[str]:
     """`python -m prefixflow.pipeline.cli ARGS` as a subprocess; ``hooks`` names pipeline/hooks.py points
     to pause at (their names then appear on stderr as ``HOOK <name>``)."""
-    full_env = dict(os.environ, PREFIXFLOW_TEST_HOOKS=hooks, PREFIXFLOW_TEST_HOOK_SLEEP=str(hook_sleep), **env)
-    return subprocess.Popen([sys.executable, "-m", "prefixflow.pipeline.cli", *args], cwd=REPO, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    full_env = dict(
+        os.environ, PREFIXFLOW_TEST_HOOKS=hooks, PREFIXFLOW_TEST_HOOK_SLEEP=str(hook_sleep), **env
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefixflow.pipeline.cli", *args],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_hook(proc: subprocess.Popen[str], point: str, timeout_s: float = 240) -> list[str]:

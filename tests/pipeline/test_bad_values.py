@@ -15,24 +15,46 @@ from tests.pipeline.support import write_dataset
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
-    [("seed=abc", "engine.seed: 'abc' is not an integer"), ("block_size=abc", "engine.block_size: 'abc' is not an integer"),
-     ("seed=99999999999999999999999", "engine.seed: 99999999999999999999999 is not an integer (64-bit)"),
-     ("enforce_eager=maybe", "engine.enforce_eager: 'maybe' is not true or false"),
-     ("dtype=3", "engine.dtype: 3 is not one of auto"), ("gpu_memory_utilization=lots", "is not a number"),
-     ("max_model_len=1.5", "engine.max_model_len: 1.5 is not an integer")],
-)  # fmt: skip
-def test_bad_engine_values_are_refused_before_the_run_record(tmp_path: Path, capsys, setting: str, expected: str) -> None:
+    [
+        ("seed=abc", "engine.seed: 'abc' is not an integer"),
+        ("block_size=abc", "engine.block_size: 'abc' is not an integer"),
+        ("seed=99999999999999999999999", "engine.seed: 99999999999999999999999 is not an integer (64-bit)"),
+        ("enforce_eager=maybe", "engine.enforce_eager: 'maybe' is not true or false"),
+        ("dtype=3", "engine.dtype: 3 is not one of auto"),
+        ("gpu_memory_utilization=lots", "is not a number"),
+        ("max_model_len=1.5", "engine.max_model_len: 1.5 is not an integer"),
+    ],
+)
+def test_bad_engine_values_are_refused_before_the_run_record(
+    tmp_path: Path, capsys, setting: str, expected: str
+) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
     out = tmp_path / "out"
-    code = main(["run", "--input", str(tmp_path / "in"), "--output", str(out), "--model", "tiny", "--template",
-                 "Say: {{ text }}", "--no-progress", "--engine", setting])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(out),
+            "--model",
+            "tiny",
+            "--template",
+            "Say: {{ text }}",
+            "--no-progress",
+            "--engine",
+            setting,
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and expected in err and "Traceback" not in err
     assert not out.exists()  # nothing written: the corrected command is not "a different job"
 
 
 def test_good_engine_values_pass_and_ints_stay_numbers() -> None:
-    spec = load_job("in", "", "tiny", {"engine": {"seed": 3, "gpu_memory_utilization": 1, "max_model_len": None}})
+    spec = load_job(
+        "in", "", "tiny", {"engine": {"seed": 3, "gpu_memory_utilization": 1, "max_model_len": None}}
+    )
     assert spec.config.engine == {"seed": 3, "gpu_memory_utilization": 1, "max_model_len": None}
     with pytest.raises(JobConfigError, match="engine.seed: True is not an integer"):
         load_job("in", "", "tiny", {"engine": {"seed": True}})
@@ -40,22 +62,53 @@ def test_good_engine_values_pass_and_ints_stay_numbers() -> None:
 
 def test_a_malformed_storage_option_is_one_usage_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--storage-option", "client_kwargs={a: [1"])
+        main(
+            [
+                "run",
+                "--input",
+                str(tmp_path),
+                "--output",
+                str(tmp_path / "o"),
+                "--storage-option",
+                "client_kwargs={a: [1",
+            ]
+        )
     err = capsys.readouterr().err
-    assert info.value.code == 2 and "client_kwargs=" in err and "not valid YAML" in err and "Traceback" not in err
+    assert (
+        info.value.code == 2
+        and "client_kwargs=" in err
+        and "not valid YAML" in err
+        and "Traceback" not in err
+    )
 
 
 def test_a_batch_output_that_is_a_folder_is_refused_up_front(tmp_path: Path, capsys) -> None:
     """Item 9: it was refused with a hint to pass --new-run, which then ran the whole batch and ended in
     IsADirectoryError with .tmp-* files left behind."""
     batch = tmp_path / "batch.jsonl"
-    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}  # fmt: skip
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    }
     batch.write_text(json.dumps(line) + "\n")
     folder = tmp_path / "results.jsonl"
     folder.mkdir()
     for extra in ([], ["--new-run"]):
-        code = main(["run", "--input", str(batch), "--output", str(folder), "--model", "tiny", "--no-progress", *extra])
+        code = main(
+            [
+                "run",
+                "--input",
+                str(batch),
+                "--output",
+                str(folder),
+                "--model",
+                "tiny",
+                "--no-progress",
+                *extra,
+            ]
+        )
         err = " ".join(capsys.readouterr().err.split())
         assert code == 2 and "is a folder" in err and "results.jsonl/results.jsonl" in err
     assert list(folder.iterdir()) == []
@@ -71,8 +124,13 @@ def test_a_null_ids_derived_id_never_collides_with_a_real_id(tmp_path: Path, tin
     from tests.pipeline.support import job, write_parquet
 
     write_parquet(tmp_path / "in" / "a.parquet", [{"id": "x", "text": "one"}, {"id": None, "text": "two"}])
-    write_parquet(tmp_path / "in" / "b.parquet", [{"id": "a.parquet#1", "text": "three"}, {"id": "a.parquet#1#", "text": "four"}])
-    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate", sampling={"max_tokens": 2}))
+    write_parquet(
+        tmp_path / "in" / "b.parquet",
+        [{"id": "a.parquet#1", "text": "three"}, {"id": "a.parquet#1#", "text": "four"}],
+    )
+    spec = load_job(
+        str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate", sampling={"max_tokens": 2})
+    )
     summary, _ = run_local(spec, llm=tiny_llm, progress=False)
     rows = pl.read_parquet(str(tmp_path / "out" / "data" / "**" / "*.parquet"))
     assert summary.complete and rows.height == 4 and rows["id"].n_unique() == 4

@@ -19,8 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixflow.pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "prefixflow.pipeline.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_help_names_every_command() -> None:
@@ -30,22 +35,49 @@ def test_help_names_every_command() -> None:
         assert word in res.stdout
     version = _cli("--version")
     assert version.returncode == 0 and re.fullmatch(r"prefixflow \S+\n", version.stdout)
-    for command, phrase in (("plan", "row-group boundaries"), ("demo", "WORKDIR/<model>/"), ("status", "per lane"),
-                            ("run", "stdout")):  # fmt: skip
+    for command, phrase in (
+        ("plan", "row-group boundaries"),
+        ("demo", "WORKDIR/<model>/"),
+        ("status", "per lane"),
+        ("run", "stdout"),
+    ):
         helped = _cli(command, "--help")
         assert helped.returncode == 0 and phrase in " ".join(helped.stdout.split()), command
-    serve = subprocess.run([sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    serve = subprocess.run(
+        [sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     flat = " ".join(serve.stdout.split())
-    assert "--interval SECONDS run every SECONDS" in flat and "--storage-option KEY=VALUE fsspec storage option" in flat
+    assert (
+        "--interval SECONDS run every SECONDS" in flat
+        and "--storage-option KEY=VALUE fsspec storage option" in flat
+    )
 
 
 def test_reports_go_to_stdout_progress_and_logs_to_stderr(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=4)
     plan = _cli("plan", "--input", str(tmp_path / "in"))
-    assert plan.returncode == 0 and "1 shards, 4 rows" in plan.stdout and plan.stderr == ""  # `plan > plan.txt`
-    args = ["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
-            "--prompt-column", "text", "--max-tokens", "2", "--engine", "max_model_len=160"]  # fmt: skip
+    assert (
+        plan.returncode == 0 and "1 shards, 4 rows" in plan.stdout and plan.stderr == ""
+    )  # `plan > plan.txt`
+    args = [
+        "run",
+        "--input",
+        str(tmp_path / "in"),
+        "--output",
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--prompt-column",
+        "text",
+        "--max-tokens",
+        "2",
+        "--engine",
+        "max_model_len=160",
+    ]
     run = _cli(*args)
     assert run.returncode == 0, run.stderr
     assert "prefixflow run summary" in run.stdout and "read with polars.scan_parquet" in run.stdout
@@ -55,8 +87,13 @@ def test_reports_go_to_stdout_progress_and_logs_to_stderr(tmp_path: Path) -> Non
 
 
 def test_serve_dispatches_to_flows_when_installed() -> None:
-    res = subprocess.run([sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "prefixflow.flows.cli", "serve", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "prefixflow serve" in res.stdout
 
@@ -73,7 +110,9 @@ def test_plan_json(tmp_path: Path) -> None:
 def test_plan_fails_with_exit_2_on_input_that_is_not_parquet(tmp_path: Path) -> None:
     (tmp_path / "rows.jsonl").write_text('{"id": 1, "text": "hello"}\n')
     res = _cli("plan", "--input", str(tmp_path / "rows.jsonl"))
-    assert res.returncode == 2 and "rows.jsonl is neither a Parquet file nor an OpenAI Batch file" in res.stderr
+    assert (
+        res.returncode == 2 and "rows.jsonl is neither a Parquet file nor an OpenAI Batch file" in res.stderr
+    )
     write_dataset(tmp_path / "in", files=1, rows_per_file=4)  # a broken file inside a folder
     (tmp_path / "in" / "broken.parquet").write_bytes(b"PAR1 cut short")
     res = _cli("plan", "--input", str(tmp_path / "in"))
@@ -132,8 +171,9 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
     }
     extracted = pl.read_parquet(str(results / "extract-out" / "data" / "**" / "*.parquet"))
     assert extracted.height == 6 and "extracted" in res.stdout  # the demo's results are on stdout
-    assert extracted.schema["extracted"] == pl.Struct({"sentiment": pl.String, "product": pl.String,
-                                                       "issues": pl.List(pl.String)})  # fmt: skip
+    assert extracted.schema["extracted"] == pl.Struct(
+        {"sentiment": pl.String, "product": pl.String, "issues": pl.List(pl.String)}
+    )
     for row in extracted.to_dicts():  # random weights: a complete object, or cut by max_tokens
         assert (row["extracted"] is not None and json.loads(row["output"]) == row["extracted"]) or row[
             "error_class"
@@ -156,14 +196,29 @@ def test_demo_keeps_each_models_results_apart(tmp_path: Path) -> None:
     assert main(["demo", "--model", "tiny", "--rows", "3", "--workdir", str(workdir)]) == 0
     assert (workdir / "tiny-3rows" / "label-out" / "data").is_dir()
     assert {p: p.stat().st_mtime_ns for p in first.rglob("*.parquet")} == before
-    assert len({model_folder(m, 24) for m in ("tiny", "smollm2-135m-instruct", "/a/m.gguf", "/b/m.gguf")}) == 4
+    assert (
+        len({model_folder(m, 24) for m in ("tiny", "smollm2-135m-instruct", "/a/m.gguf", "/b/m.gguf")}) == 4
+    )
 
 
 def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
     (tmp_path / "in" / "zz-broken.parquet").write_bytes(b"not parquet at all")
-    res = _cli("run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
-               "--prompt-column", "text", "--max-tokens", "2", "--no-progress", "--json")  # fmt: skip
+    res = _cli(
+        "run",
+        "--input",
+        str(tmp_path / "in"),
+        "--output",
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--prompt-column",
+        "text",
+        "--max-tokens",
+        "2",
+        "--no-progress",
+        "--json",
+    )
     assert res.returncode == 1, res.stderr
     assert "zz-broken.parquet" in res.stderr and "1 shard(s) failed" in res.stderr
     summary = json.loads(res.stdout)
@@ -172,8 +227,19 @@ def test_run_exits_1_when_a_shard_fails_and_reports_it(tmp_path: Path) -> None:
 
 def test_bad_quantization_exits_2_naming_it(tmp_path: Path, capsys) -> None:
     write_dataset(tmp_path / "in", files=1)
-    code = main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
-                 "--quantization", "int3"])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "out"),
+            "--model",
+            "tiny",
+            "--quantization",
+            "int3",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "quantization='int3'" in err and "int8, int4, fp8" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))

@@ -15,8 +15,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, output: Path, model: str = "tiny") -> int:
-    return main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--model", model,
-                 "--prompt-column", "text", "--max-tokens", "2", "--no-progress"])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(output),
+            "--model",
+            model,
+            "--prompt-column",
+            "text",
+            "--max-tokens",
+            "2",
+            "--no-progress",
+        ]
+    )
 
 
 def test_bad_model_exits_2_naming_what_is_accepted_and_writes_nothing(
@@ -48,19 +62,38 @@ def test_unreadable_run_record_exits_2_and_even_new_run_deletes_nothing(
     (tmp_path / "out" / "_prefixflow.json").write_text("{ truncated")
     assert _run(tmp_path, tmp_path / "out") == 2
     assert "not a readable prefixflow run record" in capsys.readouterr().err
-    assert main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--model", "tiny",
-                 "--prompt-column", "text", "--no-progress", "--new-run"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "--input",
+                str(tmp_path / "in"),
+                "--output",
+                str(tmp_path / "out"),
+                "--model",
+                "tiny",
+                "--prompt-column",
+                "text",
+                "--no-progress",
+                "--new-run",
+            ]
+        )
+        == 2
+    )
     assert "move it away or write to another --output" in capsys.readouterr().err
     assert (tmp_path / "out" / "data" / "mine.parquet").read_text() == "kept"
     assert main(["status", str(tmp_path / "out")]) == 2
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
-BLOCK_PREFECT = "import sys; sys.modules['prefect'] = None; from prefixflow.flows.cli import main; sys.exit(main())"
+BLOCK_PREFECT = (
+    "import sys; sys.modules['prefect'] = None; from prefixflow.flows.cli import main; sys.exit(main())"
+)
 
 
 def test_console_script_works_without_prefect_and_lists_serve(tmp_path: Path) -> None:
@@ -76,8 +109,6 @@ def test_console_script_works_without_prefect_and_lists_serve(tmp_path: Path) ->
 def test_pipeline_never_imports_flows() -> None:
     res = _python("import sys, pipeline.cli; sys.exit(pipeline.cli.main(['serve']))")
     assert res.returncode == 2 and "prefixflow serve" in res.stderr
-    code = (
-        "import sys, prefixflow.pipeline.cli, prefixflow.pipeline; print(sorted(m for m in sys.modules if m.startswith('prefixflow.flows')))"
-    )
+    code = "import sys, prefixflow.pipeline.cli, prefixflow.pipeline; print(sorted(m for m in sys.modules if m.startswith('prefixflow.flows')))"
     assert _python(code).stdout.strip() == "[]"
     assert "prefixflow.flows.cli:main" in (REPO / "pyproject.toml").read_text()

@@ -23,8 +23,23 @@ from tests.pipeline.support import job, write_dataset
 
 
 def _run(tmp_path: Path, *extra: str, model: str = "tiny", out: str | None = None) -> int:
-    return main(["run", "--input", str(tmp_path / "in"), "--output", out or str(tmp_path / "out"), "--model", model,
-                 "--prompt-column", "text", "--max-tokens", "2", "--no-progress", *extra])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            out or str(tmp_path / "out"),
+            "--model",
+            model,
+            "--prompt-column",
+            "text",
+            "--max-tokens",
+            "2",
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def test_pytorch_bin_only_model_folder_exits_2_before_anything_is_written(tmp_path: Path, capsys) -> None:
@@ -55,8 +70,12 @@ def test_max_tokens_over_the_context_is_named_not_a_negative_limit(tmp_path: Pat
     assert not (tmp_path / "out").exists()
     rows = [{"id": f"r{i}", "text": "apple river", "mt": 10**9 if i == 1 else 3} for i in range(3)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in" / "part-0.parquet")  # per row: an error row
-    spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny",
-                    job("generate", prompt_column="text", template=None, sampling_columns={"max_tokens": "mt"}))  # fmt: skip
+    spec = load_job(
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "tiny",
+        job("generate", prompt_column="text", template=None, sampling_columns={"max_tokens": "mt"}),
+    )
     summary, _ = run_local(spec, llm=tiny_llm, progress=False)
     table = pq.read_table(str(tmp_path / "out" / "data")).to_pylist()
     bad = [r for r in table if r["id"] == "r1"][0]
@@ -64,11 +83,15 @@ def test_max_tokens_over_the_context_is_named_not_a_negative_limit(tmp_path: Pat
     assert "max_tokens is 1000000000" in bad["error"] and "is 160" in bad["error"]
 
 
-def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_record(tmp_path: Path, capsys) -> None:
+def test_a_job_sampling_value_outside_the_vocabulary_exits_2_before_the_run_record(
+    tmp_path: Path, capsys
+) -> None:
     """Values only the model can judge (stop ids past its vocabulary) used to reach the engine and make
     every row an engine_error row; they fail fast like max_tokens over the context."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
-    spec = job("generate", prompt_column="text", template=None, sampling={"stop_token_ids": [10**6], "min_tokens": 1})
+    spec = job(
+        "generate", prompt_column="text", template=None, sampling={"stop_token_ids": [10**6], "min_tokens": 1}
+    )
     (tmp_path / "job.yaml").write_text(json.dumps(spec))
     assert _run(tmp_path, "--job", str(tmp_path / "job.yaml")) == 2
     err = capsys.readouterr().err
@@ -82,8 +105,9 @@ def test_rows_are_checked_against_the_vocabulary_too(tiny_llm) -> None:
     from prefixflow.pipeline.tasks.registry import task_of
     from prefixflow.pipeline.tasks.rows import RowPreparer
 
-    cfg = parse_job_config(job("generate", prompt_column="text", template=None,
-                                  sampling={"stop_token_ids": [10**6]}))  # fmt: skip
+    cfg = parse_job_config(
+        job("generate", prompt_column="text", template=None, sampling={"stop_token_ids": [10**6]})
+    )
     with pytest.raises(RowError, match="outside the vocabulary") as caught:
         RowPreparer(cfg, tiny_llm, {}, task_of(cfg)).params({"text": "x"})
     assert caught.value.error_class == "bad_sampling"
@@ -95,7 +119,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_unreachable_s3_endpoint_is_one_line_and_exit_1_with_the_resume_hint(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_unreachable_s3_endpoint_is_one_line_and_exit_1_with_the_resume_hint(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     """Exit 1, not 2 (issue 22 item 11): an endpoint that is away may come back; the same command resumes."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=3)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
@@ -116,8 +142,18 @@ def test_staging_cleanup_while_another_attempt_writes_there(tmp_path: Path) -> N
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate"))
     layout = output_layout(spec).for_run(prepare_output(spec).run_id)
     buf = io.BytesIO()
-    pq.write_table(pa.table({"row_index": [0], "error_class": pa.array([None], pa.string()), "prompt_tokens": [1],
-                             "cached_tokens": [0], "output_tokens": [1]}), buf)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "row_index": [0],
+                "error_class": pa.array([None], pa.string()),
+                "prompt_tokens": [1],
+                "cached_tokens": [0],
+                "output_tokens": [1],
+            }
+        ),
+        buf,
+    )
     data = buf.getvalue()
     errors: Counter[str] = Counter()
     shard, stop = ["s0"], threading.Event()
@@ -162,5 +198,8 @@ def test_a_runaway_template_becomes_an_error_row(tmp_path: Path, tiny_llm, case:
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     rows = {r["id"]: r for r in pq.read_table(str(tmp_path / "out" / "data")).to_pylist()}
     assert summary.complete and not failures and summary.errors_by_class == {"template_limit": 1}
-    assert rows["doc-0001"]["error_class"] == "template_limit" and "template_limits." in rows["doc-0001"]["error"]
+    assert (
+        rows["doc-0001"]["error_class"] == "template_limit"
+        and "template_limits." in rows["doc-0001"]["error"]
+    )
     assert rows["doc-0000"]["error"] is None and rows["doc-0002"]["error"] is None

@@ -15,7 +15,17 @@ from tests.pipeline.support import job, write_dataset
 
 # The fields known to change outputs. Together with ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT this must
 # cover EngineConfig: a new field fails test_every_engine_field_is_classified until it is put in one.
-CHANGE_OUTPUTS = {"dtype", "max_model_len", "seed", "block_size", "kernel_backend", "attention_backend", "quantization", "sparsity", "logprobs_mode"}
+CHANGE_OUTPUTS = {
+    "dtype",
+    "max_model_len",
+    "seed",
+    "block_size",
+    "kernel_backend",
+    "attention_backend",
+    "quantization",
+    "sparsity",
+    "logprobs_mode",
+}
 
 
 def test_every_engine_field_is_classified() -> None:
@@ -39,7 +49,9 @@ def test_output_settings_change_the_fingerprint_and_others_do_not(tmp_path: Path
 
     base = fp()
     assert fp(seed=7) != base and fp(max_model_len=128) != base and fp(block_size=32) != base
-    assert fp(max_num_seqs=3) == base and fp(kv_cache_memory_bytes=2**22) == base and fp(ordering="fifo") == base
+    assert (
+        fp(max_num_seqs=3) == base and fp(kv_cache_memory_bytes=2**22) == base and fp(ordering="fifo") == base
+    )
     assert fp(kernel_backend="torch") != base
     with pytest.warns(FutureWarning):  # the deprecated spelling is the same setting
         assert fp(attention_backend="torch") == fp(kernel_backend="torch")

@@ -48,7 +48,9 @@ def test_long_document_policies(tmp_path: Path, tiny_llm, policy: str, template:
     _, summary, df = _run(tmp_path, tiny_llm, cfg)
     long = df.filter(pl.col("id") == "long").row(0, named=True)
     short = df.filter(pl.col("id") == "short").row(0, named=True)
-    assert long["truncated"] is (kind == "truncate") and short["truncated"] is False  # says when input was cut
+    assert (
+        long["truncated"] is (kind == "truncate") and short["truncated"] is False
+    )  # says when input was cut
     budget = ENGINE["max_model_len"] - 4
     if kind == "error":
         assert long["error_class"] == "prompt_too_long"
@@ -181,8 +183,10 @@ def test_corrupt_files_fail_their_shards_only(tmp_path: Path, tiny_llm) -> None:
 
 
 def test_map_reduce_reduce_step_failure_is_a_row_error(tmp_path: Path, tiny_llm) -> None:
-    write_parquet(tmp_path / "in" / "d.parquet", [{"id": "short", "text": "a short one", "n": 0},
-                                                  {"id": "long", "text": LONG, "n": 0}])  # fmt: skip
+    write_parquet(
+        tmp_path / "in" / "d.parquet",
+        [{"id": "short", "text": "a short one", "n": 0}, {"id": "long", "text": LONG, "n": 0}],
+    )
     cfg = job(
         "summarize",
         summarize={"long_document": "map_reduce", "reduce_template": "{{ summaries }} {{ 1 // n }}"},

@@ -25,8 +25,22 @@ JOB = job("generate", output={"shard_rows": 6, "flush_rows": 2})
 
 def _command(inp: Path, out: str, job_file: Path, endpoint: str | None) -> list[str]:
     extra = ["--endpoint-url", endpoint] if endpoint else []
-    return [sys.executable, "-m", "prefixflow.pipeline.cli", "run", "--input", str(inp), "--output", out,
-            "--model", "tiny", "--job", str(job_file), "--no-progress", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "prefixflow.pipeline.cli",
+        "run",
+        "--input",
+        str(inp),
+        "--output",
+        out,
+        "--model",
+        "tiny",
+        "--job",
+        str(job_file),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _run_until(cmd: list[str], point: str | None, nth: int) -> bool:
@@ -66,13 +80,21 @@ def _committed(out: str, endpoint: str | None) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame({"id": [], "output": []})
 
 
-def _check_kills(tmp_path: Path, tiny_llm, trials: list[tuple[str, int]], out: str | None = None,
-                 endpoint: str | None = None) -> int:  # fmt: skip
+def _check_kills(
+    tmp_path: Path,
+    tiny_llm,
+    trials: list[tuple[str, int]],
+    out: str | None = None,
+    endpoint: str | None = None,
+) -> int:
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=9, row_group_size=3)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(JOB))
-    reference, _ = run_local(load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
-                             llm=tiny_llm, progress=False)  # fmt: skip
+    reference, _ = run_local(
+        load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
+        llm=tiny_llm,
+        progress=False,
+    )
     expected = dict(pl.read_parquet(reference.data_glob).select("id", "output").iter_rows())
     out = out or str(tmp_path / "out")
     cmd = _command(tmp_path / "in", out, job_file, endpoint)

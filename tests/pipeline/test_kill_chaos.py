@@ -36,8 +36,11 @@ JOBS = {
 def _rows(out: Path) -> pl.DataFrame:
     files = sorted((out / "data").rglob("*.parquet")) if (out / "data").exists() else []
     frames = [pl.read_parquet(f).select("id", "output", "output_tokens") for f in files]
-    return pl.concat(frames) if frames else pl.DataFrame(schema={"id": pl.String, "output": pl.String,
-                                                                  "output_tokens": pl.Int64})  # fmt: skip
+    return (
+        pl.concat(frames)
+        if frames
+        else pl.DataFrame(schema={"id": pl.String, "output": pl.String, "output_tokens": pl.Int64})
+    )
 
 
 def _one_jobs_rows(out: Path, refs: dict[str, dict[str, str]]) -> str | None:
@@ -83,8 +86,11 @@ def test_kill_chaos_with_new_run_and_concurrent_runs(tmp_path: Path, tiny_llm) -
     files = {name: write_job(tmp_path / f"{name}.yaml", cfg) for name, cfg in JOBS.items()}
     refs = {}
     for name, cfg in JOBS.items():
-        summary, _ = run_local(load_job(str(tmp_path / "in"), str(tmp_path / f"ref-{name}"), "tiny", cfg),
-                               llm=tiny_llm, progress=False)  # fmt: skip
+        summary, _ = run_local(
+            load_job(str(tmp_path / "in"), str(tmp_path / f"ref-{name}"), "tiny", cfg),
+            llm=tiny_llm,
+            progress=False,
+        )
         refs[name] = dict(pl.read_parquet(summary.data_glob).select("id", "output").iter_rows())
     assert refs["A"] != refs["B"]
     out = tmp_path / "out"
@@ -111,7 +117,9 @@ def test_kill_chaos_with_new_run_and_concurrent_runs(tmp_path: Path, tiny_llm) -
         refusals += codes.count(2)
         _one_jobs_rows(out, refs)
         if second is None and codes == [0]:  # a run that ended well: the current input's rows, each once
-            assert sorted(_rows(out)["id"].to_list()) == current, "a finished run lost rows or kept deleted ones"
+            assert sorted(_rows(out)["id"].to_list()) == current, (
+                "a finished run lost rows or kept deleted ones"
+            )
         if killed and (edits == 0 or rng.random() < 0.3):  # issue 22: edit the input before the resume
             current = _toggle_last_row(tmp_path / "in", rows)
             edits += 1

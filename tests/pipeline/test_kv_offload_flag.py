@@ -36,8 +36,17 @@ def test_a_negative_size_is_refused_before_any_work(folder) -> None:
 
 
 def test_the_disk_tier_flags_become_engine_kv_cache_dir_and_its_cap(folder, tmp_path) -> None:
-    argv = ["run", "--input", folder, "--output", "out", "--kv-cache-dir", str(tmp_path / "kv"),
-            "--kv-cache-dir-gb", "2"]  # fmt: skip
+    argv = [
+        "run",
+        "--input",
+        folder,
+        "--output",
+        "out",
+        "--kv-cache-dir",
+        str(tmp_path / "kv"),
+        "--kv-cache-dir-gb",
+        "2",
+    ]
     overrides = overrides_from_args(build_parser().parse_args(argv))
     assert overrides == {"kv_cache_dir": str(tmp_path / "kv"), "kv_cache_dir_gb": 2.0}
     spec = load_job(folder, "", "tiny", JOB, **overrides)

@@ -15,8 +15,9 @@ from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import ENGINE, write_parquet
 
 MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
-SCHEMA = pa.schema([pa.field("id", pa.string()), pa.field("messages", pa.list_(MESSAGE)),
-                    pa.field("prompt", pa.string())])  # fmt: skip
+SCHEMA = pa.schema(
+    [pa.field("id", pa.string()), pa.field("messages", pa.list_(MESSAGE)), pa.field("prompt", pa.string())]
+)
 
 
 def _conv(*turns: tuple[str, str]) -> list[dict[str, str]]:
@@ -24,24 +25,36 @@ def _conv(*turns: tuple[str, str]) -> list[dict[str, str]]:
 
 
 ROWS = [
-    {"id": "two-turns", "messages": _conv(("user", "Name a river."), ("assistant", "Nile."), ("user", "Another?")),
-     "prompt": None},
+    {
+        "id": "two-turns",
+        "messages": _conv(("user", "Name a river."), ("assistant", "Nile."), ("user", "Another?")),
+        "prompt": None,
+    },
     {"id": "own-system", "messages": _conv(("system", "Be brief."), ("user", "Hi")), "prompt": None},
     {"id": "bad-role", "messages": _conv(("wizard", "abracadabra")), "prompt": None},
     {"id": "empty", "messages": [], "prompt": None},
     {"id": "null", "messages": None, "prompt": None},
     {"id": "fallback", "messages": None, "prompt": "plain completion prompt"},
-]  # fmt: skip
+]
 
 
 def test_conversation_cells_are_checked_with_messages_that_say_what_is_wrong() -> None:
     assert conversation('[{"role": "user", "content": "hi"}]', "c") == _conv(("user", "hi"))  # JSON text too
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert conversation(parts, "c") == _conv(("user", "a\nb"))
-    cases = [(None, NULL_PROMPT, "is null"), ([], EMPTY_PROMPT, "no messages"), ("not json", BAD_TYPE, "not a JSON"),
-             (_conv(("robot", "x")), BAD_TYPE, r"c\[0\]\.role is 'robot'"), (42, BAD_TYPE, "got int"),
-             ([{"role": "user", "content": [{"type": "image_url"}]}], BAD_TYPE, r"c\[0\]\.content\[0\] is not a text part"),
-             (_conv(("user", "  ")), EMPTY_PROMPT, "every message is empty")]  # fmt: skip
+    cases = [
+        (None, NULL_PROMPT, "is null"),
+        ([], EMPTY_PROMPT, "no messages"),
+        ("not json", BAD_TYPE, "not a JSON"),
+        (_conv(("robot", "x")), BAD_TYPE, r"c\[0\]\.role is 'robot'"),
+        (42, BAD_TYPE, "got int"),
+        (
+            [{"role": "user", "content": [{"type": "image_url"}]}],
+            BAD_TYPE,
+            r"c\[0\]\.content\[0\] is not a text part",
+        ),
+        (_conv(("user", "  ")), EMPTY_PROMPT, "every message is empty"),
+    ]
     for value, error_class, message in cases:
         with pytest.raises(RowError, match=message) as info:
             conversation(value, "c")
@@ -59,8 +72,14 @@ def test_messages_column_config_rules() -> None:
 
 def test_a_messages_column_runs_as_the_conversation(tmp_path: Path, tiny_llm) -> None:
     write_parquet(tmp_path / "in" / "chats.parquet", ROWS, schema=SCHEMA)
-    cfg = {"messages_column": "messages", "prompt_column": "prompt", "id_column": "id", "system_prompt": "Job system.",
-           "sampling": {"max_tokens": 4}, "engine": dict(ENGINE)}  # fmt: skip
+    cfg = {
+        "messages_column": "messages",
+        "prompt_column": "prompt",
+        "id_column": "id",
+        "system_prompt": "Job system.",
+        "sampling": {"max_tokens": 4},
+        "engine": dict(ENGINE),
+    }
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert not failures and summary.rows == len(ROWS)
@@ -98,7 +117,14 @@ def test_n_samples_and_penalties_in_a_parquet_job(tmp_path: Path, tiny_llm) -> N
     rows = {r["id"]: r for r in pl.read_parquet(summary.data_glob).to_dicts()}
     expect = tiny_llm.generate(["one"], SamplingParams(**sampling))[0]
     assert [s["text"] for s in rows["a"]["samples"]] == [s.text for s in expect.outputs]
-    assert rows["a"]["output"] == expect.outputs[0].text and rows["a"]["output_tokens"] == expect.num_output_tokens
+    assert (
+        rows["a"]["output"] == expect.outputs[0].text
+        and rows["a"]["output_tokens"] == expect.num_output_tokens
+    )
     with pytest.raises(JobConfigError, match="generate jobs only"):
-        load_job("in", "", "tiny", {"task": "label", "template": "{{ x }}", "label": {"labels": ["a", "b"]},
-                                    "sampling": {"n": 2}})  # fmt: skip
+        load_job(
+            "in",
+            "",
+            "tiny",
+            {"task": "label", "template": "{{ x }}", "label": {"labels": ["a", "b"]}, "sampling": {"n": 2}},
+        )

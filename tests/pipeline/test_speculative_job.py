@@ -73,8 +73,15 @@ def test_run_summary_reports_acceptance_and_outputs_match(tmp_path: Path) -> Non
     common = dict(
         prompt_column="text", id_column="id", max_tokens=24, shard_rows=3, engine={"num_kv_blocks": 512}
     )
-    spec = load_job(str(tmp_path / "in"), str(tmp_path / "on"), "tiny", None, speculative_method="ngram",
-                    num_speculative_tokens=3, **common)  # fmt: skip
+    spec = load_job(
+        str(tmp_path / "in"),
+        str(tmp_path / "on"),
+        "tiny",
+        None,
+        speculative_method="ngram",
+        num_speculative_tokens=3,
+        **common,
+    )
     summary = run_local(spec, progress=False)[0].as_dict()
     ngram = summary["speculation"]["ngram"]
     assert ngram["proposed"] > 0 and ngram["runs"] > 0
@@ -102,8 +109,13 @@ def test_advisor_q5_uses_the_pilot_replay(tmp_path: Path) -> None:
     from prefixflow.pipeline.advisor.advise import advise
 
     write_dataset(tmp_path / "in", files=1, rows_per_file=6)
-    job = {"task": "generate", "prompt_column": "text", "chat": "off", "sampling": {"max_tokens": 24},
-           "engine": {"num_kv_blocks": 512}}  # fmt: skip
+    job = {
+        "task": "generate",
+        "prompt_column": "text",
+        "chat": "off",
+        "sampling": {"max_tokens": 24},
+        "engine": {"num_kv_blocks": 512},
+    }
     advice = advise(load_job(str(tmp_path / "in"), "", "tiny", job), gpu="local", pilot_rows=4)
     q5 = next(a for a in advice.answers if a.number == 5)
     assert advice.workload.pilot is not None and advice.workload.pilot.ngram_replay[2] > 0

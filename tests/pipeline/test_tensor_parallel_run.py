@@ -18,7 +18,18 @@ from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
-FLAGS = ["--model", "tiny", "--prompt-column", "text", "--id-column", "id", "--max-tokens", "6", "--shard-rows", "7"]
+FLAGS = [
+    "--model",
+    "tiny",
+    "--prompt-column",
+    "text",
+    "--id-column",
+    "id",
+    "--max-tokens",
+    "6",
+    "--shard-rows",
+    "7",
+]
 
 
 @pytest.mark.slow
@@ -26,10 +37,27 @@ def test_run_with_two_ranks_writes_every_row_once(tmp_path: Path) -> None:
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=9)
     mark = uuid.uuid4().hex  # inherited by the command's worker processes: finds them afterwards
     res = subprocess.run(
-        [sys.executable, "-m", "prefixflow.pipeline.cli", "run", "--input", str(tmp_path / "in"),
-         "--output", str(tmp_path / "tp2"), *FLAGS, "--tensor-parallel-size", "2", "--no-progress", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PREFIXFLOW_TEST_MARK": mark},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "prefixflow.pipeline.cli",
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "tp2"),
+            *FLAGS,
+            "--tensor-parallel-size",
+            "2",
+            "--no-progress",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PREFIXFLOW_TEST_MARK": mark},
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["complete"] and summary["rows"] == len(ids) and summary["error_rows"] == 0
@@ -38,8 +66,16 @@ def test_run_with_two_ranks_writes_every_row_once(tmp_path: Path) -> None:
     two = pl.read_parquet(str(tmp_path / "tp2" / "data" / "**" / "*.parquet"))
     assert sorted(two["id"].to_list()) == sorted(ids)  # every row, exactly once
 
-    spec = load_job(str(tmp_path / "in"), str(tmp_path / "tp1"), "tiny", None,
-                    prompt_column="text", id_column="id", max_tokens=6, shard_rows=7)  # fmt: skip
+    spec = load_job(
+        str(tmp_path / "in"),
+        str(tmp_path / "tp1"),
+        "tiny",
+        None,
+        prompt_column="text",
+        id_column="id",
+        max_tokens=6,
+        shard_rows=7,
+    )
     run_local(spec, progress=False)
     one = pl.read_parquet(str(tmp_path / "tp1" / "data" / "**" / "*.parquet"))
     joined = two.select("id", "output").join(one.select("id", "output"), on="id", suffix="_tp1")

@@ -36,7 +36,9 @@ from prefixflow.pipeline.tasks.label.labeling import CalibrationError, calibrati
 from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
 
-if TYPE_CHECKING:  # the label task (pipeline/tasks/label/task.py) calls in here; planning and spec sit above it
+if (
+    TYPE_CHECKING
+):  # the label task (pipeline/tasks/label/task.py) calls in here; planning and spec sit above it
     from prefixflow.pipeline.job.spec import JobSpec
     from prefixflow.pipeline.run.planning import Shard
 
@@ -78,10 +80,17 @@ class LabelPrior:
 
     def summary(self) -> dict[str, Any]:
         """What the run summary shows of it."""
-        return {"method": self.method, "applied": self.applied, "fallback": self.fallback,
-                "sample_rows": self.sample_rows, "distinct_rows": self.distinct_rows,
-                "prompt_tokens": self.prompt_tokens, "computed_tokens": self.scored_tokens - self.cached_tokens,
-                "prior": dict(self.prior), "digest": self.digest}  # fmt: skip
+        return {
+            "method": self.method,
+            "applied": self.applied,
+            "fallback": self.fallback,
+            "sample_rows": self.sample_rows,
+            "distinct_rows": self.distinct_rows,
+            "prompt_tokens": self.prompt_tokens,
+            "computed_tokens": self.scored_tokens - self.cached_tokens,
+            "prior": dict(self.prior),
+            "digest": self.digest,
+        }
 
 
 def _sample(spec: JobSpec, shards: list[Shard], prep: RowPreparer) -> list[Prepared]:
@@ -121,11 +130,19 @@ def estimate_prior(
         scored += int(use["tokens"])
         cached += int(use["cached_tokens"])
     prior = LabelPrior(
-        method=cfg.label.calibration, applied=cfg.label.calibration, labels=choices.labels, bias=None,
-        sample_rows=len(per_row), distinct_rows=len(prompts),
-        sample_digest=hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16], prompt_tokens=prompt_tokens,
-        scored_tokens=scored, cached_tokens=cached, run_id=run_id, job_fingerprint=fingerprint,
-    )  # fmt: skip
+        method=cfg.label.calibration,
+        applied=cfg.label.calibration,
+        labels=choices.labels,
+        bias=None,
+        sample_rows=len(per_row),
+        distinct_rows=len(prompts),
+        sample_digest=hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16],
+        prompt_tokens=prompt_tokens,
+        scored_tokens=scored,
+        cached_tokens=cached,
+        run_id=run_id,
+        job_fingerprint=fingerprint,
+    )
     return _correction(llm, prep, choices, prior, per_row).sealed()
 
 
@@ -134,13 +151,18 @@ def _too_few(prior: LabelPrior, num_labels: int) -> str | None:
     if prior.sample_rows > 1 and prior.distinct_rows == 1:
         return f"all {prior.sample_rows} sampled rows have the same prompt, which says nothing about the label prior"
     if prior.distinct_rows < need:
-        return (f"the sample has {prior.distinct_rows} distinct scorable rows, fewer than "
-                f"{BATCH_MIN_ROWS_PER_LABEL} x {num_labels} labels = {need}")  # fmt: skip
+        return (
+            f"the sample has {prior.distinct_rows} distinct scorable rows, fewer than "
+            f"{BATCH_MIN_ROWS_PER_LABEL} x {num_labels} labels = {need}"
+        )
     return None
 
 
 def _correction(
-    llm: Engine, prep: RowPreparer, choices: LabelChoices | FirstTokens, prior: LabelPrior,
+    llm: Engine,
+    prep: RowPreparer,
+    choices: LabelChoices | FirstTokens,
+    prior: LabelPrior,
     per_row: list[list[float]],
 ) -> LabelPrior:
     """The prior's bias: batch on top of contextual when asked for, contextual alone after a fallback.
@@ -158,12 +180,19 @@ def _correction(
             )
     if reason is not None:
         kept = None if contextual is None else tuple(choices.per_label(contextual))
-        return replace(prior, applied="contextual", bias=kept,
-                       fallback=f"{reason}: contextual calibration is used instead")  # fmt: skip
+        return replace(
+            prior,
+            applied="contextual",
+            bias=kept,
+            fallback=f"{reason}: contextual calibration is used instead",
+        )
     bias = batch_bias(per_row, contextual)
     batch_part = bias if contextual is None else [b - c for b, c in zip(bias, contextual)]
-    return replace(prior, bias=tuple(choices.per_label(bias)),
-                   prior={lb: math.exp(b) for lb, b in zip(choices.labels, choices.per_label(batch_part))})  # fmt: skip
+    return replace(
+        prior,
+        bias=tuple(choices.per_label(bias)),
+        prior={lb: math.exp(b) for lb, b in zip(choices.labels, choices.per_label(batch_part))},
+    )
 
 
 def read_prior(layout: Layout) -> LabelPrior | None:
@@ -177,8 +206,10 @@ def read_prior(layout: Layout) -> LabelPrior | None:
     try:
         return LabelPrior.from_json(blob)
     except (ValueError, TypeError, KeyError) as exc:
-        raise OutputStateError(f"{layout.label_prior} is not a readable label-prior estimate ({exc}); remove it "
-                               "only if no shard of this run is committed yet, else start over with --new-run") from exc  # fmt: skip
+        raise OutputStateError(
+            f"{layout.label_prior} is not a readable label-prior estimate ({exc}); remove it "
+            "only if no shard of this run is committed yet, else start over with --new-run"
+        ) from exc
 
 
 def _check(prior: LabelPrior, layout: Layout, fingerprint: str) -> LabelPrior:
@@ -196,9 +227,13 @@ def _check(prior: LabelPrior, layout: Layout, fingerprint: str) -> LabelPrior:
 
 
 def run_prior(
-    spec: JobSpec, layout: Layout, fingerprint: str, llm: Engine, shards: list[Shard] | None = None,
+    spec: JobSpec,
+    layout: Layout,
+    fingerprint: str,
+    llm: Engine,
+    shards: list[Shard] | None = None,
     warn: Callable[[str], None] | None = None,
-) -> LabelPrior:  # fmt: skip
+) -> LabelPrior:
     """The run's estimate: the stored one, else estimated now and stored exclusively (when two lanes
     race, the first file written is the one every shard uses)."""
     stored = read_prior(layout)

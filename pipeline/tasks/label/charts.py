@@ -44,30 +44,39 @@ def svg_labels(summary: RunSummary) -> str:
     cell = 40
     width_cm = (len(labels) * cell + 150) if quality else 0
     width, height = max(width_bars + width_cm, 420), top + plot_h + 110
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-           'font-family="sans-serif" font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="20" font-size="14" font-weight="bold">labels: share of rows before / after '
-           'calibration</text>']  # fmt: skip
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="20" font-size="14" font-weight="bold">labels: share of rows before / after '
+        "calibration</text>",
+    ]
     before, after = _shares(summary.label_counts_raw, labels), _shares(summary.label_counts, labels)
     base = top + plot_h
     out.append(f'<line x1="{left}" x2="{width_bars - 20}" y1="{base}" y2="{base}" stroke="#333"/>')
     for tick in (0.25, 0.5, 0.75, 1.0):
         y = base - plot_h * tick
-        out.append(f'<line x1="{left}" x2="{width_bars - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:.0%}</text>')  # fmt: skip
+        out.append(
+            f'<line x1="{left}" x2="{width_bars - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:.0%}</text>'
+        )
     for i, lb in enumerate(labels):
         x = left + 10 + i * (2 * bar_w + gap)
         for j, (share, color) in enumerate(((before[i], BEFORE), (after[i], AFTER))):
             if j == 0 and not summary.label_counts_raw:
                 continue
             h = plot_h * share
-            out.append(f'<rect x="{x + j * bar_w}" y="{base - h:.1f}" width="{bar_w - 4}" height="{h:.1f}" fill="{color}"/>'
-                       f'<text x="{x + j * bar_w + bar_w / 2 - 2}" y="{base - h - 3:.1f}" text-anchor="middle" '
-                       f'font-size="9">{share:.0%}</text>')  # fmt: skip
+            out.append(
+                f'<rect x="{x + j * bar_w}" y="{base - h:.1f}" width="{bar_w - 4}" height="{h:.1f}" fill="{color}"/>'
+                f'<text x="{x + j * bar_w + bar_w / 2 - 2}" y="{base - h - 3:.1f}" text-anchor="middle" '
+                f'font-size="9">{share:.0%}</text>'
+            )
         out.append(f'<text x="{x + bar_w}" y="{base + 14}" text-anchor="middle">{escape(lb[:14])}</text>')
-    out.append(f'<rect x="{left}" y="{base + 30}" width="10" height="10" fill="{BEFORE}"/><text x="{left + 14}" '
-               f'y="{base + 39}">before (raw scores)</text><rect x="{left + 140}" y="{base + 30}" width="10" '
-               f'height="10" fill="{AFTER}"/><text x="{left + 154}" y="{base + 39}">after calibration</text>')  # fmt: skip
+    out.append(
+        f'<rect x="{left}" y="{base + 30}" width="10" height="10" fill="{BEFORE}"/><text x="{left + 14}" '
+        f'y="{base + 39}">before (raw scores)</text><rect x="{left + 140}" y="{base + 30}" width="10" '
+        f'height="10" fill="{AFTER}"/><text x="{left + 154}" y="{base + 39}">after calibration</text>'
+    )
     cal = summary.label_calibration
     if cal:
         note = f"calibration: {cal.get('applied')}" + (
@@ -86,9 +95,11 @@ def _svg_confusion(
     matrix = quality["confusion"]
     top = max((v for row in matrix for v in row), default=0) or 1
     ece = quality.get("ece")
-    out = [f'<text x="{x0}" y="{y0 - 24}" font-size="12" font-weight="bold">confusion (rows: gold, columns: '
-           f'predicted)</text><text x="{x0}" y="{y0 - 10}">accuracy {quality["accuracy"]:.3f}, macro-F1 '
-           f'{quality["macro_f1"]:.3f}' + (f", ECE {ece:.3f}" if ece is not None else "") + "</text>"]  # fmt: skip
+    out = [
+        f'<text x="{x0}" y="{y0 - 24}" font-size="12" font-weight="bold">confusion (rows: gold, columns: '
+        f'predicted)</text><text x="{x0}" y="{y0 - 10}">accuracy {quality["accuracy"]:.3f}, macro-F1 '
+        f"{quality['macro_f1']:.3f}" + (f", ECE {ece:.3f}" if ece is not None else "") + "</text>"
+    ]
     for i, row in enumerate(matrix):
         out.append(
             f'<text x="{x0 - 4}" y="{y0 + i * cell + cell / 2 + 4}" text-anchor="end">{escape(labels[i][:10])}</text>'
@@ -96,12 +107,16 @@ def _svg_confusion(
         for j, v in enumerate(row):
             shade = int(255 - 200 * v / top)
             fill = f"rgb({shade},{shade},255)"
-            out.append(f'<rect x="{x0 + j * cell}" y="{y0 + i * cell}" width="{cell}" height="{cell}" fill="{fill}" '
-                       f'stroke="#fff"/><text x="{x0 + j * cell + cell / 2}" y="{y0 + i * cell + cell / 2 + 4}" '
-                       f'text-anchor="middle">{v}</text>')  # fmt: skip
+            out.append(
+                f'<rect x="{x0 + j * cell}" y="{y0 + i * cell}" width="{cell}" height="{cell}" fill="{fill}" '
+                f'stroke="#fff"/><text x="{x0 + j * cell + cell / 2}" y="{y0 + i * cell + cell / 2 + 4}" '
+                f'text-anchor="middle">{v}</text>'
+            )
     for j, lb in enumerate(labels):
-        out.append(f'<text x="{x0 + j * cell + cell / 2}" y="{y0 + len(labels) * cell + 14}" text-anchor="middle" '
-                   f'font-size="9">{escape(lb[:8])}</text>')  # fmt: skip
+        out.append(
+            f'<text x="{x0 + j * cell + cell / 2}" y="{y0 + len(labels) * cell + 14}" text-anchor="middle" '
+            f'font-size="9">{escape(lb[:8])}</text>'
+        )
     return out
 
 
@@ -153,8 +168,11 @@ def png_labels(summary: RunSummary) -> bytes | None:
         cm.set_xlabel("predicted")
         cm.set_ylabel("gold")
         ece = quality.get("ece")
-        cm.set_title(f"acc {quality['accuracy']:.3f}, macro-F1 {quality['macro_f1']:.3f}"
-                     + (f", ECE {ece:.3f}" if ece is not None else ""), fontsize=9)  # fmt: skip
+        cm.set_title(
+            f"acc {quality['accuracy']:.3f}, macro-F1 {quality['macro_f1']:.3f}"
+            + (f", ECE {ece:.3f}" if ece is not None else ""),
+            fontsize=9,
+        )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -196,14 +214,23 @@ def report_lines(summary: RunSummary) -> list[tuple[str, str]]:
         q = summary.label_quality.get(name)
         if q:
             ece = q.get("ece")
-            rows.append((f"vs gold ({'after' if name == 'calibrated' else 'before'} calibration)",
-                         f"accuracy {q['accuracy']:.3f}, macro-F1 {q['macro_f1']:.3f}"
-                         + (f", ECE {ece:.3f}" if ece is not None else "") + f" over {q['rows']} rows"))  # fmt: skip
+            rows.append(
+                (
+                    f"vs gold ({'after' if name == 'calibrated' else 'before'} calibration)",
+                    f"accuracy {q['accuracy']:.3f}, macro-F1 {q['macro_f1']:.3f}"
+                    + (f", ECE {ece:.3f}" if ece is not None else "")
+                    + f" over {q['rows']} rows",
+                )
+            )
     q = summary.label_quality.get("calibrated")
     if q:
         labels = summary.label_quality["labels"]
-        rows.append(("confusion (gold: predicted)", "; ".join(
-            f"{t}: " + " ".join(str(v) for v in row) for t, row in zip(labels, q["confusion"]))))  # fmt: skip
+        rows.append(
+            (
+                "confusion (gold: predicted)",
+                "; ".join(f"{t}: " + " ".join(str(v) for v in row) for t, row in zip(labels, q["confusion"])),
+            )
+        )
     return rows
 
 

@@ -33,7 +33,9 @@ class CalibrationError(PipelineError):
     """No reference prompt of the job's label calibration could be scored (the shard cannot run)."""
 
 
-def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices | FirstTokens) -> list[float] | None:
+def calibration_bias(
+    llm: Engine, prep: RowPreparer, choices: LabelChoices | FirstTokens
+) -> list[float] | None:
     """The log label (or, constrained, first-token) distribution on the job's reference prompts; None
     for ``calibration: none``."""
     cfg = prep.cfg
@@ -59,7 +61,11 @@ def calibration_bias(llm: Engine, prep: RowPreparer, choices: LabelChoices | Fir
 
 
 def score_labels(
-    llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, bias: Sequence[float] | None | str = "shard"
+    llm: Engine,
+    prep: RowPreparer,
+    rows: list[Prepared],
+    batch: int,
+    bias: Sequence[float] | None | str = "shard",
 ) -> Iterator[dict[str, Any]]:
     """Score, calibrate and label ``rows``. ``bias``: the run's stored correction (batch calibration,
     label_batch.py; None for no correction), or ``"shard"``: the reference prompts' bias, measured here."""
@@ -93,8 +99,14 @@ def score_labels(
             per_label = choices.label_scores(score, use["choice_tokens"], cfg.label.length_norm)
             probs = dict(zip(choices.labels, calibrated_probs(per_label, bias)))
             best = max(choices.labels, key=lambda lb: probs[lb])
-            yield {**p.base, **counts, "finish_reason": "stop", "label": best, "label_probs": probs,
-                   "label_logprobs_raw": dict(zip(choices.labels, per_label))}  # fmt: skip
+            yield {
+                **p.base,
+                **counts,
+                "finish_reason": "stop",
+                "label": best,
+                "label_probs": probs,
+                "label_logprobs_raw": dict(zip(choices.labels, per_label)),
+            }
 
 
 def constrained_rows(

@@ -36,9 +36,12 @@ def _ece_bin(confidence: float) -> int:
 
 
 def part_quality(
-    job_labels: Sequence[str], labels: Sequence[Any], probs: Sequence[Any] | None, raw: Sequence[Any] | None,
+    job_labels: Sequence[str],
+    labels: Sequence[Any],
+    probs: Sequence[Any] | None,
+    raw: Sequence[Any] | None,
     gold: Sequence[Any] | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Additive counts of one part's rows (the ``label``, ``label_probs``, ``label_logprobs_raw`` and
     ``label_gold`` columns; error rows have null labels and count nowhere). Keys:
     ``raw_counts`` (the label each row would have had before calibration); with gold, per scoring
@@ -110,8 +113,9 @@ def merge_quality(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def metrics(confusion: Mapping[str, Mapping[str, int]], ece_bins: Sequence[Sequence[float]],
-            labels: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+def metrics(
+    confusion: Mapping[str, Mapping[str, int]], ece_bins: Sequence[Sequence[float]], labels: Sequence[str]
+) -> dict[str, Any]:
     """Accuracy, macro-F1 (over every listed label; a label never predicted nor true is left out,
     one never predicted scores 0), ECE (None without probabilities), and the confusion matrix as rows of counts in label order."""
     n = sum(sum(row.values()) for row in confusion.values())

@@ -41,9 +41,11 @@ def check_distinct_forms(labels: Sequence[str], case_variants: bool) -> None:
     for label in labels:
         for form in surface_forms(label, case_variants):
             if form in seen and seen[form] != label:
-                raise JobConfigError(f"job config: label.labels: {seen[form]!r} and {label!r} differ only in the "
-                                     "case of their first letter, which case_variants treats as the same answer; "
-                                     "rename one or set label.case_variants: false")  # fmt: skip
+                raise JobConfigError(
+                    f"job config: label.labels: {seen[form]!r} and {label!r} differ only in the "
+                    "case of their first letter, which case_variants treats as the same answer; "
+                    "rename one or set label.case_variants: false"
+                )
             seen[form] = label
 
 
@@ -65,9 +67,7 @@ class LabelChoices:
                 owner.append(k)
         return cls(tuple(labels), tuple(choices), tuple(owner))
 
-    def label_scores(
-        self, logprobs: Sequence[float], tokens: Sequence[int], length_norm: str
-    ) -> list[float]:
+    def label_scores(self, logprobs: Sequence[float], tokens: Sequence[int], length_norm: str) -> list[float]:
         """One log-score per label: each choice's total (``sum``) or per-token (``mean``) log-prob,
         then the log of the summed probability of the label's surface forms."""
         per_label: list[list[float]] = [[] for _ in self.labels]

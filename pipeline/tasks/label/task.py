@@ -60,15 +60,18 @@ class LabelTask(Task):
     def check(self, cfg: JobConfig, given: Mapping[str, Any]) -> JobConfig:
         label = cfg.label
         if len(label.labels) < 2:
-            raise JobConfigError("job config: label.labels: a label job needs at least two labels, e.g. "
-                                 "[positive, negative]")  # fmt: skip
+            raise JobConfigError(
+                "job config: label.labels: a label job needs at least two labels, e.g. [positive, negative]"
+            )
         if len(set(label.labels)) != len(label.labels):
             raise JobConfigError(f"job config: label.labels: labels must be unique, got {list(label.labels)}")
         if label.mode == "score":
             check_distinct_forms(label.labels, label.case_variants)
         require_prompt(cfg)
         if cfg.summarize.long_document == "map_reduce" and "summarize" in given:
-            raise JobConfigError("job config: summarize.long_document: map_reduce applies to summarize jobs only")
+            raise JobConfigError(
+                "job config: summarize.long_document: map_reduce applies to summarize jobs only"
+            )
         if label.mode in CALIBRATED_MODES:
             check_references(cfg, self.template(cfg))
         return cfg
@@ -87,7 +90,9 @@ class LabelTask(Task):
     def reserve_tokens(self, cfg: JobConfig, tokenizer: Tokenizer) -> int:
         if cfg.label.mode != "score":
             return 1
-        return max(len(tokenizer.encode(choice, add_special_tokens=False)) for choice in label_choices(cfg).choices)
+        return max(
+            len(tokenizer.encode(choice, add_special_tokens=False)) for choice in label_choices(cfg).choices
+        )
 
     def scored_choices(self, cfg: JobConfig) -> Sequence[str]:
         return [cfg.label.choice_prefix + lb for lb in cfg.label.labels] if cfg.label.mode == "score" else ()
@@ -96,7 +101,9 @@ class LabelTask(Task):
     def output_fields(self, cfg: JobConfig) -> list[pa.Field]:
         per_label = pa.struct([pa.field(lb, pa.float64()) for lb in cfg.label.labels])
         fields = [pa.field("label", pa.string()), pa.field("label_probs", per_label)]
-        if cfg.label.mode == "score":  # each label's log-score before calibration: recalibrate without rerunning
+        if (
+            cfg.label.mode == "score"
+        ):  # each label's log-score before calibration: recalibrate without rerunning
             fields.append(pa.field("label_logprobs_raw", per_label))
         if cfg.label.gold_column:  # the input's true label, as text (the quality report compares with it)
             fields.append(pa.field("label_gold", pa.string()))
@@ -114,8 +121,11 @@ class LabelTask(Task):
             label = constrained_label(text, cfg) if constrained else parse_label(text, labels)
             if label is not None:
                 return {**rec, "label": label}
-            why = (f"output is not one of the labels (finish_reason {finish_reason})" if constrained
-                   else f"no label found in the output; expected one of: {', '.join(labels)}")  # fmt: skip
+            why = (
+                f"output is not one of the labels (finish_reason {finish_reason})"
+                if constrained
+                else f"no label found in the output; expected one of: {', '.join(labels)}"
+            )
             return {**rec, "finish_reason": "error", "error_class": LABEL_PARSE_ERROR, "error": why}
 
         return parse
@@ -124,15 +134,26 @@ class LabelTask(Task):
     def keeps_run_state(self, cfg: JobConfig) -> bool:
         return uses_batch(cfg)
 
-    def run_state(self, spec: JobSpec, layout: Layout, fingerprint: str, llm: Engine,
-                  shards: list[Shard] | None = None, warn: Callable[[str], None] | None = None) -> LabelPrior | None:  # fmt: skip
+    def run_state(
+        self,
+        spec: JobSpec,
+        layout: Layout,
+        fingerprint: str,
+        llm: Engine,
+        shards: list[Shard] | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> LabelPrior | None:
         """Batch calibration's stored prior (estimated now when this is the run's first shard)."""
         if not uses_batch(spec.config):
             return None
         return run_prior(spec, layout, fingerprint, llm, shards, warn=warn)
 
-    def run(self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
-        bias = state.bias if isinstance(state, LabelPrior) else "shard"  # "shard": reference prompts, per shard
+    def run(
+        self, llm: Engine, prep: RowPreparer, rows: list[Prepared], batch: int, state: Any
+    ) -> Iterator[dict[str, Any]]:
+        bias = (
+            state.bias if isinstance(state, LabelPrior) else "shard"
+        )  # "shard": reference prompts, per shard
         if prep.cfg.label.mode == "score":
             return score_labels(llm, prep, rows, batch, bias)
         if prep.cfg.label.mode == "constrained":  # calibrated through a first-token logit bias

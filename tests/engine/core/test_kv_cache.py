@@ -83,6 +83,9 @@ def test_prefix_hashes_are_the_same_in_every_process():
     seen = set()
     for seed in ("0", "1", "12345"):  # string hashing is salted per process; ours must not be
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        seen.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                check=True).stdout.strip())  # fmt: skip
+        seen.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     assert seen == {str(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5]))}

@@ -86,8 +86,15 @@ def test_prefix_ordering_beats_fifo_when_the_pool_is_small(llama_dir):
     rng.shuffle(rows)
     computed = {}
     for ordering in ("prefix", "fifo"):
-        llm = LLM(str(llama_dir), dtype="float32", device="cpu", block_size=8, num_kv_blocks=24,
-                  max_num_seqs=4, ordering=ordering)  # fmt: skip
+        llm = LLM(
+            str(llama_dir),
+            dtype="float32",
+            device="cpu",
+            block_size=8,
+            num_kv_blocks=24,
+            max_num_seqs=4,
+            ordering=ordering,
+        )
         llm.generate(rows, SamplingParams(max_tokens=2, ignore_eos=True))
         computed[ordering] = llm.stats().computed_prompt_tokens
     assert computed["prefix"] < computed["fifo"]

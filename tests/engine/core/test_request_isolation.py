@@ -35,9 +35,13 @@ def _same(a, b) -> bool:
 
 def test_the_issues_repro_returns_an_error_output_and_keeps_the_good_request(llm):
     outs = llm.generate(
-        ["a", "b"], [SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[10**6]), SamplingParams(max_tokens=4)]
+        ["a", "b"],
+        [SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[10**6]), SamplingParams(max_tokens=4)],
     )
-    assert outs[0].finish_reason == "error" and "stop_token_ids holds 1000000, outside the vocabulary" in outs[0].error
+    assert (
+        outs[0].finish_reason == "error"
+        and "stop_token_ids holds 1000000, outside the vocabulary" in outs[0].error
+    )
     assert outs[1].finish_reason == "length" and outs[1].num_output_tokens == 4
 
 
@@ -116,7 +120,9 @@ def test_fuzzed_sampling_params_never_raise_and_never_touch_the_good_request(llm
     if expected_error is not None:
         assert fuzzed.finish_reason == "error" and expected_error in fuzzed.error
         return
-    too_long = params.max_tokens is not None and fuzzed.num_prompt_tokens + params.max_tokens > llm.max_model_len
+    too_long = (
+        params.max_tokens is not None and fuzzed.num_prompt_tokens + params.max_tokens > llm.max_model_len
+    )
     if too_long:
         assert fuzzed.finish_reason == "error" and "exceeds max_model_len" in fuzzed.error
         return
@@ -150,7 +156,11 @@ def test_a_forward_failure_of_one_request_is_its_error_and_the_batch_completes(l
     lone = [llm.generate([p], GOOD)[0] for p in (prompts[0], prompts[2])]
     _poisoned_forward(llm.engine.runner.shard.model, monkeypatch)
     outs = llm.generate(prompts, GOOD)
-    assert outs[1].finish_reason == "error" and "model step failed" in outs[1].error and "injected" in outs[1].error
+    assert (
+        outs[1].finish_reason == "error"
+        and "model step failed" in outs[1].error
+        and "injected" in outs[1].error
+    )
     assert _same(outs[0], lone[0]) and _same(outs[2], lone[1])
     assert not llm.engine.has_unfinished()
 

@@ -64,11 +64,16 @@ def test_two_stages_equal_one_and_transformers(llama_dir):
 @pytest.mark.parametrize("name", ["mistral-mqa", "qwen2-bias-tied", "qwen3-qknorm-headdim"])
 def test_two_stages_on_every_architecture_corner(model_root, name):
     # qwen3 also runs three micro-batches per step (more in flight than stages)
-    _check(make_model_dir(model_root, name), **({"pipeline_micro_batches": 3} if name.startswith("qwen3") else {}))
+    _check(
+        make_model_dir(model_root, name),
+        **({"pipeline_micro_batches": 3} if name.startswith("qwen3") else {}),
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama-gqa-llama3rope", "mistral-mqa", "qwen2-bias-tied", "qwen3-qknorm-headdim"])
+@pytest.mark.parametrize(
+    "name", ["llama-gqa-llama3rope", "mistral-mqa", "qwen2-bias-tied", "qwen3-qknorm-headdim"]
+)
 def test_two_stages_of_two_tensor_parallel_ranks(model_root, name):
     _check(make_model_dir(model_root, name), pp=2, tp=2)
 
@@ -78,7 +83,9 @@ def test_gptq_checkpoint_under_pipeline_parallelism(quant_root):
     from tests.engine.quant_models import make_base
     from tests.engine.quant_packers import Fmt, write_quantized
 
-    quant_dir, _, _ = write_quantized(make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 32, sym=False, act_order=True))
+    quant_dir, _, _ = write_quantized(
+        make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 32, sym=False, act_order=True)
+    )
     _check(quant_dir, against_transformers=False)  # transformers needs optimum to read GPTQ
 
 
@@ -89,7 +96,10 @@ def test_the_split_gives_the_lm_head_stage_fewer_layers():
     split = stage_layers(30, 2, 3_500_000, 28_300_000)
     assert split == [(0, 19), (19, 30)]
     assert stage_layers(2, 2, 1, 100) == [(0, 1), (1, 2)]  # every stage keeps a layer
-    with pytest.raises(ShardingError, match=r"pipeline_parallel_size=3 needs at least one decoder layer per stage; this model has 2"):
+    with pytest.raises(
+        ShardingError,
+        match=r"pipeline_parallel_size=3 needs at least one decoder layer per stage; this model has 2",
+    ):
         stage_layers(2, 3)
 
 
@@ -112,10 +122,14 @@ def test_bad_pipeline_parallel_size_is_refused(value):
 
 
 def test_killed_stage_is_a_clear_error_within_the_bound(llama_dir):
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", pipeline_parallel_size=2, distributed_timeout_s=30)
+    llm = LLM(
+        str(llama_dir), dtype="float32", device="cpu", pipeline_parallel_size=2, distributed_timeout_s=30
+    )
     (worker,) = llm.engine.runner.pool.pids
     long = SamplingParams(max_tokens=200, ignore_eos=True)
-    stream = llm.generate_stream(random_prompts(4, 5, 20, seed=1), [SamplingParams(max_tokens=2, ignore_eos=True)] + [long] * 3)
+    stream = llm.generate_stream(
+        random_prompts(4, 5, 20, seed=1), [SamplingParams(max_tokens=2, ignore_eos=True)] + [long] * 3
+    )
     killed_at = 0.0
     with pytest.raises(TensorParallelError, match=r"worker rank 1 \(pid \d+\) was killed by SIGKILL"):
         assert next(stream).num_output_tokens == 2
@@ -130,8 +144,14 @@ def test_killed_stage_is_a_clear_error_within_the_bound(llama_dir):
 
 @pytest.mark.slow
 def test_hung_stage_times_out(llama_dir):
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", pipeline_parallel_size=2, tensor_parallel_size=2,
-              distributed_timeout_s=4)  # fmt: skip
+    llm = LLM(
+        str(llama_dir),
+        dtype="float32",
+        device="cpu",
+        pipeline_parallel_size=2,
+        tensor_parallel_size=2,
+        distributed_timeout_s=4,
+    )
     pids = llm.engine.runner.pool.pids
     os.kill(pids[-1], signal.SIGSTOP)  # the last stage's second TP rank
     start = time.monotonic()

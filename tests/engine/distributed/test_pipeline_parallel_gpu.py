@@ -26,7 +26,10 @@ PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 
 def test_nccl_stages_equal_one_gpu(llama_dir):
     prompts = random_prompts(12, 3, 90, seed=21)
-    want = [list(o.token_ids) for o in LLM(str(llama_dir), dtype="float32", device="cuda").generate(prompts, PARAMS)]
+    want = [
+        list(o.token_ids)
+        for o in LLM(str(llama_dir), dtype="float32", device="cuda").generate(prompts, PARAMS)
+    ]
     with LLM(str(llama_dir), dtype="float32", device="cuda", pipeline_parallel_size=2) as two:
         got = [list(o.token_ids) for o in two.generate(prompts, PARAMS)]
         per_rank = two.engine.runner.pipeline_stats()
@@ -35,7 +38,9 @@ def test_nccl_stages_equal_one_gpu(llama_dir):
 
 
 def test_nccl_killed_stage_is_an_error_within_the_bound(llama_dir):
-    llm = LLM(str(llama_dir), dtype="float32", device="cuda", pipeline_parallel_size=2, distributed_timeout_s=30)
+    llm = LLM(
+        str(llama_dir), dtype="float32", device="cuda", pipeline_parallel_size=2, distributed_timeout_s=30
+    )
     (worker,) = llm.engine.runner.pool.pids
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
     os.kill(worker, signal.SIGKILL)

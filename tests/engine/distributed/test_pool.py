@@ -13,7 +13,9 @@ from tests.engine.distributed import toy_executor as toy
 from tests.engine.tp_support import assert_processes_gone
 
 
-def _pool(world: int = 2, timeout_s: float = 30.0, factory=toy.make_toy) -> tuple[WorkerPool, toy.ToyExecutor]:
+def _pool(
+    world: int = 2, timeout_s: float = 30.0, factory=toy.make_toy
+) -> tuple[WorkerPool, toy.ToyExecutor]:
     pool = WorkerPool(world, [torch.device("cpu")] * world, timeout_s, factory, num_threads=1)
     executor = factory(pool.group)
     pool.wait_ready()
@@ -82,7 +84,9 @@ def test_worker_failing_to_load_fails_startup():
 
 @pytest.mark.slow
 def test_a_spec_the_worker_cannot_unpickle_fails_startup_with_its_traceback():
-    with pytest.raises(TensorParallelError, match="startup failed: worker rank 1 .* raised RuntimeError: toy factory cannot"):
+    with pytest.raises(
+        TensorParallelError, match="startup failed: worker rank 1 .* raised RuntimeError: toy factory cannot"
+    ):
         _pool(factory=toy.UnpicklableFactory())
 
 

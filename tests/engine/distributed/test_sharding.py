@@ -51,7 +51,13 @@ def test_vocab_is_padded_so_every_rank_holds_the_same_rows():
 @pytest.mark.parametrize(
     "heads, kv, inter, world, message",
     [
-        (6, 6, 128, 4, r"num_attention_heads \(6\) is not divisible by tensor_parallel_size=4; .*\(1, 2, 3, 6\)"),
+        (
+            6,
+            6,
+            128,
+            4,
+            r"num_attention_heads \(6\) is not divisible by tensor_parallel_size=4; .*\(1, 2, 3, 6\)",
+        ),
         (12, 3, 128, 2, r"num_key_value_heads \(3\) is not divisible by tensor_parallel_size=2"),
         (12, 2, 128, 3, r"num_attention_heads \(12\) .*|num_key_value_heads \(2\) is below"),
         (8, 8, 100, 8, r"intermediate_size \(100\) is not divisible by tensor_parallel_size=8"),

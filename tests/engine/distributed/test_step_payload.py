@@ -26,7 +26,15 @@ def _batch(tokens: int, seqs: int, width: int, rows: int, decode_only: bool) -> 
 def test_round_trip(shape):
     step = _batch(*shape)
     back = unpack(pack(step).clone())
-    for name in ("token_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables", "logit_rows"):
+    for name in (
+        "token_ids",
+        "positions",
+        "slot_mapping",
+        "query_start_loc",
+        "seq_lens",
+        "block_tables",
+        "logit_rows",
+    ):
         got, want = getattr(back, name), getattr(step, name)
         assert got.dtype == want.dtype and np.array_equal(got, want), name
     assert back.decode_only == step.decode_only

@@ -27,7 +27,9 @@ def _prompts() -> list[list[int]]:
 
 
 def _seeded(n: int) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i) for i in range(n)]
+    return [
+        SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i) for i in range(n)
+    ]
 
 
 def _run(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:

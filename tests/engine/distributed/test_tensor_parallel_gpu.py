@@ -26,7 +26,10 @@ PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 
 def test_nccl_ranks_with_captured_graphs_equal_one_gpu(llama_dir):
     prompts = random_prompts(12, 3, 90, seed=21)
-    want = [list(o.token_ids) for o in LLM(str(llama_dir), dtype="float32", device="cuda").generate(prompts, PARAMS)]
+    want = [
+        list(o.token_ids)
+        for o in LLM(str(llama_dir), dtype="float32", device="cuda").generate(prompts, PARAMS)
+    ]
     with LLM(str(llama_dir), dtype="float32", device="cuda", tensor_parallel_size=2) as two:
         graphs = two.engine.runner.shard.graphs
         assert graphs is not None and graphs.graphs, "rank 0 captured no decode graph (with its all-reduces)"
@@ -36,7 +39,9 @@ def test_nccl_ranks_with_captured_graphs_equal_one_gpu(llama_dir):
 
 
 def test_nccl_killed_worker_is_an_error_within_the_bound(llama_dir):
-    llm = LLM(str(llama_dir), dtype="float32", device="cuda", tensor_parallel_size=2, distributed_timeout_s=30)
+    llm = LLM(
+        str(llama_dir), dtype="float32", device="cuda", tensor_parallel_size=2, distributed_timeout_s=30
+    )
     (worker,) = llm.engine.runner.pool.pids
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
     os.kill(worker, signal.SIGKILL)

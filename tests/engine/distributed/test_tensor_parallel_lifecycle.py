@@ -56,7 +56,9 @@ def test_killed_worker_between_calls(llama_dir):
 
 def test_a_model_that_cannot_split_fails_before_any_worker_starts(llama_dir):
     before = _children()
-    with pytest.raises(ShardingError, match=r"num_attention_heads \(4\) is not divisible by tensor_parallel_size=3"):
+    with pytest.raises(
+        ShardingError, match=r"num_attention_heads \(4\) is not divisible by tensor_parallel_size=3"
+    ):
         LLM(str(llama_dir), dtype="float32", device="cpu", tensor_parallel_size=3)
     assert _children() == before
 

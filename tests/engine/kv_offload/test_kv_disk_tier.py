@@ -63,10 +63,15 @@ def test_second_engine_on_the_same_dir_reloads_instead_of_computing(llama_dir, r
     assert s2.computed_prompt_tokens <= s1.computed_prompt_tokens - s2.kv_disk_loaded_tokens
     assert s2.kv_disk_written_tokens == 0  # nothing new to write
     # without kv_offload_bytes the host tier is the staging area: as large as the device pool
-    assert second.engine.kv.host is not None and second.engine.kv.host.pool.num_blocks == OPTIONS["num_kv_blocks"]
+    assert (
+        second.engine.kv.host is not None
+        and second.engine.kv.host.pool.num_blocks == OPTIONS["num_kv_blocks"]
+    )
 
 
-def test_another_model_dtype_or_block_size_never_reads_the_files(llama_dir, rows, tmp_path, tmp_path_factory, reads_pay):
+def test_another_model_dtype_or_block_size_never_reads_the_files(
+    llama_dir, rows, tmp_path, tmp_path_factory, reads_pay
+):
     run(LLM(str(llama_dir), kv_cache_dir=str(tmp_path), **OPTIONS), rows)
     written = {p.name for p in tmp_path.rglob("*.kv")}
     # same architecture and shapes (same payload size), other weights: the dangerous case
@@ -111,7 +116,9 @@ def test_a_corrupt_block_file_is_detected_removed_and_recomputed(llama_dir, rows
 
 def test_the_size_cap_holds_and_evicts_least_recently_used(llama_dir, rows, tmp_path, reads_pay):
     off = LLM(str(llama_dir), **OPTIONS)
-    cap = 6 * (disk_files.HEADER.size + off.engine.runner.shard.block_bytes + disk_files.CRC.size)  # 6 block files
+    cap = 6 * (
+        disk_files.HEADER.size + off.engine.runner.shard.block_bytes + disk_files.CRC.size
+    )  # 6 block files
     want = run(off, rows)
     llm = LLM(str(llama_dir), kv_cache_dir=str(tmp_path), kv_cache_dir_bytes=cap, **OPTIONS)
     assert run(llm, rows) == want
@@ -128,7 +135,9 @@ def test_the_cost_model_recomputes_when_reading_does_not_pay(llama_dir, rows, tm
     assert s.kv_disk_hits == 0 and s.kv_disk_declined_tokens > 0
 
 
-def test_two_engines_writing_and_reading_one_dir_at_once_are_both_correct(llama_dir, rows, tmp_path, reads_pay):
+def test_two_engines_writing_and_reading_one_dir_at_once_are_both_correct(
+    llama_dir, rows, tmp_path, reads_pay
+):
     want = run(LLM(str(llama_dir), **OPTIONS), rows)
     got: dict[int, list[list[int]]] = {}
     engines = [LLM(str(llama_dir), kv_cache_dir=str(tmp_path), **OPTIONS) for _ in range(2)]

@@ -20,8 +20,14 @@ def test_side_stream_host_tier_gives_the_same_tokens_on_cuda(llama_dir):
     first, second = random_prompts(2, 12, 12, seed=3)
     tails = random_prompts(8, 3, 10, seed=4)
     rows = [first + t for t in tails[:4]] + [second + t for t in tails[4:]] + [first + t for t in tails[:4]]
-    opts = dict(device="cuda", dtype="float32", num_kv_blocks=24, block_size=4, max_num_batched_tokens=16,
-                ordering="fifo")  # fmt: skip
+    opts = dict(
+        device="cuda",
+        dtype="float32",
+        num_kv_blocks=24,
+        block_size=4,
+        max_num_batched_tokens=16,
+        ordering="fifo",
+    )
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     want = [o.token_ids for o in LLM(str(llama_dir), **opts).generate(rows, params)]
     on = LLM(str(llama_dir), kv_offload_bytes=1 << 20, **opts)

@@ -81,7 +81,15 @@ def test_qwen_and_llama3_configs_parse():
     assert llama3.rope_theta == 500000.0 and llama3.rope_scaling["rope_type"] == "llama3"
     assert llama3.num_kv_heads == 4 and llama3.head_dim == 16
     qwen2 = ModelConfig.from_hf(
-        {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 10, "hidden_size": 64, "intermediate_size": 8,
-         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1, "sliding_window": 32}
-    )  # fmt: skip
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "vocab_size": 10,
+            "hidden_size": 64,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "sliding_window": 32,
+        }
+    )
     assert qwen2.attention_bias and qwen2.sliding_window is None  # use_sliding_window defaults off

@@ -12,8 +12,20 @@ import pytest
 from prefixflow.engine import LLM, describe_model
 from prefixflow.engine.loading.model_identity import ModelNotFoundError
 
-DOCUMENTED_KEYS = {"model", "format", "dtype", "weights", "files", "file", "header", "preset", "digest",
-                   "quantization", "weight_bytes", "weight_path"}  # fmt: skip
+DOCUMENTED_KEYS = {
+    "model",
+    "format",
+    "dtype",
+    "weights",
+    "files",
+    "file",
+    "header",
+    "preset",
+    "digest",
+    "quantization",
+    "weight_bytes",
+    "weight_path",
+}
 
 
 @pytest.fixture
@@ -98,7 +110,9 @@ def test_gguf_identity_covers_the_chat_template_in_its_header(tmp_path):
     path.write_bytes(data.replace(CHAT_TEMPLATE.encode(), edited))  # same size, same weights
     after = describe_model(str(path))
     assert after["header"] != before["header"] and after["weights"] == before["weights"]
-    assert LLM(str(path), dtype="float32", device="cpu").model_identity == describe_model(str(path), "float32", "cpu")
+    assert LLM(str(path), dtype="float32", device="cpu").model_identity == describe_model(
+        str(path), "float32", "cpu"
+    )
 
 
 def test_resuming_a_job_after_editing_the_chat_template_is_refused(model_copy, tmp_path):

@@ -109,7 +109,12 @@ def _layer_linear_bytes(kind: str | None, ctx: KernelContext, narrow: int = 1) -
     layer = DecoderLayer(cfg, ctx.dtype, ops, make_attention_backend(ops), single_rank(cfg), quant)
     gen = torch.Generator().manual_seed(0)
     total = 0
-    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+    for linear in (
+        layer.self_attn.qkv_proj,
+        layer.self_attn.o_proj,
+        layer.mlp.gate_up_proj,
+        layer.mlp.down_proj,
+    ):
         for shard, rows in enumerate(linear.out_sizes):
             w = torch.randn(rows, linear.in_features, generator=gen).to(ctx.dtype) * 0.02
             linear.load("weight", w, shard)

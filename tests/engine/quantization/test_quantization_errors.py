@@ -22,24 +22,45 @@ def _resolve(qc: dict) -> None:
 @pytest.mark.parametrize(
     ("qc", "expected"),
     [
-        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, r"quantization_config\.bits=3 .*supported: 4, 8"),
-        ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
-         r"checkpoint_format='marlin' .*supported: gptq, gptq_v2"),
+        (
+            {"quant_method": "gptq", "bits": 3, "group_size": 128},
+            r"quantization_config\.bits=3 .*supported: 4, 8",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
+            r"checkpoint_format='marlin' .*supported: gptq, gptq_v2",
+        ),
         ({"quant_method": "gptq", "bits": 4, "is_marlin_format": True}, r"checkpoint_format='marlin'"),
         ({"quant_method": "gptq", "bits": 4, "dynamic": {"-:.*down": {}}}, r"quantization_config\.dynamic"),
-        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, r"bitsandbytes checkpoints are not supported"),
+        (
+            {"quant_method": "bitsandbytes", "load_in_4bit": True},
+            r"bitsandbytes checkpoints are not supported",
+        ),
         ({"quant_method": "exl2"}, r"exllama-v2 \(exl2\) checkpoints are not supported"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, r"version='gemv' .*supported: gemm"),
         ({"quant_method": "awq", "bits": 8}, r"bits=8 .*supported: 4 \(AWQ\)"),
-        ({"quant_method": "compressed-tensors", "format": "int-quantized",
-          "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8}}}},
-         r"config_groups\.g\.format='int-quantized' .*supported: pack-quantized, float-quantized"),
-        ({"quant_method": "compressed-tensors", "format": "pack-quantized",
-          "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 2, "type": "int"}}}},
-         r"num_bits=2 .*supported: 4 or 8"),
-        ({"quant_method": "squeezellm"}, r"quant_method='squeezellm' .*supported: gptq, awq, compressed-tensors"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "int-quantized",
+                "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8}}},
+            },
+            r"config_groups\.g\.format='int-quantized' .*supported: pack-quantized, float-quantized",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 2, "type": "int"}}},
+            },
+            r"num_bits=2 .*supported: 4 or 8",
+        ),
+        (
+            {"quant_method": "squeezellm"},
+            r"quant_method='squeezellm' .*supported: gptq, awq, compressed-tensors",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unsupported_checkpoint_configs_name_the_field(qc, expected):
     with pytest.raises(QuantizationError, match=expected):
         _resolve(qc)
@@ -55,13 +76,18 @@ def test_unsupported_method_fails_in_the_constructor_before_loading(quant_root, 
 
 
 def test_bad_quantization_option():
-    with pytest.raises(ValueError, match=r"EngineConfig\.quantization='int3' is invalid; expected None or one of int8, int4, fp8, none"):
+    with pytest.raises(
+        ValueError,
+        match=r"EngineConfig\.quantization='int3' is invalid; expected None or one of int8, int4, fp8, none",
+    ):
         LLM("tiny", quantization="int3")
     with pytest.raises(QuantizationError, match=r"already quantized \(gptq\)"):
         resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "int8")
     with pytest.raises(QuantizationError, match=r"quantization='awq', but .*quant_method is gptq"):
         resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "awq")
-    with pytest.raises(QuantizationError, match=r"quantization='none' asks for dense weights, but this is a gptq"):
+    with pytest.raises(
+        QuantizationError, match=r"quantization='none' asks for dense weights, but this is a gptq"
+    ):
         resolve_quantization({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "none")
     assert resolve_quantization({"quantization_config": {"quant_method": "gguf"}}, "none").method == "none"
 
@@ -83,7 +109,9 @@ def _edit(src, dst, change):
 
 def test_missing_tensor_is_named(gptq_dir, tmp_path):
     bad = _edit(gptq_dir, tmp_path / "missing", lambda t: t.pop("model.layers.1.self_attn.k_proj.qzeros"))
-    with pytest.raises(CheckpointError, match=r"missing 1 tensors .*model\.layers\.1\.self_attn\.k_proj\.qzeros"):
+    with pytest.raises(
+        CheckpointError, match=r"missing 1 tensors .*model\.layers\.1\.self_attn\.k_proj\.qzeros"
+    ):
         LLM(str(bad), dtype="float32", device="cpu")
 
 
@@ -93,7 +121,10 @@ def test_mismatched_shape_is_named(gptq_dir, tmp_path):
         t[name] = t[name][:, :-8].contiguous()
 
     bad = _edit(gptq_dir, tmp_path / "shape", truncate)
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.down_proj\.scales: shape \(3, 248\), expected \(3, 256\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.layers\.0\.mlp\.down_proj\.scales: shape \(3, 248\), expected \(3, 256\)",
+    ):
         LLM(str(bad), dtype="float32", device="cpu")
 
 
@@ -136,9 +167,21 @@ def test_every_checkpoint_method_the_config_accepts_has_a_reader() -> None:
     minimal = {
         "gptq": {"bits": 4, "group_size": 128},
         "awq": {"bits": 4, "group_size": 128, "version": "gemm"},
-        "compressed-tensors": {"config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}}}},
-    }  # fmt: skip
+        "compressed-tensors": {
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "symmetric": True,
+                        "strategy": "group",
+                        "group_size": 128,
+                    },
+                }
+            }
+        },
+    }
     for method, fields in minimal.items():
         qc = {"quant_method": method, **fields}
         assert resolve_quantization({"quantization_config": qc}, method).method == method

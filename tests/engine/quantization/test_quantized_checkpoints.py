@@ -29,26 +29,30 @@ FAST = [
     ("qwen2", Fmt("ct-int", 8, -1, sym=True)),
     ("llama", Fmt("ct-fp8", fp8_strategy="channel")),
 ]
-FULL = [  # GPTQ on Llama (v2 with the asymmetric half: zeros are what v1/v2 store differently)
-    ("llama", Fmt("gptq", bits, group, sym=sym, act_order=act, v2=not sym))
-    for bits in (4, 8)
-    for group in (32, 128, -1)
-    for sym in (True, False)
-    for act in (False, True)
-    if not (act and group == -1)
-] + [("qwen2", Fmt("gptq", 4, 32, sym=False, act_order=True)), ("qwen2", Fmt("gptq", 8, -1, sym=False))] + [
-    (arch, fmt)
-    for arch in ("llama", "qwen2")
-    for fmt in (
-        Fmt("awq", 4, 32, sym=False),
-        Fmt("awq", 4, 128, sym=False),
-        Fmt("ct-int", 4, 128, sym=False),
-        Fmt("ct-int", 4, 32, sym=True, act_order=True),
-        Fmt("ct-int", 8, 128, sym=True),
-        Fmt("ct-fp8", fp8_strategy="tensor"),
-        Fmt("ct-fp8", fp8_strategy="channel"),
-    )
-]
+FULL = (
+    [  # GPTQ on Llama (v2 with the asymmetric half: zeros are what v1/v2 store differently)
+        ("llama", Fmt("gptq", bits, group, sym=sym, act_order=act, v2=not sym))
+        for bits in (4, 8)
+        for group in (32, 128, -1)
+        for sym in (True, False)
+        for act in (False, True)
+        if not (act and group == -1)
+    ]
+    + [("qwen2", Fmt("gptq", 4, 32, sym=False, act_order=True)), ("qwen2", Fmt("gptq", 8, -1, sym=False))]
+    + [
+        (arch, fmt)
+        for arch in ("llama", "qwen2")
+        for fmt in (
+            Fmt("awq", 4, 32, sym=False),
+            Fmt("awq", 4, 128, sym=False),
+            Fmt("ct-int", 4, 128, sym=False),
+            Fmt("ct-int", 4, 32, sym=True, act_order=True),
+            Fmt("ct-int", 8, 128, sym=True),
+            Fmt("ct-fp8", fp8_strategy="tensor"),
+            Fmt("ct-fp8", fp8_strategy="channel"),
+        )
+    ]
+)
 
 
 @pytest.fixture(scope="module")

@@ -29,13 +29,21 @@ def _parity(model: str, **options) -> None:
 
 def test_gptq_act_order_two_ranks_equal_one(quant_root):
     # down_proj's 320 inputs split 160 + 160 across ranks: whole groups of 32 and words of 8
-    quant_dir, _, _ = write_quantized(make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 32, sym=False, act_order=True))
+    quant_dir, _, _ = write_quantized(
+        make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 32, sym=False, act_order=True)
+    )
     _parity(str(quant_dir))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "fmt", [Fmt("gptq", 8, 32, sym=True), Fmt("awq", 4, 32, sym=False), Fmt("ct-int", 4, 32, sym=False), Fmt("ct-fp8")],
+    "fmt",
+    [
+        Fmt("gptq", 8, 32, sym=True),
+        Fmt("awq", 4, 32, sym=False),
+        Fmt("ct-int", 4, 32, sym=False),
+        Fmt("ct-fp8"),
+    ],
     ids=lambda f: f.label,
 )
 def test_checkpoint_formats_two_ranks_equal_one(quant_root, fmt):
@@ -50,7 +58,12 @@ def test_on_the_fly_two_ranks_equal_one(quant_root, kind):
 
 
 def test_a_split_through_a_group_is_refused(quant_root):
-    quant_dir, _, _ = write_quantized(make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 128, sym=True))
+    quant_dir, _, _ = write_quantized(
+        make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 128, sym=True)
+    )
     # raised while rank 0 loads (workers started, nothing run): the message names tensor, split and fix
-    with pytest.raises((ValueError, RuntimeError), match=r"down_proj\.qzeros: this rank's 160 inputs at offset 0 do not fall on whole 128"):
+    with pytest.raises(
+        (ValueError, RuntimeError),
+        match=r"down_proj\.qzeros: this rank's 160 inputs at offset 0 do not fall on whole 128",
+    ):
         LLM(str(quant_dir), tensor_parallel_size=2, **OPTIONS)

@@ -17,5 +17,7 @@ def test_int8_agrees_with_full_precision_on_97_percent_of_labels():
     torch.set_num_threads(1)
     reviews = read_jsonl("reviews.jsonl")
     dense, int8 = evaluate("none", reviews, "float32"), evaluate("int8", reviews, "float32")
-    assert agreement(int8, dense) >= 0.97, [(a["id"], a["predicted"], b["predicted"]) for a, b in zip(int8["items"], dense["items"])]
+    assert agreement(int8, dense) >= 0.97, [
+        (a["id"], a["predicted"], b["predicted"]) for a, b in zip(int8["items"], dense["items"])
+    ]
     assert int8["weight_bytes"] < dense["weight_bytes"]

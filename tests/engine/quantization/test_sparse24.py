@@ -45,10 +45,14 @@ def test_sparse_checkpoint_gives_transformers_tokens_on_its_dense_twin(quant_roo
     assert got == hf_twin_greedy(twin_dir, prompts, MAX_NEW, fp8_activations=fmt.quant == "fp8")
     identity = llm.engine.model_identity
     assert identity["quantization"]["sparsity"] == {
-        "structure": "2:4", "source": f"checkpoint ({fmt.storage})", "kernel": "dense",
+        "structure": "2:4",
+        "source": f"checkpoint ({fmt.storage})",
+        "kernel": "dense",
         "kernel_why": identity["quantization"]["sparsity"]["kernel_why"],
-    }  # fmt: skip
-    assert identity == describe_model(str(sparse_dir), dtype="float32", device="cpu") | {"model": identity["model"]}
+    }
+    assert identity == describe_model(str(sparse_dir), dtype="float32", device="cpu") | {
+        "model": identity["model"]
+    }
 
 
 def test_decompressed_weights_equal_the_packers(quant_root):
@@ -62,11 +66,15 @@ def test_decompressed_weights_equal_the_packers(quant_root):
     from prefixflow.engine.models.weights import load_weights
     from prefixflow.engine.runner.attention import make_attention_backend
 
-    sparse_dir, twin_dir = write_sparse(make_base(quant_root, "llama"), quant_root, SparseFmt("sparse-24-bitmask"))
+    sparse_dir, twin_dir = write_sparse(
+        make_base(quant_root, "llama"), quant_root, SparseFmt("sparse-24-bitmask")
+    )
     source = resolve_model(sparse_dir)
     ops = kernels.select("torch", torch.device("cpu"))
     quant = resolve_quantization(source.hf_config)
-    model = LlamaForCausalLM(ModelConfig.from_hf(source.hf_config), torch.float32, ops, make_attention_backend(ops), quant=quant)
+    model = LlamaForCausalLM(
+        ModelConfig.from_hf(source.hf_config), torch.float32, ops, make_attention_backend(ops), quant=quant
+    )
     load_weights(model, source.weights())
     twin = load_file(str(twin_dir / "model.safetensors"))
     checked = 0
@@ -94,16 +102,24 @@ def test_bitmask_decoder_rejects_a_group_with_three_marks():
     mask[2, 0:4] = [True, True, True, False]
     mask[2, 4:8] = [True, False, False, False]
     packed = pack_bitmask(torch.ones(4, 16) * torch.from_numpy(mask), mask)
-    with pytest.raises(CheckpointError, match=r"w\.bitmask is not a 2:4 mask: 2 groups .* row 2, inputs 0\.\.3 \(3 marked"):
+    with pytest.raises(
+        CheckpointError, match=r"w\.bitmask is not a 2:4 mask: 2 groups .* row 2, inputs 0\.\.3 \(3 marked"
+    ):
         decompress_bitmask(packed["compressed"], packed["bitmask"], 16, "w")
 
 
 @pytest.mark.parametrize(
     ("sparsity_config", "what"),
     [
-        ({"format": "sparse-bitmask", "sparsity_structure": "unstructured"}, r"format='sparse-bitmask' is not supported; supported: sparse-24-bitmask, dense"),
+        (
+            {"format": "sparse-bitmask", "sparsity_structure": "unstructured"},
+            r"format='sparse-bitmask' is not supported; supported: sparse-24-bitmask, dense",
+        ),
         ({"format": "marlin-24", "sparsity_structure": "2:4"}, r"format='marlin-24' is not supported"),
-        ({"format": "dense", "sparsity_structure": "unstructured"}, r"sparsity_structure='unstructured' is not supported; supported: '2:4'"),
+        (
+            {"format": "dense", "sparsity_structure": "unstructured"},
+            r"sparsity_structure='unstructured' is not supported; supported: '2:4'",
+        ),
         ({"format": "sparse-24-bitmask", "sparsity_structure": "8:16"}, r"sparsity_structure='8:16'"),
     ],
 )
@@ -120,8 +136,12 @@ def test_engine_pruning_equals_the_packers_magnitude_pruning():
 
 def test_on_the_fly_sparsity_warns_and_gives_transformers_tokens_on_the_pruned_twin(quant_root, prompts):
     base = make_base(quant_root, "qwen2")
-    _, twin_dir = write_sparse(base, quant_root, SparseFmt("dense"))  # the same magnitude pruning, as a dense model
-    with pytest.warns(UserWarning, match=r"sparsity='2:4' prunes half .* without retraining: expect a real loss of accuracy"):
+    _, twin_dir = write_sparse(
+        base, quant_root, SparseFmt("dense")
+    )  # the same magnitude pruning, as a dense model
+    with pytest.warns(
+        UserWarning, match=r"sparsity='2:4' prunes half .* without retraining: expect a real loss of accuracy"
+    ):
         llm = LLM(str(base), sparsity="2:4", **OPTIONS)
     got = [list(o.token_ids) for o in llm.generate(prompts, GREEDY)]
     assert got == hf_twin_greedy(twin_dir, prompts, MAX_NEW)
@@ -134,16 +154,21 @@ def test_on_the_fly_sparsity_warns_and_gives_transformers_tokens_on_the_pruned_t
 def test_on_the_fly_sparsity_refuses_a_quantized_checkpoint(quant_root):
     from tests.engine.quant_packers import Fmt, write_quantized
 
-    quant_dir, _, _ = write_quantized(make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 128, sym=True))
-    with pytest.raises(QuantizationError, match=r"sparsity='2:4' prunes full-precision weights; this is a gptq checkpoint"):
+    quant_dir, _, _ = write_quantized(
+        make_base(quant_root, "llama"), quant_root, Fmt("gptq", 4, 128, sym=True)
+    )
+    with pytest.raises(
+        QuantizationError, match=r"sparsity='2:4' prunes full-precision weights; this is a gptq checkpoint"
+    ):
         LLM(str(quant_dir), sparsity="2:4", **OPTIONS)
 
 
 def test_kernel_choice():
     assert sparse_kernel(torch.device("cpu"), torch.bfloat16, False)[0] == "dense"
     assert sparse_kernel(torch.device("cuda"), torch.float32, False) == (
-        "dense", "semi-structured sparse kernels take float16/bfloat16, not float32"
-    )  # fmt: skip
+        "dense",
+        "semi-structured sparse kernels take float16/bfloat16, not float32",
+    )
     assert sparse_kernel(torch.device("cuda"), torch.bfloat16, True)[0] == "dense"
 
 
@@ -158,8 +183,10 @@ def test_packer_matches_the_compressed_tensors_library():
         ours = pack_bitmask(pruned, mask)
         values, bitmask = lib.sparse24_bitmask_compress(pruned)
         assert torch.equal(bitmask, ours["bitmask"]), dtype
-        assert torch.equal(values.view(torch.uint8) if dtype.itemsize == 1 else values,
-                           ours["compressed"].view(torch.uint8) if dtype.itemsize == 1 else ours["compressed"])  # fmt: skip
+        assert torch.equal(
+            values.view(torch.uint8) if dtype.itemsize == 1 else values,
+            ours["compressed"].view(torch.uint8) if dtype.itemsize == 1 else ours["compressed"],
+        )
         back = lib.sparse24_bitmask_decompress(ours["compressed"], ours["bitmask"], [16, 40])
         assert torch.equal(back.float(), pruned.float())
         mine = decompress_bitmask(ours["compressed"], ours["bitmask"], 40, "w")

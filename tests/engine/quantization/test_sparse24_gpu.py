@@ -14,7 +14,8 @@ from tests.engine.sparse_packers import SparseFmt, write_sparse
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0), reason="needs CUDA SM >= 8.0"
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+        reason="needs CUDA SM >= 8.0",
     ),
 ]
 
@@ -32,7 +33,9 @@ def test_semi_structured_layer_equals_dense():
 
 
 def test_sparse_checkpoint_runs_the_semi_structured_kernel_and_the_dense_twins_tokens(quant_root):
-    sparse_dir, twin_dir = write_sparse(make_base(quant_root, "llama"), quant_root, SparseFmt("sparse-24-bitmask"))
+    sparse_dir, twin_dir = write_sparse(
+        make_base(quant_root, "llama"), quant_root, SparseFmt("sparse-24-bitmask")
+    )
     prompts = random_prompts(8, 3, 60, seed=4)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     llm = LLM(str(sparse_dir), dtype="bfloat16", device="cuda")
@@ -41,6 +44,9 @@ def test_sparse_checkpoint_runs_the_semi_structured_kernel_and_the_dense_twins_t
 
     assert any(k.endswith("/semi-structured") for k in linear_kernels(llm.engine.runner.shard.model))
     got = [list(o.token_ids) for o in llm.generate(prompts, params)]
-    want = [list(o.token_ids) for o in LLM(str(twin_dir), dtype="bfloat16", device="cuda").generate(prompts, params)]
+    want = [
+        list(o.token_ids)
+        for o in LLM(str(twin_dir), dtype="bfloat16", device="cuda").generate(prompts, params)
+    ]
     same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
     assert same >= 0.9 * sum(map(len, want))  # bf16 sums in another order may flip a rare near-tie

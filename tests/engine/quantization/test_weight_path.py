@@ -20,10 +20,14 @@ from prefixflow.engine.quantization.weight_path import (
 )
 from tests.engine.gguf.test_gguf_loader import tiny_hf_model, write_gguf
 
-GGUF_Q4_1 = {"quant_method": "gguf", "tensor_types": {
-    "model.layers.0.self_attn.q_proj.weight": "Q4_1", "model.layers.0.mlp.down_proj.weight": "Q4_1",
-    "model.embed_tokens.weight": "Q8_0",
-}}  # fmt: skip
+GGUF_Q4_1 = {
+    "quant_method": "gguf",
+    "tensor_types": {
+        "model.layers.0.self_attn.q_proj.weight": "Q4_1",
+        "model.layers.0.mlp.down_proj.weight": "Q4_1",
+        "model.embed_tokens.weight": "Q8_0",
+    },
+}
 MIB = 2**20
 
 
@@ -39,7 +43,9 @@ def q4_file(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", tiny_hf_model(), qtype=Q.Q4_1)
 
 
-def choose(requested=None, device="cpu", dtype="float32", dense=100 * MIB, memory=16 * 1024 * MIB, native=False):
+def choose(
+    requested=None, device="cpu", dtype="float32", dense=100 * MIB, memory=16 * 1024 * MIB, native=False
+):
     quant = resolve_quantization({"quantization_config": GGUF_Q4_1}, requested)
     return choose_weight_path(quant, requested, device, dtype, dense, memory, native)
 
@@ -62,7 +68,11 @@ def test_bf16_runs_dense_only_where_the_cpu_multiplies_bf16_natively():
 
 @pytest.mark.parametrize(
     ("kwargs", "why"),
-    [({"device": "cuda"}, "cuda"), ({"dtype": "bfloat16"}, "bfloat16"), ({"requested": "gguf"}, "quantization='gguf'")],
+    [
+        ({"device": "cuda"}, "cuda"),
+        ({"dtype": "bfloat16"}, "bfloat16"),
+        ({"requested": "gguf"}, "quantization='gguf'"),
+    ],
 )
 def test_packed_where_it_is_the_faster_or_the_requested_path(kwargs, why):
     path = choose(**kwargs)
@@ -79,7 +89,10 @@ def test_other_formats_have_no_path_to_choose():
 @pytest.fixture(scope="module")
 def engines(q4_file):
     """The file loaded three ways: the default, quantization="none" (dense) and "gguf" (packed)."""
-    return {q: LLM(str(q4_file), dtype="float32", device="cpu", num_kv_blocks=16, quantization=q) for q in (None, "none", "gguf")}
+    return {
+        q: LLM(str(q4_file), dtype="float32", device="cpu", num_kv_blocks=16, quantization=q)
+        for q in (None, "none", "gguf")
+    }
 
 
 def test_default_cpu_engine_runs_a_q4_1_file_dense_like_quantization_none(engines):
@@ -122,4 +135,6 @@ def test_auto_dtype_engine_and_describe_model_agree_on_this_host(q4_file):
     llm = LLM(str(q4_file), device="cpu", num_kv_blocks=16)
     assert llm.model_identity == described and llm.engine.runner.shard.dtype == getattr(torch, want)
     float32 = describe_model(str(q4_file), dtype="float32", device="cpu")
-    assert (float32["digest"] == described["digest"]) == (want == "float32")  # the fingerprint holds the resolved dtype
+    assert (float32["digest"] == described["digest"]) == (
+        want == "float32"
+    )  # the fingerprint holds the resolved dtype

@@ -24,7 +24,9 @@ def test_padded_decode_buffers_match_transformers(llama_dir):
     prompts = random_prompts(5, 3, 30, seed=5)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=8)
     runner = llm.engine.runner
-    runner.shard.graphs = runner.shard.make_decode_graphs(64, capture=False)  # the CUDA path's buffers, run eagerly
+    runner.shard.graphs = runner.shard.make_decode_graphs(
+        64, capture=False
+    )  # the CUDA path's buffers, run eagerly
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 6)
 

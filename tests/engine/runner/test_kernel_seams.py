@@ -51,7 +51,13 @@ def test_every_kernel_call_goes_through_the_selected_backend(llama_dir, monkeypa
     steps = llm.stats().steps
     layers = 2
     assert calls["rms_norm"] == steps * (2 * layers + 1)  # two per layer and the final norm: none bypassed
-    assert calls["rotary"] == calls["store_kv"] == calls["paged_attention"] == calls["silu_and_mul"] == steps * layers
+    assert (
+        calls["rotary"]
+        == calls["store_kv"]
+        == calls["paged_attention"]
+        == calls["silu_and_mul"]
+        == steps * layers
+    )
 
 
 def test_a_layer_without_kernels_fails_at_construction():
@@ -78,7 +84,9 @@ class RowAttention(PagedAttention):
         self.built += 1
         return RowMetadata(super().build_metadata(step, device), len(step.token_ids))
 
-    def make_decode_buffers(self, max_batch: int, max_blocks_per_seq: int, device: torch.device) -> DecodeBuffers:
+    def make_decode_buffers(
+        self, max_batch: int, max_blocks_per_seq: int, device: torch.device
+    ) -> DecodeBuffers:
         self.buffers += 1
         inner = PagedDecodeBuffers(max_batch, max_blocks_per_seq, device)
 
@@ -106,7 +114,9 @@ def test_an_attention_backend_owns_its_metadata_and_decode_buffers(llama_dir, mo
     monkeypatch.setattr("prefixflow.engine.runner.model_shard.make_attention_backend", make)
     llm = LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=4)
     runner = llm.engine.runner
-    runner.shard.graphs = runner.shard.make_decode_graphs(16, capture=False)  # the CUDA-graph path, run eagerly
+    runner.shard.graphs = runner.shard.make_decode_graphs(
+        16, capture=False
+    )  # the CUDA-graph path, run eagerly
     prompts = random_prompts(3, 4, 20, seed=2)
     outs = llm.generate(prompts, PARAMS)
     assert [list(o.token_ids) for o in outs] == hf_greedy(llama_dir, prompts, 5)

@@ -29,7 +29,9 @@ def hf_model(llama_dir):
 
 
 def _engine(llama_dir, mode: str) -> LLM:
-    return LLM(str(llama_dir), dtype="float32", device="cpu", max_num_seqs=8, block_size=8, logprobs_mode=mode)
+    return LLM(
+        str(llama_dir), dtype="float32", device="cpu", max_num_seqs=8, block_size=8, logprobs_mode=mode
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,9 @@ def test_greedy_processed_logprobs_are_penalized_not_tempered(processed_llm, raw
     logits = _hf_logits(hf_model, ids)
     differs = 0
     for i, token in enumerate(out.token_ids):
-        row = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([ids[: len(prompts[0]) + i]]), logits[len(prompts[0]) - 1 + i][None].clone())
+        row = RepetitionPenaltyLogitsProcessor(1.3)(
+            torch.tensor([ids[: len(prompts[0]) + i]]), logits[len(prompts[0]) - 1 + i][None].clone()
+        )
         expected = torch.log_softmax(row[0], dim=-1)
         assert out.logprobs[i][token].logprob == pytest.approx(float(expected[token]), abs=1e-4)
         assert len(out.logprobs[i]) == 1
@@ -122,7 +126,9 @@ def test_prompt_logprobs_match_transformers(raw_llm, hf_model, prompts):
         assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
         logits = _hf_logits(hf_model, prompt)
         for q in range(1, len(prompt)):
-            _check_position(out.prompt_logprobs[q], prompt[q], torch.log_softmax(logits[q - 1], dim=-1), tok, 3)
+            _check_position(
+                out.prompt_logprobs[q], prompt[q], torch.log_softmax(logits[q - 1], dim=-1), tok, 3
+            )
 
 
 def test_prompt_logprobs_survive_a_shared_cached_prefix(raw_llm, hf_model, prompts):

@@ -69,7 +69,9 @@ def test_min_tokens_ignores_a_stop_string_that_appears_earlier(llm, greedy):
     min_tokens = MAX - 4
     out = llm.generate(
         [PROMPTS[0]],
-        SamplingParams(max_tokens=MAX, ignore_eos=True, stop=[stop], min_tokens=min_tokens, skip_special_tokens=False),
+        SamplingParams(
+            max_tokens=MAX, ignore_eos=True, stop=[stop], min_tokens=min_tokens, skip_special_tokens=False
+        ),
     )[0]
     assert stop in texts[min_tokens - 1]  # the early occurrence this is about
     assert out.num_output_tokens >= min_tokens
@@ -84,7 +86,9 @@ def _stop_strings(texts: list[str]):
     """Stop strings cut from the greedy text (so they hit), or random short ones."""
     full = texts[-1]
     cut = st.tuples(st.integers(0, len(full) - 1), st.integers(1, 4)).map(lambda t: full[t[0] : t[0] + t[1]])
-    return st.lists(st.one_of(cut, st.text(alphabet="abcde ", min_size=1, max_size=3)), min_size=1, max_size=3)
+    return st.lists(
+        st.one_of(cut, st.text(alphabet="abcde ", min_size=1, max_size=3)), min_size=1, max_size=3
+    )
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -99,10 +103,16 @@ def test_text_and_token_ids_agree_for_any_stop_strings(llm, greedy, data):
         include = data.draw(st.booleans())
         cases.append((prompt, stops, min_tokens, include))
     params = [
-        SamplingParams(max_tokens=MAX, ignore_eos=True, stop=s, min_tokens=m, include_stop_str_in_output=i,
-                       skip_special_tokens=False)
+        SamplingParams(
+            max_tokens=MAX,
+            ignore_eos=True,
+            stop=s,
+            min_tokens=m,
+            include_stop_str_in_output=i,
+            skip_special_tokens=False,
+        )
         for _, s, m, i in cases
-    ]  # fmt: skip
+    ]
     outs = llm.generate([c[0] for c in cases], params)
     for (prompt, stops, min_tokens, include), out in zip(cases, outs):
         ids, texts = greedy[prompt]
@@ -123,12 +133,18 @@ def test_stop_token_text_is_dropped_unless_included(llm, greedy):
     ids, texts = greedy[PROMPTS[0]]
     tok = llm.engine.tokenizer
     # a stop token whose preceding text is whole characters (else that incomplete tail is trimmed too)
-    first = next(k for k in range(4, MAX) if ids[k] not in ids[:k] and not texts[k].endswith("\ufffd") and not texts[k + 1].endswith("\ufffd"))
+    first = next(
+        k
+        for k in range(4, MAX)
+        if ids[k] not in ids[:k] and not texts[k].endswith("\ufffd") and not texts[k + 1].endswith("\ufffd")
+    )
     stop_at = ids[first]
     for include in (False, True):
         out = llm.generate(
             [PROMPTS[0]],
-            SamplingParams(max_tokens=MAX, ignore_eos=True, stop_token_ids=[stop_at], include_stop_str_in_output=include),
+            SamplingParams(
+                max_tokens=MAX, ignore_eos=True, stop_token_ids=[stop_at], include_stop_str_in_output=include
+            ),
         )[0]
         assert out.token_ids == tuple(ids[: first + 1]) and out.stop_reason == stop_at  # the id stays
         kept = ids[: first + 1] if include else ids[:first]
@@ -152,13 +168,16 @@ def test_end_of_sequence_special_token_is_not_in_the_text(im_end_llm, greedy):
     """vLLM stops before the EOS token (``<|im_end|>``) even with skip_special_tokens=False."""
     ids, _ = greedy[PROMPTS[0]]
     tok = im_end_llm.engine.tokenizer
-    assert tok.convert_ids_to_tokens(2) == "<|im_end|>" and 2 in ids, "the greedy output must reach <|im_end|>"
+    assert tok.convert_ids_to_tokens(2) == "<|im_end|>" and 2 in ids, (
+        "the greedy output must reach <|im_end|>"
+    )
     first = ids.index(2)
     out = im_end_llm.generate([PROMPTS[0]], SamplingParams(max_tokens=MAX, skip_special_tokens=False))[0]
     assert out.finish_reason == "stop" and out.stop_reason is None
     assert out.token_ids == tuple(ids[: first + 1])
     assert out.text == tok.decode(ids[:first], skip_special_tokens=False) and "<|im_end|>" not in out.text
     kept = im_end_llm.generate(
-        [PROMPTS[0]], SamplingParams(max_tokens=MAX, skip_special_tokens=False, include_stop_str_in_output=True)
+        [PROMPTS[0]],
+        SamplingParams(max_tokens=MAX, skip_special_tokens=False, include_stop_str_in_output=True),
     )[0]
     assert kept.text.endswith("<|im_end|>")

@@ -42,8 +42,10 @@ def test_stop_strings_inside_an_accepted_run():
     items = prompts(7, seed=13)
     probe = llm_off.generate(items, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
     # a stop string from the middle of each output: it is found inside a verified run, not only at its end
-    params = [SamplingParams(temperature=0.0, max_tokens=30, stop=[o.text[len(o.text) // 2 :][:3] or "zz"])
-              for o in probe]  # fmt: skip
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=30, stop=[o.text[len(o.text) // 2 :][:3] or "zz"])
+        for o in probe
+    ]
     a = llm_off.generate(items, params)
     llm = LLM("tiny", speculative_config=NGRAM, **ENGINE)
     b = llm.generate(items, params)

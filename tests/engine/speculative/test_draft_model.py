@@ -79,7 +79,9 @@ def test_draft_under_tensor_parallel_two_ranks_identical(target):
     """The draft runs once, in the driver (rank 0 proposes); both gloo ranks of the target verify."""
     items = prompts(7, seed=22)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    seeded = [SamplingParams(temperature=0.7, top_k=4, seed=i, max_tokens=16, ignore_eos=True) for i in range(7)]
+    seeded = [
+        SamplingParams(temperature=0.7, top_k=4, seed=i, max_tokens=16, ignore_eos=True) for i in range(7)
+    ]
     off_greedy, _, _ = run(target, items, greedy, None, **ENGINE)
     off_seeded, _, _ = run(target, items, seeded, None, **ENGINE)
     with LLM(target, tensor_parallel_size=2, speculative_config=DRAFT, **ENGINE) as llm:
@@ -107,5 +109,12 @@ def test_draft_with_another_vocabulary_is_refused(tmp_path):
 
 def test_draft_larger_than_target_warns(tmp_path):
     with pytest.warns(UserWarning, match="not fewer than the target's"):
-        LLM("tiny", speculative_config={"method": "draft_model", "model": str(larger(tmp_path)),
-                                        "num_speculative_tokens": 2}, **ENGINE)  # fmt: skip
+        LLM(
+            "tiny",
+            speculative_config={
+                "method": "draft_model",
+                "model": str(larger(tmp_path)),
+                "num_speculative_tokens": 2,
+            },
+            **ENGINE,
+        )

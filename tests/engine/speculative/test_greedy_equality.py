@@ -87,7 +87,9 @@ def test_processed_logprobs_mode_holds_inside_verified_runs():
     """logprobs_mode='processed' (penalties applied) is the same with speculation on: verified runs sample
     through the same mode, not raw logprobs."""
     items = prompts(7, seed=4)
-    params = SamplingParams(temperature=0.0, max_tokens=32, repetition_penalty=1.1, logprobs=1, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=32, repetition_penalty=1.1, logprobs=1, ignore_eos=True
+    )
     a = LLM("tiny", logprobs_mode="processed", **ENGINE).generate(items, params)
     llm_on = LLM("tiny", logprobs_mode="processed", speculative_config=NGRAM4, **ENGINE)
     b = llm_on.generate(items, params)

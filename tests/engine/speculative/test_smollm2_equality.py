@@ -40,7 +40,9 @@ def engines():
     torch.set_num_threads(1)
     # the default pool takes seconds to build; float32: token equality is exact there (auto may be bf16)
     small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, dtype="float32")
-    return LLM("smollm2-135m-instruct", **small), LLM("smollm2-135m-instruct", speculative_config=NGRAM, **small)
+    return LLM("smollm2-135m-instruct", **small), LLM(
+        "smollm2-135m-instruct", speculative_config=NGRAM, **small
+    )
 
 
 def chat(llm: LLM, text: str) -> str:
@@ -63,7 +65,9 @@ def test_summaries_identical_with_speculation_on_and_off(engines, batch):
 
 def test_json_extraction_identical_with_speculation_on_and_off(engines):
     off, on = engines
-    prompts = [chat(off, f"Extract the sentiment, the product and the problems. Review: {t}") for t in reviews(2)]
+    prompts = [
+        chat(off, f"Extract the sentiment, the product and the problems. Review: {t}") for t in reviews(2)
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=64, structured=StructuredOutputs(json_schema=SCHEMA))
     a, b = off.generate(prompts, params), on.generate(prompts, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]

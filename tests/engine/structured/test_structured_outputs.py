@@ -59,10 +59,12 @@ def test_json_schema_outputs_parse_and_validate(llm):
 
 BOUNDED = {
     "type": "object",
-    "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 12},
-                   "notes": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}},
+    "properties": {
+        "name": {"type": "string", "minLength": 2, "maxLength": 12},
+        "notes": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
+    },
     "required": ["name", "notes"],
-}  # fmt: skip
+}
 
 
 def test_bounded_strings_hold_only_json_legal_characters(llm):
@@ -98,10 +100,12 @@ def test_choice_regex_and_ebnf_grammar(llm):
     cases = [
         (StructuredOutputs(choice=choices), lambda t: t in choices),
         (StructuredOutputs(regex=r"[a-c]{2,4}-\d{3}"), lambda t: re.fullmatch(r"[a-c]{2,4}-\d{3}", t)),
-        (StructuredOutputs(grammar='root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'),
-         lambda t: re.fullmatch(r"\((?:[0-9]|x)(?:,(?:[0-9]|x))*\)", t)),
+        (
+            StructuredOutputs(grammar='root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'),
+            lambda t: re.fullmatch(r"\((?:[0-9]|x)(?:,(?:[0-9]|x))*\)", t),
+        ),
         (StructuredOutputs(json_object=True), lambda t: isinstance(json.loads(t), dict)),
-    ]  # fmt: skip
+    ]
     for so, ok in cases:
         for out in llm.generate(
             PROMPTS[:4], SamplingParams(max_tokens=60, temperature=0.8, seed=7, structured=so)
@@ -188,7 +192,9 @@ def test_fills_on_the_worker_thread_give_the_same_tokens(monkeypatch):
     expected = [o.token_ids for o in inline.generate(PROMPTS, json_params(temperature=0.9, seed=5))]
     monkeypatch.setattr(manager, "OVERLAP_ABOVE_S", 0.0)
     overlapped = LLM("tiny", max_model_len=256, num_kv_blocks=40, block_size=4)  # with preemption too
-    assert [o.token_ids for o in overlapped.generate(PROMPTS, json_params(temperature=0.9, seed=5))] == expected
+    assert [
+        o.token_ids for o in overlapped.generate(PROMPTS, json_params(temperature=0.9, seed=5))
+    ] == expected
     stats = overlapped.stats()
     assert stats.mask_overlapped_steps == stats.masked_steps > 0 and stats.preemptions > 0
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from tests.pipeline.support import write_parquet
 
-WORDS = ("river stone cloud ember maple north quiet apple garden silver window market yellow "
-         "winter summer forest ocean bridge castle engine").split()  # fmt: skip
+WORDS = (
+    "river stone cloud ember maple north quiet apple garden silver window market yellow "
+    "winter summer forest ocean bridge castle engine"
+).split()
 
 
 def instruction(words: int, seed: int = 0) -> str:
@@ -21,8 +23,10 @@ def instruction(words: int, seed: int = 0) -> str:
 def unique_texts(n: int, words: int = 12, seed: int = 1) -> list[str]:
     """Texts whose first characters all differ (so prompts diverge right after any shared head); n <= 52."""
     rng = random.Random(seed)
-    return [f"{h}{rng.choice(string.ascii_lowercase)} " + " ".join(rng.choice(WORDS) for _ in range(words))
-            for h in string.ascii_letters[:n]]  # fmt: skip
+    return [
+        f"{h}{rng.choice(string.ascii_lowercase)} " + " ".join(rng.choice(WORDS) for _ in range(words))
+        for h in string.ascii_letters[:n]
+    ]
 
 
 def random_prompts(n: int, chars: int = 200, seed: int = 2) -> list[str]:

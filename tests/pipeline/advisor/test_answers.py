@@ -20,8 +20,13 @@ def test_shared_instruction_shares_with_the_right_block_minimum(tmp_path) -> Non
     instr = instruction(300)
     texts = unique_texts(40)
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
-    job = {"task": "generate", "id_column": "id", "chat": "off", "template": instr + "\n\n{{ text }}",
-           "sampling": {"max_tokens": 8}}  # fmt: skip
+    job = {
+        "task": "generate",
+        "id_column": "id",
+        "chat": "off",
+        "template": instr + "\n\n{{ text }}",
+        "sampling": {"max_tokens": 8},
+    }
     advice = advise(load_job(folder, "", "tiny", job), gpu="h200")
 
     tok = inspect_model("tiny").tokenizer  # the oracle: the prompts as the engine gets them, tokenized here
@@ -56,12 +61,20 @@ def test_variable_max_tokens_make_output_lengths_variable(tmp_path) -> None:
     rows = [{"text": t, "max_len": 8 * (1 + (i * 7) % 40)} for i, t in enumerate(texts)]
     folder = write_rows(tmp_path / "in", rows)
     base = {"task": "generate", "template": "Describe: {{ text }}", "chat": "off"}
-    variable = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16},
-                                                    "sampling_columns": {"max_tokens": "max_len"}}), gpu="h200")  # fmt: skip
+    variable = advise(
+        load_job(
+            folder,
+            "",
+            "tiny",
+            {**base, "sampling": {"max_tokens": 16}, "sampling_columns": {"max_tokens": "max_len"}},
+        ),
+        gpu="h200",
+    )
     assert _answer(variable, 3).verdict == "yes"
     assert variable.workload.output_cap.max == 320 and variable.workload.output_cap.p50 < 320
-    fixed = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16, "ignore_eos": True}}),
-                   gpu="h200")  # fmt: skip
+    fixed = advise(
+        load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16, "ignore_eos": True}}), gpu="h200"
+    )
     assert _answer(fixed, 3).verdict == "no"
     eos = advise(load_job(folder, "", "tiny", {**base, "sampling": {"max_tokens": 16}}), gpu="h200")
     assert _answer(eos, 3).verdict == "likely" and "--pilot" in _answer(eos, 3).recommendation
@@ -91,16 +104,21 @@ def test_llama_8b_on_l4_needs_quantization_or_tp(review_folder) -> None:
 
 
 def test_tiny_model_on_h200_fits(review_folder) -> None:
-    advice = advise(load_job(review_folder, "", "tiny", {"task": "summarize", "sampling": {"max_tokens": 16}}),
-                    gpu="h200")  # fmt: skip
+    advice = advise(
+        load_job(review_folder, "", "tiny", {"task": "summarize", "sampling": {"max_tokens": 16}}), gpu="h200"
+    )
     q1 = _answer(advice, 1)
     assert q1.verdict == "yes" and advice.settings["quantization"] is None
     assert advice.settings["tensor_parallel_size"] == 1
 
 
 def test_label_scoring_has_no_decode(review_folder) -> None:
-    job = {"task": "label", "id_column": "id", "template": "Sentiment of: {{ text }}",
-           "label": {"labels": ["positive", "negative"]}}  # fmt: skip
+    job = {
+        "task": "label",
+        "id_column": "id",
+        "template": "Sentiment of: {{ text }}",
+        "label": {"labels": ["positive", "negative"]},
+    }
     advice = advise(load_job(review_folder, "", "tiny", job), gpu="h200")
     assert advice.workload.output_source == "scoring"
     assert len(advice.workload.requests) == 2 * 30  # one request per label
@@ -110,8 +128,12 @@ def test_label_scoring_has_no_decode(review_folder) -> None:
 
 
 def test_the_jobs_own_tensor_parallel_group_is_the_target(review_folder) -> None:
-    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64},
-           "engine": {"tensor_parallel_size": 2}}  # fmt: skip
+    job = {
+        "task": "summarize",
+        "id_column": "id",
+        "sampling": {"max_tokens": 64},
+        "engine": {"tensor_parallel_size": 2},
+    }
     advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
     assert advice.device.name == "l4 x2" and advice.device.memory_bytes == 48 * 10**9
     assert _answer(advice, 1).verdict == "yes" and advice.settings["tensor_parallel_size"] == 2
@@ -131,7 +153,9 @@ def _shaped_model(root, name: str, **shape) -> str:
     target = root / name
     shutil.copytree(materialize("tiny"), target)
     cfg = json.loads((target / "config.json").read_text())
-    cfg.update(vocab_size=128256, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, **shape)
+    cfg.update(
+        vocab_size=128256, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, **shape
+    )
     (target / "config.json").write_text(json.dumps(cfg))
     return str(target)
 
@@ -142,9 +166,17 @@ TOO_BIG = dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=252
 
 @pytest.mark.parametrize(
     "model, gpu",
-    [("tiny", "h200"), ("tiny", "cpu"), ("llama-3.1-8b", "l4"), ("llama-3.1-8b", "cpu"), ("70b", "l4"),
-     ("70b", "h100"), ("70b", "a100-80g"), ("70b", "cpu")],
-)  # fmt: skip
+    [
+        ("tiny", "h200"),
+        ("tiny", "cpu"),
+        ("llama-3.1-8b", "l4"),
+        ("llama-3.1-8b", "cpu"),
+        ("70b", "l4"),
+        ("70b", "h100"),
+        ("70b", "a100-80g"),
+        ("70b", "cpu"),
+    ],
+)
 def test_recommended_settings_are_ones_the_engine_accepts(tmp_path, review_folder, model, gpu) -> None:
     """Today's main recommended max_num_seqs 1 and max_model_len 0 for a 70B shape on L4 (TP=8): it sized
     the batch from one L4 instead of the group of eight, and EngineConfig refuses max_model_len 0."""
@@ -183,14 +215,23 @@ def test_when_nothing_fits_the_advisor_says_so_and_recommends_nothing(tmp_path, 
 
 def test_on_pcie_question_1_recommends_pipeline_over_tensor_parallelism(review_folder) -> None:
     """L4s talk over PCIe: the GPUs a model needs become pipeline stages, and the evidence says why."""
-    job = {"task": "summarize", "id_column": "id", "sampling": {"max_tokens": 64}, "engine": {"tensor_parallel_size": 2}}
+    job = {
+        "task": "summarize",
+        "id_column": "id",
+        "sampling": {"max_tokens": 64},
+        "engine": {"tensor_parallel_size": 2},
+    }
     advice = advise(load_job(review_folder, "", "llama-3.1-8b", job), gpu="l4")
     q1 = _answer(advice, 1)
     assert "pipeline_parallel_size=2 moves far fewer bytes" in q1.recommendation
     traffic = next(e for e in q1.evidence if "over PCIe, per token" in e)
     # Llama-3.1-8B bf16: TP all-reduces 2 x 32 layers x 8 KiB (x 2 (n-1)/n), a pipeline 2 x 8 KiB once
-    assert "tensor parallelism sends 512 KiB per GPU" in traffic and "a pipeline 8.0 KiB (64x less)" in traffic
+    assert (
+        "tensor parallelism sends 512 KiB per GPU" in traffic and "a pipeline 8.0 KiB (64x less)" in traffic
+    )
     alone = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="l4")
-    assert "or shard bf16 weights over more GPUs (pipeline parallelism: PCIe" in _answer(alone, 1).recommendation
+    assert (
+        "or shard bf16 weights over more GPUs (pipeline parallelism: PCIe" in _answer(alone, 1).recommendation
+    )
     nvlink = advise(load_job(review_folder, "", "llama-3.1-8b", {**job, "engine": {}}), gpu="h100")
     assert "pipeline" not in _answer(nvlink, 1).recommendation

@@ -5,11 +5,21 @@ from __future__ import annotations
 from prefixflow.pipeline.advisor.compare import compare
 
 PREDICTION = {
-    "device": "cpu", "precision": "fp32", "devices_per_lane": 1, "rows": 1000, "output_tokens": 8000,
-    "lower_bound_s": 10.0, "expected_s": [50.0, 200.0], "bound_output_tokens_per_s": 800.0,
-    "output_tokens_per_s": [40.0, 160.0], "gpu_hours": [50 / 3600, 200 / 3600], "efficiency": [0.05, 0.2],
-    "efficiency_source": "measured on the CPU", "prefix_hit_rate": 0.5, "preemptions": 0,
-}  # fmt: skip
+    "device": "cpu",
+    "precision": "fp32",
+    "devices_per_lane": 1,
+    "rows": 1000,
+    "output_tokens": 8000,
+    "lower_bound_s": 10.0,
+    "expected_s": [50.0, 200.0],
+    "bound_output_tokens_per_s": 800.0,
+    "output_tokens_per_s": [40.0, 160.0],
+    "gpu_hours": [50 / 3600, 200 / 3600],
+    "efficiency": [0.05, 0.2],
+    "efficiency_source": "measured on the CPU",
+    "prefix_hit_rate": 0.5,
+    "preemptions": 0,
+}
 
 
 def _rows(measured: dict) -> dict[str, dict]:
@@ -17,8 +27,16 @@ def _rows(measured: dict) -> dict[str, dict]:
 
 
 def test_a_run_inside_the_predicted_range() -> None:
-    rows = _rows({"output_tokens": 8000, "output_tokens_per_s": 100.0, "prefix_hit_rate": 0.48, "rows": 1000,
-                  "elapsed_s": 80.0, "preemptions": 0})  # fmt: skip
+    rows = _rows(
+        {
+            "output_tokens": 8000,
+            "output_tokens_per_s": 100.0,
+            "prefix_hit_rate": 0.48,
+            "rows": 1000,
+            "elapsed_s": 80.0,
+            "preemptions": 0,
+        }
+    )
     assert rows["output tok/s per lane"]["verdict"] == "within the range"
     assert rows["efficiency (measured / bound)"]["measured"] == 0.125
     assert rows["prefix hit rate"]["verdict"] == "-2.0%"
@@ -28,8 +46,16 @@ def test_a_run_inside_the_predicted_range() -> None:
 
 
 def test_a_slow_partial_run_is_projected_and_flagged() -> None:
-    rows = _rows({"output_tokens": 2000, "output_tokens_per_s": 10.0, "prefix_hit_rate": 0.5, "rows": 250,
-                  "elapsed_s": 200.0, "preemptions": 3})  # fmt: skip
+    rows = _rows(
+        {
+            "output_tokens": 2000,
+            "output_tokens_per_s": 10.0,
+            "prefix_hit_rate": 0.5,
+            "rows": 250,
+            "elapsed_s": 200.0,
+            "preemptions": 3,
+        }
+    )
     assert rows["output tok/s per lane"]["verdict"] == "below the range (0.25x its low end)"
     assert rows["preemptions"]["verdict"] == "not as predicted"
     hours = rows["device-hours, whole input"]

@@ -32,8 +32,11 @@ def test_the_priced_path_is_the_one_describe_model_reports(folder, quantization)
     advice = _advice(folder, SMOLLM2, **({"quantization": quantization} if quantization else {}))
     described = describe_model(SMOLLM2, dtype="float32", device="cpu", quantization=quantization)
     path = advice.model["engine_path"]
-    packed = described["weight_path"]["path"] == "packed" if "weight_path" in described else bool(
-        described["quantization"].get("packed"))  # fmt: skip
+    packed = (
+        described["weight_path"]["path"] == "packed"
+        if "weight_path" in described
+        else bool(described["quantization"].get("packed"))
+    )
     assert (path["precision"] is not None) == packed and path["source"] == "describe_model"
     assert advice.estimates[0].precision == ("int4" if packed else "fp32")
 
@@ -46,7 +49,9 @@ def test_a_packed_gguf_on_the_cpu_is_priced_slower_than_dense_float32(folder) ->
     assert "Q4_1" in packed.efficiency_source and "slowdown" in packed.efficiency_source
     # fewer bytes to read (a faster bound), but a slower expected run: the packed float32 kernels
     assert packed.lower_bound_s < dense.lower_bound_s
-    assert packed.expected_s[0] > dense.expected_s[0] * 1.5 and packed.expected_s[1] > dense.expected_s[1] * 1.5
+    assert (
+        packed.expected_s[0] > dense.expected_s[0] * 1.5 and packed.expected_s[1] > dense.expected_s[1] * 1.5
+    )
 
 
 def test_on_a_gpu_the_packed_bytes_set_the_bound(folder) -> None:
@@ -59,10 +64,25 @@ def test_on_a_gpu_the_packed_bytes_set_the_bound(folder) -> None:
 def test_the_torch_free_rules_agree_with_describe_model() -> None:
     gguf = describe_model(SMOLLM2, dtype="bfloat16", device="cuda")
     assert from_description(gguf).precision == from_checkpoint("gguf-Q4_1", None).precision == "int4"
-    assert from_checkpoint("gguf-Q4_1", None, on_cpu_float32=True, dense_bytes=1, memory_bytes=8).precision is None
-    assert from_checkpoint("gguf-Q4_1", None, on_cpu_float32=True, dense_bytes=2, memory_bytes=8).precision == "int4"
-    assert from_checkpoint("gguf-Q4_1", "none").precision is None and from_checkpoint("gguf-F16", None).precision is None
-    assert from_checkpoint("gptq-int4", None).method == "gptq" and from_checkpoint("awq-int4", None).precision == "int4"
-    assert from_checkpoint("bfloat16", "fp8").precision == "fp8" and from_checkpoint("bfloat16", None).precision is None
+    assert (
+        from_checkpoint("gguf-Q4_1", None, on_cpu_float32=True, dense_bytes=1, memory_bytes=8).precision
+        is None
+    )
+    assert (
+        from_checkpoint("gguf-Q4_1", None, on_cpu_float32=True, dense_bytes=2, memory_bytes=8).precision
+        == "int4"
+    )
+    assert (
+        from_checkpoint("gguf-Q4_1", "none").precision is None
+        and from_checkpoint("gguf-F16", None).precision is None
+    )
+    assert (
+        from_checkpoint("gptq-int4", None).method == "gptq"
+        and from_checkpoint("awq-int4", None).precision == "int4"
+    )
+    assert (
+        from_checkpoint("bfloat16", "fp8").precision == "fp8"
+        and from_checkpoint("bfloat16", None).precision is None
+    )
     online = describe_model("tiny", dtype="float32", device="cpu", quantization="int4")
     assert from_description(online).precision == from_checkpoint("float32", "int4").precision == "int4"

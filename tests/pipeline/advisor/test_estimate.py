@@ -11,8 +11,14 @@ from prefixflow.pipeline.advisor.advise import advise
 from prefixflow.pipeline.job.spec import load_job
 from tests.pipeline.advisor.support import unique_texts, write_rows
 
-LLAMA_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-            "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
+LLAMA_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+}
 
 
 def test_estimate_lower_bound_is_the_roofline_bound_of_the_same_workload(tmp_path) -> None:

@@ -28,8 +28,13 @@ def test_capped_at_half_the_host_memory():
 def test_q4_reports_the_working_set_and_sets_kv_offload_bytes(tmp_path):
     texts = unique_texts(20)
     folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(texts)])
-    job = {"task": "generate", "id_column": "id", "chat": "off", "template": instruction(200) + "\n\n{{ text }}",
-           "sampling": {"max_tokens": 8}}  # fmt: skip
+    job = {
+        "task": "generate",
+        "id_column": "id",
+        "chat": "off",
+        "template": instruction(200) + "\n\n{{ text }}",
+        "sampling": {"max_tokens": 8},
+    }
     advice = advise(load_job(folder, "", "tiny", job), gpu="h200")
     q4 = next(a for a in advice.answers if a.number == 4)
     assert any("working set about" in line for line in q4.evidence)

@@ -17,8 +17,13 @@ LABELS = ["yes", "yes please", "no"]
 
 
 def _job(**label) -> dict:
-    return {"task": "label", "id_column": "id", "chat": "off", "template": "Answer: {{ text }}\nReply:",
-            "label": {"labels": LABELS, **label}}  # fmt: skip
+    return {
+        "task": "label",
+        "id_column": "id",
+        "chat": "off",
+        "template": "Answer: {{ text }}\nReply:",
+        "label": {"labels": LABELS, **label},
+    }
 
 
 def test_label_advice_costs_the_batch_sample_and_flags_shared_first_tokens(tmp_path) -> None:

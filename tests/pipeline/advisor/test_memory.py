@@ -50,9 +50,15 @@ def test_torch_free_arithmetic_matches_the_engines_own_quantized_layout(name: st
     from prefixflow.engine.quantization.footprint import describe_weights
 
     shape, cfg = _preset(name)
-    bias = shape.num_layers * (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim * 2 if name.startswith("qwen") else 0
+    bias = (
+        shape.num_layers * (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim * 2
+        if name.startswith("qwen")
+        else 0
+    )
     for engine_name, ours in ((None, "bf16"), ("int8", "int8"), ("int4", "int4"), ("fp8", "fp8")):
-        assert describe_weights(cfg, "bfloat16", engine_name)["weight_bytes"] == weight_bytes(shape, ours) + bias
+        assert (
+            describe_weights(cfg, "bfloat16", engine_name)["weight_bytes"] == weight_bytes(shape, ours) + bias
+        )
 
 
 def test_llama_8b_kv_pool_on_h200() -> None:
@@ -70,7 +76,9 @@ def test_llama_8b_kv_pool_on_h200() -> None:
     assert f.headroom
     # a head of 1,000 tokens shared by every sequence is stored once: 62 blocks off the pool, and each
     # sequence keeps only its own 1,000 - 992 = 8 tokens plus its output
-    shared = fit(shape, cfg, DEVICES["h200"], EngineLimits(), "bf16", Footprint(8 + 16, 8 + 16, shared_blocks=62))
+    shared = fit(
+        shape, cfg, DEVICES["h200"], EngineLimits(), "bf16", Footprint(8 + 16, 8 + 16, shared_blocks=62)
+    )
     assert shared.seqs_at_mean == (51_975 - 62) // 2 == 25_956
 
 
@@ -85,12 +93,16 @@ def test_prefill_only_jobs_need_no_decode_batch() -> None:
 
 def test_llama_1b_kv_pool_on_l4_and_a_configured_pool() -> None:
     shape, cfg = _preset("llama-3.2-1b")
-    f = fit(shape, cfg, DEVICES["l4"], EngineLimits(max_num_seqs=64, block_size=32), "bf16", Footprint(100, 100))
+    f = fit(
+        shape, cfg, DEVICES["l4"], EngineLimits(max_num_seqs=64, block_size=32), "bf16", Footprint(100, 100)
+    )
     act = 4096 * (3 * 2048 + 48 * 64 + 3 * 8192) * 2 + 64 * 128_256 * 8
     assert f.kv_pool_bytes == int(24e9 * 0.9) - 2_471_628_800 - act - 2**30 == 17_712_138_240
     assert f.kv_blocks == 17_712_138_240 // (32_768 * 32) == 16_891
     assert f.max_model_len == 131_072
-    tight = fit(shape, cfg, DEVICES["l4"], EngineLimits(kv_cache_memory_bytes=2**30), "bf16", Footprint(100, 100))
+    tight = fit(
+        shape, cfg, DEVICES["l4"], EngineLimits(kv_cache_memory_bytes=2**30), "bf16", Footprint(100, 100)
+    )
     assert tight.kv_tokens == 2**30 // 32_768 == 32_768 and tight.max_model_len == 32_768
     assert not tight.pool_from_memory
 

@@ -42,23 +42,37 @@ def test_a_resumed_run_keeps_its_first_prediction(tmp_path, tiny_llm) -> None:
     spec = load_job(folder, str(tmp_path / "out"), "tiny", job("generate"))
     run_local(spec, llm=tiny_llm, progress=False)
     layout = open_run(spec).layout
-    layout.store.write_atomic(layout.prediction, json.dumps({**read_prediction(layout), "rows": 999}).encode())
+    layout.store.write_atomic(
+        layout.prediction, json.dumps({**read_prediction(layout), "rows": 999}).encode()
+    )
     record_prediction(open_run(spec))
     assert read_prediction(layout)["rows"] == 999
 
 
 def test_preemptions_are_counted_per_shard_and_compared(tmp_path) -> None:
-    folder = write_rows(tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(8, words=3))],
-                        files=1)  # fmt: skip
-    engine = {**ENGINE, "num_kv_blocks": 16}  # admits several ~20-token prompts, too few blocks for all to finish
-    spec = load_job(folder, str(tmp_path / "out"), "tiny",
-                    job("generate", chat="off", sampling={"max_tokens": 120, "ignore_eos": True}, engine=engine))  # fmt: skip
+    folder = write_rows(
+        tmp_path / "in", [{"id": f"r{i}", "text": t} for i, t in enumerate(unique_texts(8, words=3))], files=1
+    )
+    engine = {
+        **ENGINE,
+        "num_kv_blocks": 16,
+    }  # admits several ~20-token prompts, too few blocks for all to finish
+    spec = load_job(
+        folder,
+        str(tmp_path / "out"),
+        "tiny",
+        job("generate", chat="off", sampling={"max_tokens": 120, "ignore_eos": True}, engine=engine),
+    )
     llm = LLM(model="tiny", **engine)
     summary, failures = run_local(spec, llm=llm, progress=False)
     assert not failures and summary.preemptions == llm.stats().preemptions > 0
     rows = {r["metric"]: r for r in summary.predicted_vs_measured}
-    assert rows["preemptions"] == {"metric": "preemptions", "predicted": "possible",
-                                   "measured": summary.preemptions, "verdict": "as predicted"}  # fmt: skip
+    assert rows["preemptions"] == {
+        "metric": "preemptions",
+        "predicted": "possible",
+        "measured": summary.preemptions,
+        "verdict": "as predicted",
+    }
 
 
 def test_a_prediction_that_fails_never_fails_the_run(tmp_path, tiny_llm, monkeypatch) -> None:
@@ -74,6 +88,8 @@ def test_a_prediction_that_fails_never_fails_the_run(tmp_path, tiny_llm, monkeyp
     from prefixflow.pipeline.run.handle import prepare_run
 
     record_prediction(prepare_run(spec), warn=warnings.append)
-    assert warnings == ["no prediction for this run (RuntimeError: no tokenizer today); the summary will not compare"]
+    assert warnings == [
+        "no prediction for this run (RuntimeError: no tokenizer today); the summary will not compare"
+    ]
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert not failures and summary.complete and summary.predicted_vs_measured == []

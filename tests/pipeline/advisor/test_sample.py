@@ -9,7 +9,12 @@ from tests.pipeline.support import docs, write_parquet
 
 
 def _spec(folder, shard_rows: int = 50):
-    return load_job(str(folder), "", "tiny", {"task": "summarize", "id_column": "id", "output": {"shard_rows": shard_rows}})
+    return load_job(
+        str(folder),
+        "",
+        "tiny",
+        {"task": "summarize", "id_column": "id", "output": {"shard_rows": shard_rows}},
+    )
 
 
 def test_small_inputs_are_read_whole(tmp_path) -> None:

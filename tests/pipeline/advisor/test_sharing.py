@@ -34,8 +34,12 @@ def test_label_suffixes_count_like_the_materialized_requests() -> None:
         s = analyze(prompts, list(range(len(prompts))), 4, suffixes=suffixes)
         full = [p + x for p in prompts for x in suffixes]
         m = analyze(full, [i // len(suffixes) for i in range(len(full))], 4)
-        assert (s.requests, s.prompt_tokens, s.distinct_tokens, s.block_min_tokens) == \
-            (m.requests, m.prompt_tokens, m.distinct_tokens, m.block_min_tokens)
+        assert (s.requests, s.prompt_tokens, s.distinct_tokens, s.block_min_tokens) == (
+            m.requests,
+            m.prompt_tokens,
+            m.distinct_tokens,
+            m.block_min_tokens,
+        )
         assert s.cached_tokens == m.cached_tokens  # same request order: prompt by prompt, suffixes in order
 
 

@@ -49,8 +49,12 @@ def test_prompt_column_with_a_shared_ending() -> None:
 
 def test_the_advice_reports_the_flag_under_question_2(tmp_path) -> None:
     folder = write_rows(tmp_path / "in", ROWS)
-    job = {"task": "generate", "template": "{{ text }}\n\n" + instruction(200), "chat": "off",
-           "sampling": {"max_tokens": 8}}  # fmt: skip
+    job = {
+        "task": "generate",
+        "template": "{{ text }}\n\n" + instruction(200),
+        "chat": "off",
+        "sampling": {"max_tokens": 8},
+    }
     advice = advise(load_job(folder, "", "tiny", job), gpu="h200")
     q2 = next(a for a in advice.answers if a.number == 2)
     assert advice.flag is not None and advice.flag.variable == "text"

@@ -127,5 +127,7 @@ def test_job_spec_pickles_for_other_processes() -> None:
 
 def test_logit_bias_string_token_ids_are_read_as_ids() -> None:
     """JSON and the OpenAI API write a logit bias's token ids as strings."""
-    spec = load_job("in", "out", "tiny", {"prompt_column": "p", "sampling": {"logit_bias": {"50": -100, 7: 2.5}}})
+    spec = load_job(
+        "in", "out", "tiny", {"prompt_column": "p", "sampling": {"logit_bias": {"50": -100, 7: 2.5}}}
+    )
     assert spec.config.sampling.logit_bias == {50: -100, 7: 2.5}

@@ -32,11 +32,15 @@ def test_an_unchanged_job_keeps_its_fingerprint_and_record(name: str) -> None:
     record["storage"] = {"endpoint_url": spec.config.storage.endpoint_url, "options": {}}
     assert json.dumps(record, sort_keys=True, default=str) == json.dumps(case["record_job"], sort_keys=True)
     again = parse_job_config(case["record_job"])  # `status` rebuilds the job from the run record
-    assert json.dumps(again.as_record(), sort_keys=True, default=str) == json.dumps(case["record_job"], sort_keys=True)
+    assert json.dumps(again.as_record(), sort_keys=True, default=str) == json.dumps(
+        case["record_job"], sort_keys=True
+    )
 
 
 def test_the_job_is_frozen_and_pickles() -> None:
-    spec = load_job("in/", "out/", "tiny", {"task": "label", "template": "{{ t }}", "label": {"labels": ["a", "b"]}})
+    spec = load_job(
+        "in/", "out/", "tiny", {"task": "label", "template": "{{ t }}", "label": {"labels": ["a", "b"]}}
+    )
     with pytest.raises(pydantic.ValidationError):
         spec.config.label.mode = "generate"  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError):
@@ -52,11 +56,17 @@ def test_sampling_section_maps_one_to_one_onto_sampling_params() -> None:
     assert set(SamplingSection.model_fields) == set(params) - {"prompt_logprobs"}  # no column holds those
     for name, field in SamplingSection.model_fields.items():
         if name != "structured":
-            assert field.default == params[name].default or (field.default == () and params[name].default_factory() == ())
+            assert field.default == params[name].default or (
+                field.default == () and params[name].default_factory() == ()
+            )
     assert set(StructuredSection.model_fields) == {f.name for f in dataclasses.fields(StructuredOutputs)}
-    section = parse_job_config({"sampling": {"temperature": 1, "stop": ["x"], "structured": {"choice": ["a", "b"]}}}).sampling
+    section = parse_job_config(
+        {"sampling": {"temperature": 1, "stop": ["x"], "structured": {"choice": ["a", "b"]}}}
+    ).sampling
     built = section.params(section.structured.outputs())
-    assert built == SamplingParams(temperature=1, stop=("x",), structured=StructuredOutputs(choice=("a", "b")))
+    assert built == SamplingParams(
+        temperature=1, stop=("x",), structured=StructuredOutputs(choice=("a", "b"))
+    )
     assert section.given() == {"temperature": 1, "stop": ("x",), "structured": {"choice": ("a", "b")}}
 
 
@@ -81,7 +91,10 @@ def test_sampling_section_maps_one_to_one_onto_sampling_params() -> None:
         ({"task": "summarize", "sampling": {"n": 2}}, ["sampling.n", "generate jobs only"]),
         ({"task": "extract", "template": "x"}, ["schema", "needs a JSON schema"]),
         ({"messages_column": "m", "template": "x"}, ["template", "messages_column or template"]),
-        ({"task": "summarize", "messages_column": "m"}, ["messages_column", "summarize reads a document column"]),
+        (
+            {"task": "summarize", "messages_column": "m"},
+            ["messages_column", "summarize reads a document column"],
+        ),
     ],
 )
 def test_messages_name_the_key_and_the_fix(job: dict[str, Any], must_contain: list[str]) -> None:

@@ -45,11 +45,20 @@ def test_cell_classification() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "error_class", "word"), [(None, NULL_PROMPT, "null"), ("", EMPTY_PROMPT, "blank"),
-                                       (" \n\t", EMPTY_PROMPT, "blank"), (b"  ", EMPTY_PROMPT, "blank")],
-)  # fmt: skip
-@pytest.mark.parametrize("source", ["Message: {{ body }}", "{{ body ~ '!' }}", "{{ body | trim }}", "{{ body.upper() }}"])
-def test_a_printed_null_or_blank_cell_is_an_error_row(value, error_class: str, word: str, source: str) -> None:
+    ("value", "error_class", "word"),
+    [
+        (None, NULL_PROMPT, "null"),
+        ("", EMPTY_PROMPT, "blank"),
+        (" \n\t", EMPTY_PROMPT, "blank"),
+        (b"  ", EMPTY_PROMPT, "blank"),
+    ],
+)
+@pytest.mark.parametrize(
+    "source", ["Message: {{ body }}", "{{ body ~ '!' }}", "{{ body | trim }}", "{{ body.upper() }}"]
+)
+def test_a_printed_null_or_blank_cell_is_an_error_row(
+    value, error_class: str, word: str, source: str
+) -> None:
     """Regression (issue 14): `Message: {{ body }}` rendered 'Message: None' and was labeled at p=0.98."""
     with pytest.raises(RowError) as info:
         render_template(source, {"body": value, "other": "fine"})
@@ -69,7 +78,9 @@ def test_a_printed_null_or_blank_cell_is_an_error_row(value, error_class: str, w
         ("Subject only: {{ subject }}", "Subject only: hi", "Subject only: hi"),  # body not referenced
     ],
 )
-def test_a_template_that_handles_null_or_blank_cells_keeps_working(source: str, null: str, blank: str) -> None:
+def test_a_template_that_handles_null_or_blank_cells_keeps_working(
+    source: str, null: str, blank: str
+) -> None:
     assert render_template(source, {"body": None, "subject": "hi"}) == null
     assert render_template(source, {"body": "   ", "subject": "hi"}) == blank
     assert render_template("{{ 'empty' if body == '' else 'other' }}", {"body": ""}) == "empty"

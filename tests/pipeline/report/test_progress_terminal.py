@@ -31,7 +31,9 @@ def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float = 300) -> t
             ready, _, _ = select.select([master], [], [], timeout)
             if not ready:
                 proc.kill()
-                raise AssertionError("no output for too long: " + b"".join(chunks).decode(errors="replace")[-2000:])
+                raise AssertionError(
+                    "no output for too long: " + b"".join(chunks).decode(errors="replace")[-2000:]
+                )
             try:
                 data = os.read(master, 65536)
             except OSError:  # EIO: the program closed the terminal
@@ -45,20 +47,40 @@ def _run_in_pty(argv: list[str], env: dict[str, str], timeout: float = 300) -> t
 
 
 def _job_file(tmp_path: Path, task: str, flush_rows: int) -> Path:
-    cfg = job(task, output={"shard_rows": ROWS, "flush_rows": flush_rows}, engine={**ENGINE, "max_num_seqs": 2})
+    cfg = job(
+        task, output={"shard_rows": ROWS, "flush_rows": flush_rows}, engine={**ENGINE, "max_num_seqs": 2}
+    )
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 def _argv(tmp_path: Path, job_file: Path, out: str) -> list[str]:
-    return [sys.executable, "-m", "prefixflow.pipeline.cli", "run", "--input", str(tmp_path / "in"), "--output",
-            str(tmp_path / out), "--model", "tiny", "--job", str(job_file)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "prefixflow.pipeline.cli",
+        "run",
+        "--input",
+        str(tmp_path / "in"),
+        "--output",
+        str(tmp_path / out),
+        "--model",
+        "tiny",
+        "--job",
+        str(job_file),
+    ]
 
 
 def test_the_bar_counts_rows_as_they_finish_in_a_terminal(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TERM": "xterm", "PREFIXFLOW_PROGRESS_REFRESH": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "COLUMNS": "200",
+        "TERM": "xterm",
+        "PREFIXFLOW_PROGRESS_REFRESH": "0",
+    }
     code, screen = _run_in_pty(_argv(tmp_path, _job_file(tmp_path, "generate", flush_rows=ROWS), "out"), env)
     assert code == 0, screen[-3000:]
     assert "\x1b[" in screen  # drawn as a live bar (cursor control), not as log lines
@@ -73,8 +95,14 @@ def test_the_bar_counts_rows_as_they_finish_in_a_terminal(tmp_path: Path) -> Non
 def test_without_a_terminal_progress_is_plain_lines(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFIXFLOW_PROGRESS_INTERVAL": "0.2"}
-    res = subprocess.run(_argv(tmp_path, _job_file(tmp_path, "generate", flush_rows=8), "out"), cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        _argv(tmp_path, _job_file(tmp_path, "generate", flush_rows=8), "out"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("prefixflow progress: ")]
     assert lines and "\x1b" not in res.stderr
@@ -89,11 +117,19 @@ def test_label_rows_count_up_before_the_scoring_batch_finishes(tmp_path: Path) -
     batch needs in all (if rows only arrived after the batch, every such frame would show the final
     token count). Only the order of events decides this, not timing."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TERM": "xterm", "PREFIXFLOW_PROGRESS_REFRESH": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "COLUMNS": "200",
+        "TERM": "xterm",
+        "PREFIXFLOW_PROGRESS_REFRESH": "0",
+    }
     code, screen = _run_in_pty(_argv(tmp_path, _job_file(tmp_path, "label", flush_rows=ROWS), "out"), env)
     assert code == 0, screen[-3000:]
-    frames = [(int(m.group(1)), int(m.group(2).replace(",", "")))
-              for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens", screen)]  # fmt: skip
+    frames = [
+        (int(m.group(1)), int(m.group(2).replace(",", "")))
+        for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens", screen)
+    ]
     assert frames and frames[-1][0] == ROWS
     final_tokens = frames[-1][1]
     early = {rows for rows, tokens in frames if 0 < rows < ROWS and tokens < final_tokens}
@@ -106,17 +142,30 @@ def test_tokens_count_per_engine_step_before_any_row_finishes(tmp_path: Path) ->
     show the token count climbing (and a tok/s above 0) while it still reads 0/N rows; counted only
     when rows finish, it stayed at the prompt tokens. Only the order of events decides this."""
     write_dataset(tmp_path / "in", files=1, rows_per_file=ROWS, row_group_size=ROWS)
-    cfg = job("generate", output={"shard_rows": ROWS, "flush_rows": ROWS},
-              engine={**ENGINE, "max_num_seqs": 32, "max_model_len": 256},
-              sampling={"max_tokens": 120, "ignore_eos": True})  # fmt: skip
+    cfg = job(
+        "generate",
+        output={"shard_rows": ROWS, "flush_rows": ROWS},
+        engine={**ENGINE, "max_num_seqs": 32, "max_model_len": 256},
+        sampling={"max_tokens": 120, "ignore_eos": True},
+    )
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", "TERM": "xterm", "PREFIXFLOW_PROGRESS_REFRESH": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "COLUMNS": "200",
+        "TERM": "xterm",
+        "PREFIXFLOW_PROGRESS_REFRESH": "0",
+    }
     code, screen = _run_in_pty(_argv(tmp_path, job_file, "out"), env)
     assert code == 0, screen[-3000:]
-    frames = [(int(m.group(1)), int(m.group(2).replace(",", "")), m.group(3))
-              for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens\s+([\d,?]+) tok/s", screen)]  # fmt: skip
+    frames = [
+        (int(m.group(1)), int(m.group(2).replace(",", "")), m.group(3))
+        for m in re.finditer(rf"(\d+)/{ROWS}\b[^\r\n]*?([\d,]+) tokens\s+([\d,?]+) tok/s", screen)
+    ]
     assert frames and frames[-1][0] == ROWS
     before_any_row = [(tokens, rate) for rows, tokens, rate in frames if rows == 0]
-    assert len({tokens for tokens, _ in before_any_row}) >= 3, before_any_row  # prefill, then every decode step
+    assert len({tokens for tokens, _ in before_any_row}) >= 3, (
+        before_any_row
+    )  # prefill, then every decode step
     assert any(rate not in ("?", "0") for _, rate in before_any_row), before_any_row

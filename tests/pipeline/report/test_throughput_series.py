@@ -51,8 +51,14 @@ def test_intervals_keep_stalls_and_the_last_partial_interval(tmp_path: Path) -> 
     assert (
         series.intervals[0].tokens_per_s == 3 * 110 / 5 and series.intervals[3].tokens_per_s == 2 * 110 / 2.5
     )
-    assert series.totals() == {"rows": 5, "prompt_tokens": 500, "cached_tokens": 200, "output_tokens": 50,
-                               "computed_tokens": 0, "generated_tokens": 0}  # fmt: skip
+    assert series.totals() == {
+        "rows": 5,
+        "prompt_tokens": 500,
+        "cached_tokens": 200,
+        "output_tokens": 50,
+        "computed_tokens": 0,
+        "generated_tokens": 0,
+    }
     rec.resumed(100)  # rows of an earlier attempt are not this lane's throughput
     assert sum(i.rows for i in rec.series.intervals) == 5
 
@@ -113,7 +119,9 @@ def test_intervals_count_tokens_per_engine_step_not_when_rows_finish() -> None:
 
     clock = _Clock()
     stats = SimpleNamespace(computed_prompt_tokens=0, generated_tokens=0)
-    llm = SimpleNamespace(stats=lambda: stats, add_step_listener=lambda fn: listeners.append(fn) or (lambda: None))
+    llm = SimpleNamespace(
+        stats=lambda: stats, add_step_listener=lambda fn: listeners.append(fn) or (lambda: None)
+    )
     listeners: list = []
     recorder = ThroughputRecorder("lane-0", clock=clock, interval_s=5.0)
     recorder.attach(llm)

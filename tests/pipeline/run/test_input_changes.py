@@ -69,8 +69,16 @@ def _add_a_file_with_a_committed_id(folder: Path) -> str:
     return "part-2.parquet added"
 
 
-@pytest.mark.parametrize("edit", [_delete_a_row, *(pytest.param(e, marks=pytest.mark.slow) for e in
-                                                  (_insert_at_top, _remove_a_file, _add_a_file_with_a_committed_id))])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _delete_a_row,
+        *(
+            pytest.param(e, marks=pytest.mark.slow)
+            for e in (_insert_at_top, _remove_a_file, _add_a_file_with_a_committed_id)
+        ),
+    ],
+)
 def test_a_changed_input_is_refused_by_name_and_new_run_starts_over(tmp_path: Path, tiny_llm, edit) -> None:
     write_dataset(tmp_path / "in", files=2, rows_per_file=6, row_group_size=3)
     summary, _ = run_local(_spec(tmp_path), llm=tiny_llm, progress=False)
@@ -172,7 +180,11 @@ def test_markers_of_shards_outside_the_plan_never_count(tmp_path: Path, tiny_llm
         shutil.copy(data / source.stem / Path(part["data"]).name, tmp_path / "out" / part["data"])
     (commits / f"{ghost['shard_id']}.json").write_text(json.dumps(ghost))
     summary, _ = status(str(tmp_path / "out"))
-    assert summary.rows == 12 and summary.shards_committed == 4 and summary.shards_unplanned == [ghost["shard_id"]]
+    assert (
+        summary.rows == 12
+        and summary.shards_committed == 4
+        and summary.shards_unplanned == [ghost["shard_id"]]
+    )
     summary = finalize(open_run(_spec(tmp_path)))
     assert summary.rows == 12 and summary.complete
     assert _ids(tmp_path, errors=True) == _input_ids(tmp_path)  # its rows left data/
@@ -186,4 +198,8 @@ def test_the_manifest_says_in_progress_once_a_run_starts_writing(tmp_path: Path,
     for new_run in (False, True):
         record = prepare_output(_spec(tmp_path), new_run=new_run)
         state = json.loads(manifest.read_text())
-        assert state["complete"] is False and state["run_id"] == record.run_id and state["state"] == "in progress"
+        assert (
+            state["complete"] is False
+            and state["run_id"] == record.run_id
+            and state["state"] == "in progress"
+        )

@@ -19,8 +19,12 @@ from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import cli_args, job, start_cli, wait_for_hook, write_dataset, write_job
 
-JOB_A = job("generate", sampling={"max_tokens": 12, "ignore_eos": True}, output={"shard_rows": 6, "flush_rows": 3})
-JOB_B = job("generate", sampling={"max_tokens": 3, "ignore_eos": True}, output={"shard_rows": 6, "flush_rows": 3})
+JOB_A = job(
+    "generate", sampling={"max_tokens": 12, "ignore_eos": True}, output={"shard_rows": 6, "flush_rows": 3}
+)
+JOB_B = job(
+    "generate", sampling={"max_tokens": 3, "ignore_eos": True}, output={"shard_rows": 6, "flush_rows": 3}
+)
 
 
 def _committed(out: Path) -> pl.DataFrame:
@@ -31,7 +35,9 @@ def _setup(tmp_path: Path, tiny_llm) -> tuple[list[str], Path]:
     """Job A run to completion into tmp/out."""
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=6, row_group_size=3)
     out = tmp_path / "out"
-    summary, failures = run_local(load_job(str(tmp_path / "in"), str(out), "tiny", JOB_A), llm=tiny_llm, progress=False)
+    summary, failures = run_local(
+        load_job(str(tmp_path / "in"), str(out), "tiny", JOB_A), llm=tiny_llm, progress=False
+    )
     assert summary.complete and not failures and set(_committed(out)["output_tokens"]) == {12}
     return ids, out
 
@@ -63,14 +69,19 @@ def test_sigkill_right_after_the_new_run_record_then_rerun(tmp_path: Path, tiny_
     """The same with a real SIGKILL at the riskiest point: new record written, old run not yet removed."""
     ids, out = _setup(tmp_path, tiny_llm)
     job_b = write_job(tmp_path / "b.yaml", JOB_B)
-    proc = start_cli(cli_args(tmp_path / "in", out, job_b, "--new-run"), hooks="new_run_recorded", hook_sleep=60)
+    proc = start_cli(
+        cli_args(tmp_path / "in", out, job_b, "--new-run"), hooks="new_run_recorded", hook_sleep=60
+    )
     try:
         wait_for_hook(proc, "new_run_recorded")
     finally:
         proc.kill()
         proc.wait()
     record = json.loads((out / "_prefixflow.json").read_text())
-    assert record["fingerprint_hash"] == load_job(str(tmp_path / "in"), str(out), "tiny", JOB_B).fingerprint_hash()
+    assert (
+        record["fingerprint_hash"]
+        == load_job(str(tmp_path / "in"), str(out), "tiny", JOB_B).fingerprint_hash()
+    )
     assert set(_committed(out)["output_tokens"]) == {12}  # only the old run's rows are visible, still whole
     assert main(["status", str(out)]) == 0
     assert "hold rows of a replaced run" in capsys.readouterr().err

@@ -31,8 +31,10 @@ def test_local_exclusive_create_has_one_winner(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path), StorageConfig())
     target = store.join("m.json")
     wins: list[bool] = []
-    threads = [threading.Thread(target=lambda i=i: wins.append(store.create_exclusive(target, str(i).encode())))
-               for i in range(8)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda i=i: wins.append(store.create_exclusive(target, str(i).encode())))
+        for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -107,8 +109,10 @@ def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> No
     spec = _spec(tmp_path)
     layout: Layout = output_layout(spec).for_run(prepare_output(spec).run_id)
     s1 = plan_shards(spec)[0].shard_id  # a shard of the plan: markers of other shards never count
-    parts = [commits.write_part(layout, s1, "a1", 0, _part(spec, [0, 1])),
-             commits.write_part(layout, s1, "a1", 1, _part(spec, [2]))]  # fmt: skip
+    parts = [
+        commits.write_part(layout, s1, "a1", 0, _part(spec, [0, 1])),
+        commits.write_part(layout, s1, "a1", 1, _part(spec, [2])),
+    ]
     marker = commits.build_marker(layout, s1, "fp", "a1", parts, 0.5, 3)
     # Simulate a crash after the marker but before publication: create it, publish one part only.
     layout.store.create_exclusive(layout.marker(s1), marker.to_json())

@@ -18,8 +18,11 @@ def test_folder_is_split_by_row_groups(tmp_path: Path) -> None:
     write_dataset(tmp_path / "in", files=2, rows_per_file=12, row_group_size=5)
     shards = plan_shards(_spec(str(tmp_path / "in"), shard_rows=10))
     assert [(s.relpath, s.row_start, s.row_end) for s in shards] == [
-        ("part-0.parquet", 0, 10), ("part-0.parquet", 10, 12), ("part-1.parquet", 0, 10), ("part-1.parquet", 10, 12),
-    ]  # fmt: skip
+        ("part-0.parquet", 0, 10),
+        ("part-0.parquet", 10, 12),
+        ("part-1.parquet", 0, 10),
+        ("part-1.parquet", 10, 12),
+    ]
     assert sum(s.num_rows for s in shards) == 24
     again = plan_shards(_spec(str(tmp_path / "in"), shard_rows=10))
     assert [s.shard_id for s in again] == [s.shard_id for s in shards]
@@ -120,7 +123,11 @@ def test_plan_prints_the_effective_shard_sizes(tmp_path: Path) -> None:
     with pq.ParquetWriter(tmp_path / "in.parquet", table.schema) as writer:
         for a, b in ((0, 56), (56, 100), (100, 200)):
             writer.write_table(table.slice(a, b - a))
-    assert [s.num_rows for s in plan_shards(_spec(str(tmp_path / "in.parquet"), shard_rows=60))] == [56, 44, 100]
+    assert [s.num_rows for s in plan_shards(_spec(str(tmp_path / "in.parquet"), shard_rows=60))] == [
+        56,
+        44,
+        100,
+    ]
     import contextlib
     import io
 

@@ -29,12 +29,36 @@ from tests.pipeline.support import ENGINE, write_parquet
 SHARDS = 8  # two files of four one-row row groups, one shard per row
 PER_SHARD = {("read", "input"): 1, ("write", "_staging"): 1, ("create", "_commits"): 1, ("copy", "data"): 1}
 # Store methods and fsspec calls that reach the storage, by what kind of round trip they are
-KINDS = {"read_bytes": "read", "exists": "exists", "list_files": "list", "list_dir": "list", "listing": "list",
-         "write_atomic": "write", "create_exclusive": "create", "copy": "copy", "remove": "delete",
-         "remove_files": "delete", "remove_tree": "delete", "open": "read", "cat_file": "read", "info": "exists",
-         "find": "list", "ls": "list", "pipe_file": "write", "rm": "delete", "rm_file": "delete"}  # fmt: skip
-S3_KINDS = {"GetObject": "read", "HeadObject": "exists", "ListObjectsV2": "list", "PutObject": "write",
-            "CopyObject": "copy", "DeleteObjects": "delete", "DeleteObject": "delete"}  # fmt: skip
+KINDS = {
+    "read_bytes": "read",
+    "exists": "exists",
+    "list_files": "list",
+    "list_dir": "list",
+    "listing": "list",
+    "write_atomic": "write",
+    "create_exclusive": "create",
+    "copy": "copy",
+    "remove": "delete",
+    "remove_files": "delete",
+    "remove_tree": "delete",
+    "open": "read",
+    "cat_file": "read",
+    "info": "exists",
+    "find": "list",
+    "ls": "list",
+    "pipe_file": "write",
+    "rm": "delete",
+    "rm_file": "delete",
+}
+S3_KINDS = {
+    "GetObject": "read",
+    "HeadObject": "exists",
+    "ListObjectsV2": "list",
+    "PutObject": "write",
+    "CopyObject": "copy",
+    "DeleteObjects": "delete",
+    "DeleteObject": "delete",
+}
 
 
 def _write_input(folder: Path, shards: int = SHARDS) -> None:
@@ -43,8 +67,14 @@ def _write_input(folder: Path, shards: int = SHARDS) -> None:
         write_parquet(folder / f"part-{f}.parquet", rows, row_group_size=1)
 
 
-JOB = {"task": "generate", "id_column": "id", "template": "Say {{ text }}", "engine": dict(ENGINE),
-       "sampling": {"max_tokens": 1}, "output": {"shard_rows": 1, "flush_rows": 4}}  # fmt: skip
+JOB = {
+    "task": "generate",
+    "id_column": "id",
+    "template": "Say {{ text }}",
+    "engine": dict(ENGINE),
+    "sampling": {"max_tokens": 1},
+    "output": {"shard_rows": 1, "flush_rows": 4},
+}
 
 
 def _where(path: str, out_root: str) -> str:
@@ -72,7 +102,9 @@ def counted_calls(out_root: str, store: Store) -> Iterator[Counter[tuple[str, st
             args = a[1:] if owner is Store else a
             level = getattr(depth, "n", 0)
             if level == 0 and args:
-                first = args[0][0] if isinstance(args[0], list) and args[0] else args[-1 if name == "copy" else 0]
+                first = (
+                    args[0][0] if isinstance(args[0], list) and args[0] else args[-1 if name == "copy" else 0]
+                )
                 calls[(KINDS[name], _where(str(first), out_root))] += 1
             depth.n = level + 1
             try:
@@ -83,8 +115,19 @@ def counted_calls(out_root: str, store: Store) -> Iterator[Counter[tuple[str, st
         undo.append((owner, name, original))
         setattr(owner, name, counted)
 
-    for name in ("read_bytes", "exists", "list_files", "list_dir", "listing", "write_atomic", "create_exclusive",
-                 "copy", "remove", "remove_files", "remove_tree"):  # fmt: skip
+    for name in (
+        "read_bytes",
+        "exists",
+        "list_files",
+        "list_dir",
+        "listing",
+        "write_atomic",
+        "create_exclusive",
+        "copy",
+        "remove",
+        "remove_files",
+        "remove_tree",
+    ):
         wrap(Store, name)
     for name in ("open", "cat_file", "info", "find", "ls", "pipe_file", "rm", "rm_file"):
         wrap(store.fs, name)
@@ -109,7 +152,9 @@ def counted_requests(out_root: str, store: Store) -> Iterator[Counter[tuple[str,
         if op == "DeleteObjects":  # a batch: the folder of its first key
             key = re.search(rb"<Key>([^<]+)</Key>", request.body).group(1).decode()
             key = out_root.split("://", 1)[-1].split("/", 1)[0] + "/" + key
-        kind = "create" if op == "PutObject" and request.headers.get("If-None-Match") else S3_KINDS.get(op, op)
+        kind = (
+            "create" if op == "PutObject" and request.headers.get("If-None-Match") else S3_KINDS.get(op, op)
+        )
         calls[(kind, _where(key, out_root))] += 1
 
     store.fs.connect()
@@ -120,7 +165,9 @@ def counted_requests(out_root: str, store: Store) -> Iterator[Counter[tuple[str,
         store.fs.s3.meta.events.unregister("before-send.s3", on_send)
 
 
-def _shard_loop_calls(inp: str, out: str, llm: Any, storage: dict[str, Any], count: Any) -> Counter[tuple[str, str]]:
+def _shard_loop_calls(
+    inp: str, out: str, llm: Any, storage: dict[str, Any], count: Any
+) -> Counter[tuple[str, str]]:
     spec = load_job(inp, out, "tiny", JOB, **storage)
     shards = plan_shards(spec)
     assert len(shards) == SHARDS
@@ -156,8 +203,9 @@ def test_a_shard_costs_one_read_one_part_one_marker_one_publish_on_s3(
     fs.mkdir(bucket)
     _write_input(tmp_path / "in")
     fs.put(str(tmp_path / "in") + "/", f"{bucket}/in/", recursive=True)
-    calls = _shard_loop_calls(f"s3://{bucket}/in", f"s3://{bucket}/out", tiny_llm, {"endpoint_url": s3_endpoint},
-                              counted_requests)  # fmt: skip
+    calls = _shard_loop_calls(
+        f"s3://{bucket}/in", f"s3://{bucket}/out", tiny_llm, {"endpoint_url": s3_endpoint}, counted_requests
+    )
     _check(calls)
 
 
@@ -178,5 +226,7 @@ def test_a_whole_run_adds_only_the_shards_own_round_trips_per_shard(tmp_path: Pa
     is constant. (The input side is left out: the advisor's prediction samples rows shard by shard.)"""
     small = _whole_run(tmp_path / "small", 4, tiny_llm)
     large = _whole_run(tmp_path / "large", 8, tiny_llm)
-    extra = {k: large[k] - small[k] for k in set(large) | set(small) if large[k] != small[k] and k[1] != "input"}
+    extra = {
+        k: large[k] - small[k] for k in set(large) | set(small) if large[k] != small[k] and k[1] != "input"
+    }
     assert extra == {k: v * 4 for k, v in PER_SHARD.items() if k[1] != "input"}, (small, large)

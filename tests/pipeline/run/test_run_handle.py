@@ -15,8 +15,14 @@ from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.record import hold_output
 from tests.pipeline.support import ENGINE, write_parquet
 
-JOB = {"task": "generate", "id_column": "id", "template": "Say {{ text }}", "engine": dict(ENGINE),
-       "sampling": {"max_tokens": 1}, "output": {"shard_rows": 1}}  # fmt: skip
+JOB = {
+    "task": "generate",
+    "id_column": "id",
+    "template": "Say {{ text }}",
+    "engine": dict(ENGINE),
+    "sampling": {"max_tokens": 1},
+    "output": {"shard_rows": 1},
+}
 
 
 def _spec(tmp_path: Path):
@@ -58,9 +64,13 @@ def test_a_lapsed_lease_makes_the_commit_read_the_record(tmp_path: Path, tiny_ll
         root = Layout(run.store)
         other = lease.OutputLease(root)  # another process's --new-run: it sees no live writer
         with other.exclusive():
-            root.store.write_atomic(root.record, replace(run.record, run_id="20990101T000000-other").to_json())
+            root.store.write_atomic(
+                root.record, replace(run.record, run_id="20990101T000000-other").to_json()
+            )
         other.release()
         with pytest.raises(RunSuperseded, match="20990101T000000-other"):
             run_shard(run, shards[0], tiny_llm)
     assert _markers(tmp_path / "out", run.run_id) == []
-    assert json.loads((tmp_path / "out" / "_prefixflow.json").read_text())["run_id"] == "20990101T000000-other"
+    assert (
+        json.loads((tmp_path / "out" / "_prefixflow.json").read_text())["run_id"] == "20990101T000000-other"
+    )

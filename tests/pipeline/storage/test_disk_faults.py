@@ -46,8 +46,11 @@ def test_a_full_or_read_only_disk_is_one_line_exit_1_and_the_resume_cleans_up(
 
     monkeypatch.setattr(os, "fsync", real_fsync)
     run_id = json.loads((out / "_prefixflow.json").read_text())["run_id"]
-    strays = [out / ".tmp-killed", out / "_metrics" / run_id / "throughput" / ".tmp-killed",
-              out / "_commits" / run_id / ".tmp-killed"]  # fmt: skip
+    strays = [
+        out / ".tmp-killed",
+        out / "_metrics" / run_id / "throughput" / ".tmp-killed",
+        out / "_commits" / run_id / ".tmp-killed",
+    ]
     for stray in strays:  # what a write killed mid-way (SIGKILL, power loss) leaves
         stray.parent.mkdir(parents=True, exist_ok=True)
         stray.write_bytes(b"partial")

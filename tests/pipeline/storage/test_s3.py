@@ -54,12 +54,18 @@ def test_job_from_s3_to_s3(tmp_path: Path, s3_endpoint: str, bucket: str, tiny_l
     assert sorted(table.column("id").to_pylist()) == sorted(ids)
     # pyarrow's own S3 client
     host = s3_endpoint.removeprefix("http://")
-    native = pafs.S3FileSystem(endpoint_override=host, scheme="http", access_key="testing", secret_key="testing",
-                               region="us-east-1")  # fmt: skip
+    native = pafs.S3FileSystem(
+        endpoint_override=host, scheme="http", access_key="testing", secret_key="testing", region="us-east-1"
+    )
     assert ds.dataset(f"{bucket}/runs/out/data", filesystem=native, format="parquet").count_rows() == 14
     # polars' own object-store client
-    opts = {"aws_endpoint_url": s3_endpoint, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-            "aws_region": "us-east-1", "aws_allow_http": "true"}  # fmt: skip
+    opts = {
+        "aws_endpoint_url": s3_endpoint,
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "aws_region": "us-east-1",
+        "aws_allow_http": "true",
+    }
     df = pl.scan_parquet(summary.data_glob, storage_options=opts).collect()
     assert df.height == 14 and df["id"].n_unique() == 14 and df["title"].null_count() == 0
     assert not fs.exists(f"{bucket}/runs/out/_staging") or not fs.find(f"{bucket}/runs/out/_staging")

@@ -96,16 +96,25 @@ def _job(tmp_path: Path, proxy: Proxy, s3_endpoint: str) -> list[str]:
     write_dataset(tmp_path / "in", files=1, rows_per_file=3, row_group_size=3)
     cfg = write_job(tmp_path / "job.yaml", job("generate", sampling={"max_tokens": 2}))
     fast = "config_kwargs={connect_timeout: 1, read_timeout: 1, retries: {max_attempts: 2, mode: standard}}"
-    return cli_args(tmp_path / "in", f"s3://{bucket}/out", cfg, "--endpoint-url", proxy.url, "--storage-option", fast)
+    return cli_args(
+        tmp_path / "in", f"s3://{bucket}/out", cfg, "--endpoint-url", proxy.url, "--storage-option", fast
+    )
 
 
 def test_s3_calls_have_bounded_timeouts_and_retries_by_default() -> None:
     opts = storage_options("s3://bucket/x", StorageConfig(endpoint_url="http://127.0.0.1:9"))
     config = opts["config_kwargs"]
-    assert config["connect_timeout"] <= 10 and config["read_timeout"] <= 30 and config["retries"]["max_attempts"] <= 3
+    assert (
+        config["connect_timeout"] <= 10
+        and config["read_timeout"] <= 30
+        and config["retries"]["max_attempts"] <= 3
+    )
     mine = storage_options("s3://bucket/x", StorageConfig(options={"config_kwargs": {"read_timeout": 120}}))
     assert mine["config_kwargs"]["read_timeout"] == 120 and mine["config_kwargs"]["connect_timeout"] == 5
-    assert Store.open("s3://bucket/x", StorageConfig(endpoint_url="http://127.0.0.1:9")).fs.retries == S3_CALL_RETRIES
+    assert (
+        Store.open("s3://bucket/x", StorageConfig(endpoint_url="http://127.0.0.1:9")).fs.retries
+        == S3_CALL_RETRIES
+    )
     assert "config_kwargs" not in storage_options("/tmp/x", StorageConfig())
 
 
@@ -124,7 +133,9 @@ def test_a_stalled_endpoint_fails_the_command_with_the_resume_hint(
     proxy.mode = "stall"
     assert main(args) == 1
     err = " ".join(capsys.readouterr().err.split())
-    assert "Traceback" not in err and "timeout" in err.lower() and "run the same command again to resume" in err
+    assert (
+        "Traceback" not in err and "timeout" in err.lower() and "run the same command again to resume" in err
+    )
 
 
 @pytest.mark.slow
@@ -135,6 +146,10 @@ def test_an_outage_exits_1_and_the_same_command_resumes_once_it_is_back(
     proxy.stop()  # connections refused
     assert main(args) == 1
     err = " ".join(capsys.readouterr().err.split())
-    assert "Traceback" not in err and "cannot be reached" in err and "run the same command again to resume" in err
+    assert (
+        "Traceback" not in err
+        and "cannot be reached" in err
+        and "run the same command again to resume" in err
+    )
     proxy.restart()
     assert main(args) == 0

@@ -17,27 +17,56 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _no_credentials_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
-               AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+    env.update(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     return env
 
 
-@pytest.mark.parametrize("command", [["status", "s3://bucket/out"], ["plan", "--input", "s3://bucket/in/"],
-                                     ["run", "--input", "s3://bucket/in/", "--output", "s3://bucket/out",
-                                      "--model", "tiny"]])  # fmt: skip
-def test_every_command_fails_cleanly_without_credentials(tmp_path: Path, s3_endpoint: str, command: list[str]) -> None:
-    res = subprocess.run([sys.executable, "-m", "prefixflow.pipeline.cli", *command, "--endpoint-url", s3_endpoint],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, env=_no_credentials_env(tmp_path))  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "s3://bucket/out"],
+        ["plan", "--input", "s3://bucket/in/"],
+        ["run", "--input", "s3://bucket/in/", "--output", "s3://bucket/out", "--model", "tiny"],
+    ],
+)
+def test_every_command_fails_cleanly_without_credentials(
+    tmp_path: Path, s3_endpoint: str, command: list[str]
+) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "prefixflow.pipeline.cli", *command, "--endpoint-url", s3_endpoint],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_no_credentials_env(tmp_path),
+    )
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "NoCredentialsError" in res.stderr and "AWS_ACCESS_KEY_ID" in res.stderr and "AWS_PROFILE" in res.stderr
+    assert (
+        "NoCredentialsError" in res.stderr
+        and "AWS_ACCESS_KEY_ID" in res.stderr
+        and "AWS_PROFILE" in res.stderr
+    )
 
 
 def test_the_endpoint_can_come_from_the_environment(tmp_path: Path, s3_endpoint: str) -> None:
     env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint}
-    res = subprocess.run([sys.executable, "-m", "prefixflow.pipeline.cli", "status", "s3://nobucket/out"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
-    assert res.returncode == 2 and "holds no prefixflow run" in res.stderr  # reached moto, found nothing there
+    res = subprocess.run(
+        [sys.executable, "-m", "prefixflow.pipeline.cli", "status", "s3://nobucket/out"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert (
+        res.returncode == 2 and "holds no prefixflow run" in res.stderr
+    )  # reached moto, found nothing there
 
 
 def test_storage_errors_are_found_in_the_exception_chain() -> None:
@@ -80,4 +109,7 @@ def test_the_polars_hint_carries_the_storage_options_it_needs(s3_endpoint: str) 
     assert "testing" not in hint  # secrets are never echoed
     options = {k: v for k, v in polars_storage_options(glob, storage).items() if not v.startswith("<")}
     assert pl.scan_parquet(glob, storage_options=options).collect()["id"].to_list() == ["a", "b"]
-    assert polars_hint("/tmp/out/data/**/*.parquet", storage) == "polars.scan_parquet('/tmp/out/data/**/*.parquet')"
+    assert (
+        polars_hint("/tmp/out/data/**/*.parquet", storage)
+        == "polars.scan_parquet('/tmp/out/data/**/*.parquet')"
+    )

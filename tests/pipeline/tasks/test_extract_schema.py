@@ -79,11 +79,19 @@ def test_what_has_no_single_arrow_type_is_kept_as_json_text(schema, expected):
 def test_typed_column_reads_as_data_in_polars_pyarrow_and_duckdb(tmp_path):
     shape = shape_of(REVIEW)
     values = [
-        {"sentiment": "negative", "product": "kettle", "stars": 2.0, "price": 19, "issues": ["leaks", "loud"],
-         "seller": {"name": "A", "verified": True}, "extra": {"k": [1]}, "either": 3},
+        {
+            "sentiment": "negative",
+            "product": "kettle",
+            "stars": 2.0,
+            "price": 19,
+            "issues": ["leaks", "loud"],
+            "seller": {"name": "A", "verified": True},
+            "extra": {"k": [1]},
+            "either": 3,
+        },
         {"sentiment": "positive", "product": "lamp", "stars": 5, "issues": []},
         None,  # an error row
-    ]  # fmt: skip
+    ]
     rows = [{"id": str(i), "extracted": to_arrow(v, shape)} for i, v in enumerate(values)]
     schema = pa.schema([pa.field("id", pa.string()), pa.field("extracted", shape.type)])
     path = tmp_path / "part.parquet"
@@ -138,13 +146,15 @@ def test_bad_schema_values_name_the_problem(tmp_path, value, words):
     "schema, words",
     [
         ({"type": "objekt"}, ["invalid JSON schema at type", "objekt"]),
-        ({"type": "object", "properties": {"a": {"type": "integer", "minimum": "one"}}},
-         ["invalid JSON schema at properties/a/minimum", "'one'"]),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer", "minimum": "one"}}},
+            ["invalid JSON schema at properties/a/minimum", "'one'"],
+        ),
         ({"type": "string", "pattern": "[a-"}, ["invalid JSON schema at pattern", "'[a-' is not a 'regex'"]),
         ({"type": "string", "pattern": "(a)\\1"}, ["schema", "Backreference is not supported"]),  # engine
         ({"type": "integer", "minimum": 5, "maximum": 1}, ["schema", "minimum"]),
     ],
-)  # fmt: skip
+)
 def test_invalid_schemas_fail_up_front(schema, words):
     with pytest.raises(JobConfigError) as err:
         check_schema(schema)
@@ -159,9 +169,13 @@ def test_outputs_are_validated_against_the_schema():
     assert kind is problem is None and value["stars"] == 3 and value["issues"] == ["chipped"]
     value, kind, problem = ex.parse('{"sentiment": "neutral", "product": "mu', "length")
     assert value is None and kind == "truncated_json" and "max_tokens was reached" in problem
-    value, kind, problem = ex.parse('{"sentiment": "meh", "product": "mug", "stars": 3, "issues": []}', "stop")
+    value, kind, problem = ex.parse(
+        '{"sentiment": "meh", "product": "mug", "stars": 3, "issues": []}', "stop"
+    )
     assert value is None and kind == "schema" and "$.sentiment" in problem and "'meh'" in problem
-    value, kind, problem = ex.parse('{"sentiment": "neutral", "product": "mug", "stars": 9, "issues": []}', "stop")
+    value, kind, problem = ex.parse(
+        '{"sentiment": "neutral", "product": "mug", "stars": 9, "issues": []}', "stop"
+    )
     assert value is None and kind == "schema" and "$.stars" in problem and "maximum" in problem
     value, kind, problem = ex.parse("not json", "stop")
     assert value is None and kind == "schema" and "not valid JSON" in problem

@@ -33,8 +33,13 @@ def test_hundred_rows_across_three_schemas_parse_and_validate(tmp_path: Path) ->
         write_parquet(
             tmp_path / name / "in.parquet", [{"id": f"{name}-{i}", "text": t} for i, t in enumerate(texts)]
         )
-        cfg = {"task": "extract", "id_column": "id", "schema": schema, "sampling": {"max_tokens": MAX_TOKENS},
-               "template": QUESTIONS[name].replace("{text}", "{{ text }}")}  # fmt: skip
+        cfg = {
+            "task": "extract",
+            "id_column": "id",
+            "schema": schema,
+            "sampling": {"max_tokens": MAX_TOKENS},
+            "template": QUESTIONS[name].replace("{text}", "{{ text }}"),
+        }
         spec = load_job(str(tmp_path / name), str(tmp_path / f"{name}-out"), "smollm2-135m-instruct", cfg)
         summary, failures = run_local(spec, llm=llm, progress=False)
         assert failures == []

@@ -34,10 +34,14 @@ REQUESTS = [
     _line("embed-1", "/v1/embeddings", input="x"),
     _line("logit-bias", max_tokens=2, logit_bias={"1": 5}),
     _line("bad-temp", max_tokens=2, temperature=-1),
-    _line("chat-3", max_tokens=2, messages=[{"role": "system", "content": "Terse."}, {"role": "user", "content": "Hi"}]),
+    _line(
+        "chat-3",
+        max_tokens=2,
+        messages=[{"role": "system", "content": "Terse."}, {"role": "user", "content": "Hi"}],
+    ),
     _line("cmpl-2", "/v1/completions", prompt=["one prompt in a list"], max_tokens=2),
     _line("chat-n3", max_tokens=3, n=3, temperature=1.0, seed=7, presence_penalty=0.5, frequency_penalty=0.2),
-]  # fmt: skip
+]
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
@@ -65,7 +69,9 @@ def validate_openai_batch_output(text: str, inputs: list[dict[str, Any]]) -> dic
             assert [c["index"] for c in body["choices"]] == list(range(len(body["choices"])))
             for choice in body["choices"]:
                 assert choice["finish_reason"] in ("stop", "length")
-                content = choice["message"]["content"] if body["object"] == "chat.completion" else choice["text"]
+                content = (
+                    choice["message"]["content"] if body["object"] == "chat.completion" else choice["text"]
+                )
                 assert isinstance(content, str)
                 if body["object"] == "chat.completion":
                     assert choice["message"]["role"] == "assistant"
@@ -81,8 +87,22 @@ def validate_openai_batch_output(text: str, inputs: list[dict[str, Any]]) -> dic
 
 
 def _run(inp: str, out: str, *extra: str) -> int:
-    return main(["run", "--input", inp, "--output", out, "--model", "tiny", "--no-progress", "--shard-rows", "3",
-                 *ENGINE_FLAGS, *extra])  # fmt: skip
+    return main(
+        [
+            "run",
+            "--input",
+            inp,
+            "--output",
+            out,
+            "--model",
+            "tiny",
+            "--no-progress",
+            "--shard-rows",
+            "3",
+            *ENGINE_FLAGS,
+            *extra,
+        ]
+    )
 
 
 def test_batch_round_trip(tmp_path: Path, tiny_llm) -> None:
@@ -101,8 +121,9 @@ def test_batch_round_trip(tmp_path: Path, tiny_llm) -> None:
     chat = tiny_llm.apply_chat_template(REQUESTS[0]["body"]["messages"])
     from prefixflow.engine import SamplingParams
 
-    expect_chat = tiny_llm.generate([tiny_llm.tokenizer.encode(chat, add_special_tokens=False)],
-                                    SamplingParams(max_tokens=4))[0]  # fmt: skip
+    expect_chat = tiny_llm.generate(
+        [tiny_llm.tokenizer.encode(chat, add_special_tokens=False)], SamplingParams(max_tokens=4)
+    )[0]
     assert body["chat-1"]["choices"][0]["message"]["content"] == expect_chat.text
     assert body["chat-1"]["usage"]["prompt_tokens"] == len(expect_chat.prompt_token_ids)
     expect_cmpl = tiny_llm.generate(["Once upon a time"], SamplingParams(max_tokens=4))[0]
@@ -110,7 +131,9 @@ def test_batch_round_trip(tmp_path: Path, tiny_llm) -> None:
     assert body["cmpl-2"]["object"] == "text_completion" and body["chat-2"]["usage"]["completion_tokens"] <= 3
     n3 = body["chat-n3"]  # three samples of one prompt, with penalties, seeded
     assert len(n3["choices"]) == 3
-    seeded = SamplingParams(max_tokens=3, n=3, temperature=1.0, seed=7, presence_penalty=0.5, frequency_penalty=0.2)
+    seeded = SamplingParams(
+        max_tokens=3, n=3, temperature=1.0, seed=7, presence_penalty=0.5, frequency_penalty=0.2
+    )
     chat_n3 = tiny_llm.apply_chat_template(REQUESTS[-1]["body"]["messages"])
     (expect_n3,) = tiny_llm.generate([tiny_llm.tokenizer.encode(chat_n3, add_special_tokens=False)], seeded)
     assert [c["message"]["content"] for c in n3["choices"]] == [s.text for s in expect_n3.outputs]
@@ -126,7 +149,9 @@ def test_an_interrupted_batch_resumes_and_answers_each_request_once(tmp_path: Pa
     job = prepare_batch(str(batch), str(results), "tiny", {"engine": dict(ENGINE)}, shard_rows=3)
     run_id = prepare_output(job.spec).run_id
     first = plan_shards(job.spec)[0]
-    run_shard(open_run(job.spec), first, tiny_llm)  # then the process "dies": one shard committed, no results file
+    run_shard(
+        open_run(job.spec), first, tiny_llm
+    )  # then the process "dies": one shard committed, no results file
     assert not results.exists()
     committed = sorted(p.name for p in (Path(job.spec.output) / "data").rglob("*.parquet"))
     assert _run(str(batch), str(results)) == 0
@@ -188,8 +213,16 @@ def test_no_op_fields_are_accepted_and_a_blank_custom_id_is_refused(tmp_path: Pa
     from prefixflow.pipeline import InputError
     from prefixflow.pipeline.tasks.openai_batch import parse_batch
 
-    no_ops = _line("noop", max_tokens=2, logprobs=False, tools=[], response_format={"type": "text"}, logit_bias={},
-                   tool_choice="none", parallel_tool_calls=True)  # fmt: skip
+    no_ops = _line(
+        "noop",
+        max_tokens=2,
+        logprobs=False,
+        tools=[],
+        response_format={"type": "text"},
+        logit_bias={},
+        tool_choice="none",
+        parallel_tool_calls=True,
+    )
     real = _line("json", max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}])
     data = "".join(json.dumps(x) + "\n" for x in (no_ops, real)).encode()
     by_id = {r.custom_id: r for r in parse_batch(data, "b.jsonl")}

@@ -132,16 +132,25 @@ def test_schema_from_a_file_beside_the_job_and_its_content_in_the_fingerprint(tm
         (_extract_job(schema={"type": "integer", "minimum": 3, "maximum": 1}), ["schema", "minimum"]),
         (_extract_job(schema="nowhere.json"), ["schema", "nowhere.json", "not found"]),
         (job("generate", schema=SCHEMA), ["schema", "applies to extract jobs only"]),
-        (job("generate", sampling={"structured": {"regex": "(ab"}}), ["sampling.structured", "invalid regex"]),
-        (job("generate", sampling={"structured": {"regexp": "a"}}), ["sampling.structured.regexp", "'regex'"]),
-        (job("generate", sampling={"structured": {"grammar": 'root ::= "a" | b'}}), ['Rule "b" is not defined']),
+        (
+            job("generate", sampling={"structured": {"regex": "(ab"}}),
+            ["sampling.structured", "invalid regex"],
+        ),
+        (
+            job("generate", sampling={"structured": {"regexp": "a"}}),
+            ["sampling.structured.regexp", "'regex'"],
+        ),
+        (
+            job("generate", sampling={"structured": {"grammar": 'root ::= "a" | b'}}),
+            ['Rule "b" is not defined'],
+        ),
         (job("generate", sampling={"structured": {"regex": "a", "choice": ["a"]}}), ["exactly one"]),
         (_extract_job(sampling={"structured": {"regex": "a"}}), ["already constrained to its schema"]),
         (_extract_job(sampling={"ignore_eos": True}), ["sampling.ignore_eos", "constrained"]),
         (job("label", label={"mode": "constrained"}, sampling={"min_tokens": 2}), ["sampling.min_tokens"]),
         (job("label", label={"mode": "constrain"}), ["label.mode", "constrained"]),
     ],
-)  # fmt: skip
+)
 def test_bad_constraints_fail_before_any_work(tmp_path: Path, cfg: dict, words: list[str]) -> None:
     with pytest.raises(JobConfigError) as err:
         load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
@@ -158,8 +167,19 @@ def test_cli_exits_2_naming_a_bad_regex_and_a_bad_schema(tmp_path: Path, capsys)
     for cfg, words in cases:
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        code = main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
-                     "--job", str(path), "--model", "tiny"])  # fmt: skip
+        code = main(
+            [
+                "run",
+                "--input",
+                str(tmp_path / "in"),
+                "--output",
+                str(tmp_path / "out"),
+                "--job",
+                str(path),
+                "--model",
+                "tiny",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2, err
         assert words in err

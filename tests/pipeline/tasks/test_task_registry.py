@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 def _documented_task() -> type[Task]:
     """The worked example of docs/architecture.md ("Adding a task"), as written there."""
     text = (REPO / "docs" / "architecture.md").read_text()
-    section = text[text.index("### Adding a task"):]
+    section = text[text.index("### Adding a task") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     module = types.ModuleType("keywords_task")
@@ -31,7 +31,9 @@ def _documented_task() -> type[Task]:
     return module.KeywordsTask  # type: ignore[no-any-return]
 
 
-def test_the_documented_task_runs_end_to_end(tmp_path: Path, tiny_llm, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_documented_task_runs_end_to_end(
+    tmp_path: Path, tiny_llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(registry.TASKS, "keywords", _documented_task()())  # the registry line
     write_dataset(tmp_path / "in", files=1, rows_per_file=4)
     cfg = job("keywords", template="Keywords for: {{ text }}", sampling={"max_tokens": 6})

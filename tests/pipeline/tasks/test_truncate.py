@@ -15,8 +15,12 @@ LONG = " ".join(f"w{i}" for i in range(WORDS))
 
 
 def _kept(tiny_llm, side: str) -> tuple[list[int], str]:
-    cfg = job("summarize", chat="off", template="Summarize: {{ document }}",
-              summarize={"long_document": "truncate", "truncate_side": side})  # fmt: skip
+    cfg = job(
+        "summarize",
+        chat="off",
+        template="Summarize: {{ document }}",
+        summarize={"long_document": "truncate", "truncate_side": side},
+    )
     spec = load_job("in/", "", "tiny", cfg)
     prep = RowPreparer(spec.config, tiny_llm, {}, spec.task)
     prepared = prep.prepare({"id": "long", "text": LONG}, {"id": "long"}, "d.parquet", 0)

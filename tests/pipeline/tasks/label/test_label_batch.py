@@ -33,7 +33,11 @@ def _softmax(xs: list[float]) -> list[float]:
 
 def test_batch_bias_matches_a_hand_computation_on_a_fixed_score_table() -> None:
     """Two labels, three rows: the prior is each label's mean softmax probability, in log space."""
-    table = [[0.0, math.log(3)], [math.log(3), 0.0], [0.0, 0.0]]  # softmax: (1/4, 3/4), (3/4, 1/4), (1/2, 1/2)
+    table = [
+        [0.0, math.log(3)],
+        [math.log(3), 0.0],
+        [0.0, 0.0],
+    ]  # softmax: (1/4, 3/4), (3/4, 1/4), (1/2, 1/2)
     assert batch_bias(table, None) == pytest.approx([math.log(0.5), math.log(0.5)])  # already balanced
     skewed = [[0.0, math.log(9)], [0.0, math.log(9)], [math.log(9), 0.0]]  # (.1,.9), (.1,.9), (.9,.1)
     prior = [(0.1 + 0.1 + 0.9) / 3, (0.9 + 0.9 + 0.1) / 3]
@@ -65,7 +69,9 @@ def _per_label(llm, prompt: str) -> list[float]:
 def test_label_probs_are_the_batch_calibrated_engine_scores(tmp_path: Path, tiny_llm, method: str) -> None:
     rows = _rows(30)  # >= 8 x 3 labels, all distinct; fewer than calibration_rows, so the sample is every row
     write_parquet(tmp_path / "in" / "rows.parquet", rows)
-    cfg = job("label", chat="off", template=TEMPLATE, label={"calibration": method}, output={"shard_rows": 10})
+    cfg = job(
+        "label", chat="off", template=TEMPLATE, label={"calibration": method}, output={"shard_rows": 10}
+    )
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
     summary, failures = run_local(spec, llm=tiny_llm, progress=False)
     assert failures == [] and summary.complete
@@ -86,7 +92,9 @@ def test_label_probs_are_the_batch_calibrated_engine_scores(tmp_path: Path, tiny
     cal = summary.label_calibration
     assert cal["applied"] == method and cal["fallback"] is None and cal["sample_rows"] == len(rows)
     assert cal["prior"] == pytest.approx(dict(zip(LABELS, prior)), abs=1e-6)
-    assert cal["prompt_tokens"] == sum(len(tiny_llm.tokenizer.encode(f"Review: {r['text']}\nVerdict:")) for r in rows)
+    assert cal["prompt_tokens"] == sum(
+        len(tiny_llm.tokenizer.encode(f"Review: {r['text']}\nVerdict:")) for r in rows
+    )
     before = [LABELS[max(range(3), key=lambda k: r[k])] for r in raw]
     assert summary.label_counts_raw == {lb: before.count(lb) for lb in LABELS if before.count(lb)}
 
@@ -97,8 +105,11 @@ def test_resume_after_a_kill_uses_the_stored_estimate(tmp_path: Path, tiny_llm) 
     cfg = job("label", chat="off", template=TEMPLATE, output={"shard_rows": 10, "flush_rows": 3})
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(cfg))
-    reference, _ = run_local(load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
-                             llm=tiny_llm, progress=False)  # fmt: skip
+    reference, _ = run_local(
+        load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
+        llm=tiny_llm,
+        progress=False,
+    )
     ref_prior = json.loads(next(Path(tmp_path / "ref", "_calibration").rglob("label_prior.json")).read_text())
     assert ref_prior["applied"] == "batch+contextual" and ref_prior["sample_rows"] == 40
     out = str(tmp_path / "out")
@@ -166,7 +177,9 @@ def test_identical_sample_rows_fall_back_to_contextual_and_say_so(tmp_path: Path
 
 
 def test_a_small_sample_falls_back_and_a_gold_column_is_reported(tmp_path: Path, tiny_llm) -> None:
-    rows = [{"id": f"r{i}", "text": t, "truth": LABELS[i % 3]} for i, t in enumerate(["good", "bad", "meh"] * 4)]
+    rows = [
+        {"id": f"r{i}", "text": t, "truth": LABELS[i % 3]} for i, t in enumerate(["good", "bad", "meh"] * 4)
+    ]
     write_parquet(tmp_path / "in" / "rows.parquet", rows)
     cfg = job("label", chat="off", template=TEMPLATE, label={"gold_column": "truth"})
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
@@ -177,7 +190,9 @@ def test_a_small_sample_falls_back_and_a_gold_column_is_reported(tmp_path: Path,
     q = summary.label_quality["calibrated"]
     pred, gold = df["label"].to_list(), df["label_gold"].to_list()
     assert q["rows"] == 12 and q["accuracy"] == pytest.approx(sum(p == g for p, g in zip(pred, gold)) / 12)
-    assert q["confusion"] == [[sum(g == t and p == c for p, g in zip(pred, gold)) for c in LABELS] for t in LABELS]
+    assert q["confusion"] == [
+        [sum(g == t and p == c for p, g in zip(pred, gold)) for c in LABELS] for t in LABELS
+    ]
     assert summary.label_quality["raw"]["rows"] == 12
     svg = Path(tmp_path / "out" / "_labels.svg").read_text()
     assert "confusion (rows: gold" in svg and "before (raw scores)" in svg

@@ -57,7 +57,9 @@ def test_watch_warns_once_after_its_window_and_finish_checks_short_runs() -> Non
 
 @pytest.mark.parametrize("rows", [30])
 def test_a_collapsed_label_job_is_reported_everywhere(tmp_path: Path, tiny_llm, rows: int) -> None:
-    write_parquet(tmp_path / "in" / "rows.parquet", [{"id": f"r{i}", "text": f"row {i} text"} for i in range(rows)])
+    write_parquet(
+        tmp_path / "in" / "rows.parquet", [{"id": f"r{i}", "text": f"row {i} text"} for i in range(rows)]
+    )
     cfg = job("label", chat="off", label=COLLAPSING, output={"shard_rows": 10})
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
     stream = io.StringIO()

@@ -51,8 +51,14 @@ def _expected_bias(llm, rows: list[dict], method: str) -> tuple[list[float], lis
 
 
 def _run(tmp_path: Path, llm, rows: list[dict], method: str, name: str):
-    cfg = job("label", chat="off", template=TEMPLATE, sampling={"max_tokens": MAX_TOKENS},
-              label={"mode": "constrained", "calibration": method}, output={"shard_rows": 10})  # fmt: skip
+    cfg = job(
+        "label",
+        chat="off",
+        template=TEMPLATE,
+        sampling={"max_tokens": MAX_TOKENS},
+        label={"mode": "constrained", "calibration": method},
+        output={"shard_rows": 10},
+    )
     spec = load_job(str(tmp_path / "in"), str(tmp_path / name), "tiny", cfg)
     summary, failures = run_local(spec, llm=llm, progress=False)
     assert failures == [] and summary.complete

@@ -39,8 +39,10 @@ def _expected(llm, prompt: str, refs: list[str], norm: str, case: bool) -> dict[
 
     def per_label(text: str) -> list[float]:
         scores = llm.score_choices([tok.encode(text)], [flat])[0]
-        by_choice = {c: s / (len(tok.encode(c, add_special_tokens=False)) if norm == "mean" else 1)
-                     for c, s in zip(flat, scores)}  # fmt: skip
+        by_choice = {
+            c: s / (len(tok.encode(c, add_special_tokens=False)) if norm == "mean" else 1)
+            for c, s in zip(flat, scores)
+        }
         return [math.log(sum(math.exp(by_choice[" " + f]) for f in forms[lb])) for lb in LABELS]
 
     row = per_label(prompt)
@@ -55,14 +57,18 @@ def _expected(llm, prompt: str, refs: list[str], norm: str, case: bool) -> dict[
     ("label_cfg", "refs"),
     [
         ({}, ["Review: N/A\nVerdict:", "Review: [MASK]\nVerdict:"]),  # the default
-        ({"content_free": ["N/A", "", "[MASK]"]}, ["Review: N/A\nVerdict:", "Review: \nVerdict:",
-                                                   "Review: [MASK]\nVerdict:"]),  # Zhao et al.'s three
+        (
+            {"content_free": ["N/A", "", "[MASK]"]},
+            ["Review: N/A\nVerdict:", "Review: \nVerdict:", "Review: [MASK]\nVerdict:"],
+        ),  # Zhao et al.'s three
         ({"calibration": "none", "length_norm": "mean", "case_variants": False}, []),
         ({"calibration": "domain", "case_variants": False}, ["Verdict:"]),
         ({"content_free": ["nothing"], "length_norm": "mean"}, ["Review: nothing\nVerdict:"]),
     ],
 )
-def test_label_probs_are_the_calibrated_engine_scores(tmp_path: Path, tiny_llm, label_cfg: dict, refs) -> None:
+def test_label_probs_are_the_calibrated_engine_scores(
+    tmp_path: Path, tiny_llm, label_cfg: dict, refs
+) -> None:
     cfg = job("label", chat="off", template="Review: {{ text }}\nVerdict:", label=label_cfg)
     _, df = _run(tmp_path, tiny_llm, cfg, [{"id": f"r{i}", "text": t} for i, t in enumerate(TEXTS)])
     norm = label_cfg.get("length_norm", "sum")
@@ -85,17 +91,24 @@ def test_calibration_changes_the_probabilities(tmp_path: Path, tiny_llm) -> None
 
 
 @pytest.mark.parametrize("template", ["Message: {{ body }}", "{{ subject }}\n\n{{ body }}"])
-def test_a_null_or_blank_templated_field_is_an_error_row_not_a_label(tmp_path: Path, tiny_llm, template) -> None:
+def test_a_null_or_blank_templated_field_is_an_error_row_not_a_label(
+    tmp_path: Path, tiny_llm, template
+) -> None:
     """Regression (issue 14): a null body rendered as 'Message: None' and was labeled at p~0.98."""
-    rows = [{"id": "ok", "subject": "refund", "body": "I was charged twice"},
-            {"id": "null", "subject": "refund", "body": None},
-            {"id": "blank", "subject": "refund", "body": "  \n "},
-            {"id": "empty", "subject": "refund", "body": ""}]  # fmt: skip
+    rows = [
+        {"id": "ok", "subject": "refund", "body": "I was charged twice"},
+        {"id": "null", "subject": "refund", "body": None},
+        {"id": "blank", "subject": "refund", "body": "  \n "},
+        {"id": "empty", "subject": "refund", "body": ""},
+    ]
     summary, df = _run(tmp_path, tiny_llm, job("label", chat="off", template=template), rows)
     got = {r["id"]: r for r in df.to_dicts()}
     assert got["ok"]["error"] is None and got["ok"]["label"] in LABELS
-    for rid, cls, word in (("null", "null_prompt", "null"), ("blank", "empty_prompt", "blank"),
-                           ("empty", "empty_prompt", "blank")):  # fmt: skip
+    for rid, cls, word in (
+        ("null", "null_prompt", "null"),
+        ("blank", "empty_prompt", "blank"),
+        ("empty", "empty_prompt", "blank"),
+    ):
         row = got[rid]
         assert row["error_class"] == cls and row["label"] is None and row["label_probs"] is None
         assert f"column 'body' is {word}" in row["error"] and "{% if body %}" in row["error"]
@@ -104,7 +117,10 @@ def test_a_null_or_blank_templated_field_is_an_error_row_not_a_label(tmp_path: P
 
 def test_a_template_that_handles_a_null_field_labels_the_row(tmp_path: Path, tiny_llm) -> None:
     template = "Subject: {{ subject }}{% if body %}\nMessage: {{ body }}{% endif %}"
-    rows = [{"id": "null", "subject": "refund", "body": None}, {"id": "set", "subject": "refund", "body": "hi"}]
+    rows = [
+        {"id": "null", "subject": "refund", "body": None},
+        {"id": "set", "subject": "refund", "body": "hi"},
+    ]
     summary, df = _run(tmp_path, tiny_llm, job("label", chat="off", template=template), rows)
     assert summary.error_rows == 0 and set(df["label"]) <= set(LABELS)
 
@@ -119,8 +135,11 @@ def test_a_template_that_handles_a_null_field_labels_the_row(tmp_path: Path, tin
         ({"content_free": "N/A"}, None, ["label.content_free", "non-empty list"]),
         ({"labels": ["Yes", "yes"]}, None, ["label.labels", "'Yes' and 'yes'", "case_variants: false"]),
         ({"calibration": "domain"}, "Classify: {{ text }}", ["label.calibration: domain", "after its last"]),
-        ({"calibration": "contextual"}, "{{ text.split()[3] }}",
-         ["label.content_free", "every content-free input", "calibration: none"]),
+        (
+            {"calibration": "contextual"},
+            "{{ text.split()[3] }}",
+            ["label.content_free", "every content-free input", "calibration: none"],
+        ),
         ({"calibration": "batch+contextual"}, "{{ text.split()[3] }}", ["label.content_free"]),
         ({"calibration_rows": 0}, None, ["label.calibration_rows", "positive integer"]),
     ],

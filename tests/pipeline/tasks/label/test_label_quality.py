@@ -58,15 +58,19 @@ def _case(set_name: str, style_name: str):
 
 
 @pytest.mark.parametrize(("set_name", "style_name"), list(FLOORS))
-def test_batch_calibration_beats_contextual_and_stays_above_its_floor(smollm2, set_name: str, style_name: str) -> None:
+def test_batch_calibration_beats_contextual_and_stays_above_its_floor(
+    smollm2, set_name: str, style_name: str
+) -> None:
     label_set, style = _case(set_name, style_name)
     rows = read_jsonl(label_set.file)
     k = len(label_set.labels)
     assert [r["label"] for r in rows].count(label_set.labels[0]) == len(rows) // k  # balanced
     gold = [label_set.labels.index(r["label"]) for r in rows]
     raw = _scores(smollm2, label_set, style, rows)
-    got = {m: label_metrics(gold, method_probs(label_set, style, raw, m, "sum", True), k)
-           for m in (DEFAULT, "contextual")}  # fmt: skip
+    got = {
+        m: label_metrics(gold, method_probs(label_set, style, raw, m, "sum", True), k)
+        for m in (DEFAULT, "contextual")
+    }
     floor, max_share, _ = FLOORS[(set_name, style_name)]
     assert got[DEFAULT]["accuracy"] >= got["contextual"]["accuracy"], got
     assert got[DEFAULT]["accuracy"] >= floor, got
@@ -78,7 +82,9 @@ def test_the_default_job_end_to_end_equals_the_offline_figures(smollm2) -> None:
     rows = read_jsonl(label_set.file)
     gold = [label_set.labels.index(r["label"]) for r in rows]
     raw = _scores(smollm2, label_set, style, rows)
-    offline = label_metrics(gold, method_probs(label_set, style, raw, DEFAULT, "sum", True), len(label_set.labels))
+    offline = label_metrics(
+        gold, method_probs(label_set, style, raw, DEFAULT, "sum", True), len(label_set.labels)
+    )
     result = pipeline_run(smollm2, "smollm2-135m-instruct", label_set, style, rows)
     assert result["calibration"]["applied"] == DEFAULT and result["calibration"]["sample_rows"] == len(rows)
     assert result["predicted"] == offline["predicted"] and result["accuracy"] == offline["accuracy"]
