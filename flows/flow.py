@@ -185,7 +185,9 @@ def batch_inference(
     driving = drive_output(
         with_credentials(load_job(input, output, model, job, **overrides), credentials_block), logger
     )
-    with driving, make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp)) as runner:
+    # built first: an unreachable Ray cluster fails here, before the driver lease writes into the output
+    task_runner = make_task_runner(ray_address, lanes or max(1, visible_gpus() // tp))
+    with driving, task_runner as runner:
         layout = lane_layout(
             lanes,
             gpus_per_lane,

@@ -107,7 +107,7 @@ def test_console_script_works_without_prefect_and_lists_serve(tmp_path: Path) ->
 
 
 def test_pipeline_never_imports_flows() -> None:
-    res = _python("import sys, pipeline.cli; sys.exit(pipeline.cli.main(['serve']))")
+    res = _python("import sys, prefixflow.pipeline.cli as cli; sys.exit(cli.main(['serve']))")
     assert res.returncode == 2 and "prefixflow serve" in res.stderr
     code = "import sys, prefixflow.pipeline.cli, prefixflow.pipeline; print(sorted(m for m in sys.modules if m.startswith('prefixflow.flows')))"
     assert _python(code).stdout.strip() == "[]"
