@@ -105,7 +105,12 @@ class LLMEngine:
         )
         self._open_disk_tier(cost, dtype)
         self.speculator = build_speculator(
-            cfg, self.source, self.max_model_len, self.scheduler.speculation, self.runner.num_blocks
+            cfg,
+            self.source,
+            self.max_model_len,
+            self.scheduler.speculation,
+            self.runner.num_blocks,
+            self.structured.token_bytes,
         )
         # Called after every step with the engine's counters (live progress, throughput series): the
         # counts move per step, not when a request finishes.
