@@ -45,6 +45,14 @@ def _check(model_dir, pp: int = 2, tp: int = 1, against_transformers: bool = Tru
         got_greedy, got_sampled = _run(llm, prompts)
         stats = llm.stats()
         per_rank = llm.engine.runner.pipeline_stats()  # [compute_s, wait_s, bytes_sent, steps] per rank
+        in_flight = llm.engine.runner.in_flight
+        pool = llm.engine.kv.pool
+        assert pool.num_free == len(pool.blocks)  # no leaked block
+    lanes = extra.get("pipeline_virtual_engines", pp)
+    if lanes > 1:  # virtual engines: steps of different lanes were in the stages at the same time
+        assert in_flight is not None and in_flight.max_in_flight == lanes
+    else:
+        assert in_flight is None
     assert got_greedy == want_greedy  # and so transformers' tokens, where checked
     assert got_sampled == want_sampled  # seeded sampling: the same tokens as PP=1
     assert stats.preemptions > 0, "the workload must preempt"
@@ -57,7 +65,30 @@ def _check(model_dir, pp: int = 2, tp: int = 1, against_transformers: bool = Tru
 
 
 def test_two_stages_equal_one_and_transformers(llama_dir):
-    _check(llama_dir)
+    _check(llama_dir)  # two virtual engines: a step of each lane in flight
+
+
+@pytest.mark.slow
+def test_one_virtual_engine_fills_and_drains_each_step(llama_dir):
+    _check(llama_dir, pipeline_virtual_engines=1)  # the earlier design: micro-batches within a step
+
+
+def test_aborted_lanes_land_and_free_every_block(llama_dir):
+    """A stream closed while both lanes have a step in flight: the steps land (no stage is left
+    mid-step), every block comes back, and the next call gets exact tokens."""
+    with LLM(str(llama_dir), pipeline_parallel_size=2, **OPTIONS) as llm:
+        prompts = _prompts()
+        stream = llm.generate_stream(prompts, GREEDY)
+        next(stream)
+        assert llm.engine.lanes is not None and len(llm.engine.lanes.in_flight) == 1
+        stream.close()
+        pool = llm.engine.kv.pool
+        assert not llm.engine.has_unfinished() and not llm.engine.lanes.busy
+        assert pool.num_free == len(pool.blocks)
+        per_rank = llm.engine.runner.pipeline_stats()
+        assert per_rank[:, 3].tolist() == [llm.stats().steps] * 2
+        again = [list(o.token_ids) for o in llm.generate(prompts[:3], GREEDY)]
+    assert again == _reference(str(llama_dir), True)[0][:3]
 
 
 @pytest.mark.slow
