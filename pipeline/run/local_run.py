@@ -22,6 +22,7 @@ from prefixflow.pipeline.run.handle import open_run, prepare_run
 from prefixflow.pipeline.run.planning import Shard, plan_shards
 from prefixflow.pipeline.run.record import check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
+from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
@@ -40,6 +41,22 @@ def run_local(
     Everything that can fail on a bad job (model, engine settings, columns, output root) fails before
     the run record is written: the engine is loaded first when any shard is left to run."""
     console = console or Console(stderr=True)
+
+    def storage(text: str, still_slow: bool) -> None:  # slow storage outside the shard loop
+        console.print(Text(text, style="yellow" if still_slow else ""), soft_wrap=True)
+
+    with slow.watch(storage):
+        return _run_local(spec, new_run, llm, progress, console, progress_interval)
+
+
+def _run_local(
+    spec: JobSpec,
+    new_run: bool,
+    llm: Engine | None,
+    progress: bool | None,
+    console: Console,
+    progress_interval: float | None,
+) -> tuple[RunSummary, list[ShardError]]:
     shards = plan_shards(spec)
     check_output(spec, new_run)
     owned = llm is None

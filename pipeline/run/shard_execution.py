@@ -24,7 +24,7 @@ from prefixflow.pipeline.run.duplicates import load_derived_ids, load_duplicates
 from prefixflow.pipeline.run.handle import Run
 from prefixflow.pipeline.run.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.run.planning import Shard
-from prefixflow.pipeline.storage.sources import read_rows
+from prefixflow.pipeline.storage.parquet_index import InputReader
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.base import RowWatch
 from prefixflow.pipeline.tasks.inference import execute
@@ -144,7 +144,8 @@ def _run_shard(
     try:
         in_store = Store.open(spec.input, spec.config.storage)
         size = run.record.inputs.get(shard.relpath, {}).get("size")
-        table = read_rows(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns(), size)
+        reader = run.cached("input_reader", InputReader)  # each file's footer parsed once per run
+        table = reader.read(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns(), size)
         rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
     except Exception as exc:
         raise ShardError(
