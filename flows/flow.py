@@ -96,7 +96,9 @@ def summarize_run(
     """Write the manifest through the pipeline's `finalize` (totals from the commit markers;
     `complete` says whether every shard is committed) and publish the summary table artifact.
     `resubmits`: lane attempts whose Ray node or worker died, each resubmitted."""
-    run = open_run(with_credentials(spec, credentials_block))
+    # the lanes' own markers: finalize then reads only those of shards committed before this run
+    markers = [m for report in reports for m in report.markers]
+    run = open_run(with_credentials(spec, credentials_block), markers=markers)
     summary = finalize(run)
     metrics = run_metrics(summary.as_dict(), reports, wall_s)
     metrics.update(run_lane_resubmits=list(resubmits or []), run_nodes=sorted({r.node_id for r in reports}))

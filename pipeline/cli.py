@@ -149,7 +149,7 @@ def _spec(args: argparse.Namespace, output: str) -> JobSpec:
 
 def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/run/batch_run.py)."""
-    from prefixflow.pipeline.run.batch_run import cleanup_inputs, prepare_batch, write_results
+    from prefixflow.pipeline.run.batch_run import cleanup_inputs, driving_batch, write_results
     from prefixflow.pipeline.run.local_run import print_summary, run_local
 
     overrides = {
@@ -160,20 +160,23 @@ def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
             "[yellow]note:[/] --id-column and --prompt-column do not apply to an OpenAI Batch file "
             "(custom_id and the request bodies are used)"
         )
-    batch = prepare_batch(args.input, args.output, args.model, args.job, new_run=args.new_run, **overrides)
-    err.print(
-        f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}", soft_wrap=True
-    )
-    summary, failures = run_local(
-        batch.spec,
-        new_run=args.new_run,
-        progress=False if args.no_progress else None,
-        console=err,
-        progress_interval=args.progress_interval,
-    )
-    cleanup_inputs(batch)
+    with driving_batch(
+        args.input, args.output, args.model, args.job, new_run=args.new_run, **overrides
+    ) as batch:
+        err.print(
+            f"OpenAI Batch file: {batch.num_requests} requests; run state in {batch.spec.output}",
+            soft_wrap=True,
+        )
+        summary, failures = run_local(
+            batch.spec,
+            new_run=args.new_run,
+            progress=False if args.no_progress else None,
+            console=err,
+            progress_interval=args.progress_interval,
+        )
+        cleanup_inputs(batch)
+        written = write_results(batch) if summary.complete and not failures else 0
     print_summary(err if args.json else out, summary, batch.spec.config.storage)
-    written = write_results(batch) if summary.complete and not failures else 0
     if args.json:
         print(
             json.dumps(

@@ -113,28 +113,37 @@ class WorkerPool:
 
     def post(self, command: int, payload: torch.Tensor) -> None:
         """Broadcast ``command`` without waiting for the workers to take it (they may still be busy
-        with earlier steps: pipeline parallelism keeps steps in flight). Rank 0's part is the caller's,
-        inside ``guarded``; until ``settle`` the pool counts as busy (the NCCL hang watch)."""
+        with earlier steps: pipeline parallelism keeps steps in flight); rank 0's part is the
+        caller's, inside ``guarded``. The NCCL hang watch counts only while rank 0 is inside a call:
+        between calls no worker waits on rank 0 with a timeout (pipeline_inflight.py's order), and
+        the caller may take its time between engine steps."""
         with self.guard():
             self._busy_bound = self.timeout_s
             self._busy_since = time.monotonic()
-            self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
-            self._posted += self.group.send_command(command, payload, wait=False)
+            try:
+                self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
+                self._posted += self.group.send_command(command, payload, wait=False)
+            finally:
+                self._busy_since = None
 
     def guarded(self, work: Callable[[], _T]) -> _T:
         """Run rank 0's side of posted commands under the same failure handling as ``run``."""
         with self.guard():
-            if self._busy_since is not None:
-                self._busy_since = time.monotonic()  # progress: the hang bound counts from here
-            return work()
+            self._busy_bound = self.timeout_s
+            self._busy_since = time.monotonic()
+            try:
+                return work()
+            finally:
+                self._busy_since = None
 
     def settle(self) -> None:
-        """Nothing is in flight any more: every posted broadcast was taken; the pool is idle."""
-        with self.guard():
-            for work, _ in self._posted:
-                work.wait()
-            self._posted = []
-            self._busy_since = None
+        """Nothing is in flight any more: wait until the workers took every posted broadcast."""
+        self.guarded(self._wait_posted)
+
+    def _wait_posted(self) -> None:
+        for work, _ in self._posted:
+            work.wait()
+        self._posted = []
 
     @contextmanager
     def guard(self) -> Iterator[None]:

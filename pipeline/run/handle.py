@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,12 @@ class Run:
         """Every marker of this run, in shard order (those not yet known are read once)."""
         found = (self.marker(s) for s in sorted(self.committed_ids()))
         return [m for m in found if m is not None]
+
+    def held_markers(self, shard_ids: Iterable[str]) -> list[commits.CommitMarker]:
+        """The markers of these shards this Run already holds (its commits, what it read); reads none. A
+        lane hands its own to the flow, whose finalize then need not read one marker per shard again."""
+        with self._lock:
+            return [m for m in (self._markers.get(s) for s in shard_ids) if m is not None]
 
     def known_markers(self, markers: list[commits.CommitMarker]) -> None:
         """Markers someone already read for this run (prepare_output): not read again."""

@@ -20,7 +20,7 @@ from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
 from prefixflow.pipeline.run.handle import open_run, prepare_run
 from prefixflow.pipeline.run.planning import Shard, plan_shards
-from prefixflow.pipeline.run.record import check_output, hold_output
+from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
@@ -68,7 +68,7 @@ def _run_local(
             check_max_tokens(spec.config, llm.max_model_len)
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
-        with hold_output(spec, driver="prefixflow run"):
+        with hold_output(spec, driver=CLI_DRIVER):
             run = prepare_run(spec, new_run=new_run, shards=shards)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(

@@ -31,6 +31,7 @@ from prefixflow.pipeline.prompts.render import (
     static_prefix,
 )
 from prefixflow.pipeline.run.layout import RECORD_FILE
+from prefixflow.pipeline.storage.parquet_index import DECODED_CACHE_BYTES, FileIndex, InputReader
 from prefixflow.pipeline.storage.sources import InputFile, file_identity, list_inputs, parquet_file
 from prefixflow.pipeline.storage.store import Store
 
@@ -217,46 +218,52 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
     if not shards:
         return []
     store, _ = list_inputs(spec.input, cfg.storage)
+    reader = InputReader()  # each file's footer parsed once, not once per shard (O(shards^2) in one file)
     infos = []
     for shard in shards:
         text_bytes, sample = 0, ""
         if shard.error is None:
             try:
-                text_bytes = _text_bytes(store, shard, spec.prompt_columns())
+                text_bytes = _text_bytes(reader, store, shard, spec.prompt_columns())
             except Exception:
                 text_bytes = 0
-            sample = _first_prompt(spec, store, shard)
+            sample = _first_prompt(spec, store, shard, reader)
         prompt_tokens = text_bytes // CHARS_PER_TOKEN + len(shared) // CHARS_PER_TOKEN * shard.num_rows
         key = f"{head}:{sample}\x00{shard.relpath}:{shard.row_start:012d}"
         infos.append(ShardInfo(shard, key, int(prompt_tokens + max_out * shard.num_rows)))
     return infos
 
 
-def _first_prompt(spec: JobSpec, store: Store, shard: Shard) -> str:
+def _first_prompt(spec: JobSpec, store: Store, shard: Shard, reader: InputReader) -> str:
     """The start of the shard's first prompt as the engine would get it (before any chat wrapping,
     which adds the same text to every prompt); "" when the row cannot be read or rendered."""
     try:
-        row = _read_row(store, shard, spec.input_columns())
+        row = _read_row(store, shard, spec.input_columns(), reader)
         return _render_prompt(spec, row)[:PREFIX_KEY_CHARS]
     except Exception:
         return ""
 
 
-def _read_row(store: Store, shard: Shard, columns: list[str]) -> dict[str, Any]:
-    """Row ``shard.row_start`` of its file: only the needed columns of one row group, in small batches."""
-    pf = parquet_file(store, shard.path)
-    present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
-    offset = 0
-    for i in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(i).num_rows
-        if offset + n > shard.row_start:
-            skip = shard.row_start - offset
-            for batch in pf.iter_batches(batch_size=64, row_groups=[i], columns=present):
-                if skip < batch.num_rows:
-                    row: dict[str, Any] = batch.slice(skip, 1).to_pylist()[0]
-                    return row
-                skip -= batch.num_rows
-        offset += n
+def _read_row(store: Store, shard: Shard, columns: list[str], reader: InputReader) -> dict[str, Any]:
+    """Row ``shard.row_start`` of its file, only the needed columns: from its row group decoded once for
+    all the shards inside it, or (a row group too big to keep decoded) streamed in small batches."""
+    index = reader.index(store, shard.path)
+    group = index.groups(shard.row_start, shard.row_start + 1)
+    if not group:
+        raise IndexError(f"row {shard.row_start} is not in {shard.path}")
+    if index.uncompressed_bytes(group) <= DECODED_CACHE_BYTES:
+        row: dict[str, Any] = reader.read(
+            store, shard.path, shard.row_start, shard.row_start + 1, columns
+        ).to_pylist()[0]
+        return row
+    pf = parquet_file(store, shard.path, index.size)
+    present = [c for c in dict.fromkeys(columns) if c in index.names]
+    skip = shard.row_start - index.starts[group.start]
+    for batch in pf.iter_batches(batch_size=64, row_groups=[group.start], columns=present):
+        if skip < batch.num_rows:
+            row = batch.slice(skip, 1).to_pylist()[0]
+            return row
+        skip -= batch.num_rows
     raise IndexError(f"row {shard.row_start} is not in {shard.path}")
 
 
@@ -277,22 +284,25 @@ def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 
-def _text_bytes(store: Store, shard: Shard, columns: set[str]) -> int:
+def _text_bytes(reader: InputReader, store: Store, shard: Shard, columns: set[str]) -> int:
     total = 0
-    for piece in shard.ranges():
-        meta = parquet_file(store, piece.path).metadata
-        offset = 0
-        for i in range(meta.num_row_groups):
-            rg = meta.row_group(i)
-            lo, hi = max(offset, piece.row_start), min(offset + rg.num_rows, piece.row_end)
-            if hi > lo:
-                size = sum(
-                    rg.column(j).total_uncompressed_size
-                    for j in range(rg.num_columns)
-                    if rg.column(j).path_in_schema in columns
-                )
-                total += size * (hi - lo) // max(rg.num_rows, 1)
-            offset += rg.num_rows
+    for piece in shard.ranges():  # (a packed shard: each of its files)
+        total += _piece_text_bytes(reader.index(store, piece.path), piece, columns)
+    return total
+
+
+def _piece_text_bytes(index: FileIndex, piece: Piece, columns: set[str]) -> int:
+    total = 0
+    for i in index.groups(piece.row_start, piece.row_end):
+        rg = index.metadata.row_group(i)
+        lo, hi = max(index.starts[i], piece.row_start), min(index.starts[i + 1], piece.row_end)
+        if hi > lo:
+            size = sum(
+                rg.column(j).total_uncompressed_size
+                for j in range(rg.num_columns)
+                if rg.column(j).path_in_schema in columns
+            )
+            total += size * (hi - lo) // max(rg.num_rows, 1)
     return total
 
 

@@ -88,6 +88,9 @@ def output_layout(spec: JobSpec) -> Layout:
     return Layout(Store.open(spec.output, spec.config.storage))
 
 
+CLI_DRIVER = "prefixflow run"  # the driver lease of a `prefixflow run` (also an OpenAI Batch run's, whole)
+
+
 @contextmanager
 def hold_output(spec: JobSpec, driver: str = "", ref: str = "") -> Iterator[list[lease.Lease]]:
     """Hold this process's lease on ``spec.output`` for the block (see lease.py): a --new-run elsewhere is

@@ -24,7 +24,7 @@ from prefixflow.pipeline.run.duplicates import load_derived_ids, load_duplicates
 from prefixflow.pipeline.run.handle import Run
 from prefixflow.pipeline.run.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.run.planning import Shard
-from prefixflow.pipeline.storage.sources import read_rows
+from prefixflow.pipeline.storage.parquet_index import InputReader
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.base import RowWatch
 from prefixflow.pipeline.tasks.inference import execute
@@ -214,13 +214,13 @@ def _read_shard(run: Run, shard: Shard) -> list[tuple[str, int, dict[str, Any]]]
         raise ShardError(
             shard.shard_id, f"cannot open input {spec.input!r}: {type(exc).__name__}: {exc}"
         ) from exc
+    reader = run.cached("input_reader", InputReader)  # each file's footer parsed once per run
+    columns = spec.input_columns()
     out: list[tuple[str, int, dict[str, Any]]] = []
     for piece in shard.ranges():
         try:
             size = run.record.inputs.get(piece.relpath, {}).get("size")
-            table = read_rows(
-                in_store, piece.path, piece.row_start, piece.row_end, spec.input_columns(), size
-            )
+            table = reader.read(in_store, piece.path, piece.row_start, piece.row_end, columns, size)
             rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
         except Exception as exc:
             raise ShardError(

@@ -206,6 +206,12 @@ def _remember_sizes(sizes: dict[str, Any]) -> None:
         scope.sizes.update({p: int(v) for p, v in sizes.items() if isinstance(v, int)})
 
 
+def listed_size(path: str) -> int | None:
+    """The file's size as the input listing of this ``reads_cached`` scope saw it, or None."""
+    scope = _scope.get()
+    return scope.sizes.get(path) if scope is not None else None
+
+
 def _cached(path: str) -> _Cached | None:
     scope = _scope.get()
     return scope.files.get(path) if scope is not None else None

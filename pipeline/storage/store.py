@@ -122,6 +122,12 @@ class Store:
             return bytes(self.fs.cat_file(path, max_concurrency=1))
         return bytes(self.fs.cat_file(path))
 
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file, in one request (S3: one ranged GET)."""
+        if self.is_s3:
+            return bytes(self.fs.cat_file(path, start=start, end=end, max_concurrency=1))
+        return bytes(self.fs.cat_file(path, start=start, end=end))
+
     def list_files(self, path: str) -> list[str]:
         """All files below ``path`` (recursive), sorted; empty when the folder does not exist."""
         self.fs.invalidate_cache(path)
