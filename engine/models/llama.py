@@ -24,6 +24,7 @@ from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gath
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
 from prefixflow.engine.runner.attention import AttentionBackend
 from prefixflow.kernels import KernelBackend
+from prefixflow.kernels.cpu_linear import dense_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -226,7 +227,7 @@ class LlamaForCausalLM(nn.Module):
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
-            local = nn.functional.linear(hidden, self.embed_tokens.weight)
+            local = dense_linear(hidden, self.embed_tokens.weight)  # tied: the embedding is the head
         else:
             local = self.lm_head(hidden)
         return gather_logits(local, self.tp.layout.vocab, self.tp.group)
