@@ -9,7 +9,7 @@ so results agree with ``reference_linear`` up to the summation order.
 Where it applies (``linear_kernel``): bf16 activations on a CPU whose oneDNN has a bf16 reorder
 (AVX512-BF16, AMX or AVX-NE-CONVERT; probed once with a tiny reorder, so a CPU without it, or a torch
 built without oneDNN, falls back to ``F.linear`` and says why). Float32 keeps MKL's matmul:
-measured on an AVX2 CPU, oneDNN-prepacked float32 was no faster (0.97-1.0x) and MKL's packed
+measured on an AVX2 CPU, oneDNN-prepacked float32 was no faster (0.98x at one shape) and MKL's packed
 GEMM helps only at the exact row count it was packed for.
 
 ``dense_linear`` (float32 on the CPU; anything else is ``F.linear``): a wide layer (``CHUNK_MIN_OUT`` outputs or more:
