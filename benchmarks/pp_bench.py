@@ -8,15 +8,22 @@ The CPU default model is SmolLM2-135M's shape with 8 query / 4 KV heads instead 
 weights, float32, 30 layers, tied 49,152-word head): the real SmolLM2's 9 heads cannot split over
 two TP ranks, which PP does not mind. PP splits it 19/11 (its 28 M-parameter head sits on the
 last stage).
-- ``pp2``: ``pipeline_parallel_size=2`` (two ranks, gloo send/recv, micro-batches in flight);
+- ``pp2``: ``pipeline_parallel_size=2`` (two ranks, gloo send/recv), its default two virtual engines:
+  a step of each lane in flight, so the stages overlap across step boundaries;
+- ``pp2v1``: the same with ``pipeline_virtual_engines=1``: one scheduler, each step cut into two
+  micro-batches that fill and drain the pipeline (the design before; the bubble's "before");
 - ``tp2``: ``tensor_parallel_size=2`` (two ranks, 61 gloo all-reduces per step);
-- ``dp2``: two independent engines (subprocesses), each on half the prompts, run at the same time.
+- ``dp2``: two independent engines (subprocesses), each on half the prompts, run at the same time;
+- ``one``: one engine, one thread, all the prompts (the baseline the other three spend 2 cores beating).
 Runs alternate pp2 tp2 dp2 pp2 tp2 dp2 ..., each on a freshly loaded engine. Reported per run: output
 tok/s over the generate call (wall, the slower process for dp2), process CPU-seconds of every rank
 (``/proc`` utime + stime of the workers plus this process), steps, bytes sent between processes per
 step (pp2: measured by the pipeline; tp2: the all-reduced payload, (2 x layers + 1) x tokens x hidden
-x 4 bytes, plus the logits gather), and for pp2 the bubble: the share of each stage's time spent
-waiting for the other's activations (or, on rank 0, for the logits).
+x 4 bytes, plus the logits gather), and for pp2 the bubble two ways: ``wait``, the share of each
+stage's compute + wait time spent waiting for the other's activations (or, on rank 0, for the
+logits), the figure measured before; and ``idle``, 1 - the stage's compute time / the generate
+call's wall time, which also counts a worker waiting for its next command and rank 0 sampling and
+scheduling (the whole bubble, the one that matters).
 """
 
 from __future__ import annotations
@@ -74,7 +81,17 @@ COLUMNS = [
     "bytes_per_step",
     "bubble_rank0",
     "bubble_rank1",
+    "idle_rank0",
+    "idle_rank1",
+    "max_in_flight",
 ]
+
+SIZES = {
+    "pp2": {"pipeline_parallel_size": 2},
+    "pp2v1": {"pipeline_parallel_size": 2, "pipeline_virtual_engines": 1},
+    "tp2": {"tensor_parallel_size": 2},
+    "one": {},
+}
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -100,11 +117,10 @@ def engine_run(model: str, mode: str, work: list[list[int]], max_tokens: int, op
 
     if options["device"] == "cpu":
         torch.set_num_threads(1)
-    size = {"pipeline_parallel_size": 2} if mode == "pp2" else {"tensor_parallel_size": 2}
-    with LLM(model, **size, **options) as llm:
+    with LLM(model, **SIZES[mode], **options) as llm:
         runner = llm.engine.runner
         llm.generate(work[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up (untimed)
-        pids = runner.pool.pids
+        pids = runner.pool.pids if runner.pool is not None else []
         steps0, pp0 = llm.stats().steps, runner.pipeline_stats()
         cpu0, t0 = time.process_time() + cpu_of(pids), time.perf_counter()
         outs = llm.generate(work, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -120,13 +136,20 @@ def engine_run(model: str, mode: str, work: list[list[int]], max_tokens: int, op
             "steps": steps,
             "bubble_rank0": None,
             "bubble_rank1": None,
+            "idle_rank0": None,
+            "idle_rank1": None,
+            "max_in_flight": None,
         }
         cfg = llm.engine.model_cfg
-        if mode == "pp2":
+        if mode.startswith("pp"):
             d = (runner.pipeline_stats() - pp0).numpy()  # per rank: compute s, wait s, bytes sent, steps
             row["bytes_per_step"] = float(d[:, 2].sum()) / steps
             for rank in (0, 1):
                 row[f"bubble_rank{rank}"] = float(d[rank, 1] / (d[rank, 0] + d[rank, 1]))
+                row[f"idle_rank{rank}"] = float(1 - d[rank, 0] / elapsed)
+            row["max_in_flight"] = runner.in_flight.max_in_flight if runner.in_flight is not None else 1
+        elif mode == "one":
+            row["bytes_per_step"] = 0.0
         else:
             tokens = sum(len(p) for p in work) + out_tokens
             reduce = (2 * cfg.num_layers + 1) * tokens * cfg.hidden_size * 4
@@ -209,6 +232,9 @@ def dp_run(args: argparse.Namespace, model: str, options: dict) -> dict:
         "bytes_per_step": 0.0,
         "bubble_rank0": None,
         "bubble_rank1": None,
+        "idle_rank0": None,
+        "idle_rank1": None,
+        "max_in_flight": None,
     }
 
 
@@ -221,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--modes", default="pp2,tp2,dp2")
+    ap.add_argument("--modes", default="pp2v1,pp2,tp2,dp2,one")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
@@ -262,10 +288,13 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_s_median": statistics.median(r["cpu_s"] for r in mine),
             "bytes_per_step_median": statistics.median(r["bytes_per_step"] for r in mine),
         }
-        if mode == "pp2":
-            summary[mode]["bubble_median"] = [
-                statistics.median(r[f"bubble_rank{k}"] for r in mine) for k in (0, 1)
-            ]
+        summary[mode]["cpu_s_min"] = min(r["cpu_s"] for r in mine)
+        summary[mode]["elapsed_s_median"] = statistics.median(r["elapsed_s"] for r in mine)
+        if mode.startswith("pp"):
+            for kind in ("bubble", "idle"):
+                summary[mode][f"{kind}_median"] = [
+                    statistics.median(r[f"{kind}_rank{k}"] for r in mine) for k in (0, 1)
+                ]
     print_table(rows, COLUMNS, title=f"{args.model}: PP=2 vs TP=2 vs one engine per device ({args.device})")
     print(json.dumps(summary, indent=1), f"\nload average per run: {loads}")
     write_json(

@@ -55,7 +55,11 @@ class EngineConfig:
     pipeline_parallel_size: int = (
         1  # stages of contiguous layers: P x T ranks (docs/engine.md "Pipeline parallelism")
     )
-    pipeline_micro_batches: int | None = None  # micro-batches in flight per step (None: one per stage)
+    # micro-batches each step is cut into (None: 1 with virtual engines in flight, else one per stage)
+    pipeline_micro_batches: int | None = None
+    # steps kept in flight across step boundaries, one per virtual engine (lane of requests); None: one
+    # per stage; 1: a single scheduler whose step fills and drains the pipeline (the earlier design)
+    pipeline_virtual_engines: int | None = None
     distributed_timeout_s: float = 60.0
     attention_backend: KernelBackendName | None = None  # deprecated alias of kernel_backend
     quantization: str | None = None
@@ -144,6 +148,12 @@ class EngineConfig:
             or self.pipeline_micro_batches < 1
         ):
             raise bad("pipeline_micro_batches", "None or a positive integer")
+        if self.pipeline_virtual_engines is not None and (
+            isinstance(self.pipeline_virtual_engines, bool)
+            or not isinstance(self.pipeline_virtual_engines, int)
+            or self.pipeline_virtual_engines < 1
+        ):
+            raise bad("pipeline_virtual_engines", "None or a positive integer (steps kept in flight)")
         if (
             isinstance(self.kv_offload_bytes, bool)
             or not isinstance(self.kv_offload_bytes, int)

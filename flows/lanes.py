@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from prefixflow.flows.faults import fail_once_after_commit
 from prefixflow.flows.slots import lane_devices
 from prefixflow.flows.task_runners import pin_thread_to_gpu
 from prefixflow.pipeline import (
+    CommitMarker,
     Engine,
     JobSpec,
     ProgressDisplay,
@@ -36,6 +38,9 @@ from prefixflow.pipeline import (
 # Thread lanes load their engines one at a time: concurrent first imports of the model stack
 # (lazy module attributes) race, and loading in turn also bounds the host-memory peak.
 _ENGINE_LOAD_LOCK = threading.Lock()
+# A lane with more shards than this logs each shard's commit at debug level: one line per shard would make
+# a 10k-shard run 10k log records in the Prefect API (the heartbeat and the run summary carry progress).
+PER_SHARD_LOG_SHARDS = 32
 
 
 class LaneFailed(RuntimeError):
@@ -56,6 +61,7 @@ class LaneReport:
     node_id: str = "local"  # the Ray node the lane ran on ("local": a thread of the flow's process)
     node_ip: str = ""  # that node's address (the flow host's name for a thread lane)
     attempt: int = 1  # 2+: the lane was resubmitted after an attempt's node or worker died
+    markers: list[CommitMarker] = field(default_factory=list)  # of its shards, for the flow's finalize
 
 
 @task(
@@ -111,6 +117,8 @@ def run_lane(
                 failures = _run_shards(run, pending, lane, group, report, logger)
             finally:
                 report.held_until = time.time()
+    report.markers = run.held_markers(s.shard_id for s in shards)
+    logger.info("lane %d done: %d shards committed, %d failed", lane, len(report.results), len(failures))
     if failures:
         detail = "; ".join(f"{sid}: {msg}" for sid, msg in failures.items())
         raise LaneFailed(f"lane {lane}: {len(failures)} of {len(pending)} shards failed: {detail}")
@@ -164,6 +172,14 @@ def _run_shards(
             engine_stats=llm.stats,
             emit=functools.partial(logger.info, "lane %d progress: %s", lane),
         )
+        level = logging.INFO if len(pending) <= PER_SHARD_LOG_SHARDS else logging.DEBUG
+        if level == logging.DEBUG:
+            logger.info(
+                "lane %d: %d shards; each shard's commit line is at debug level, progress every %s s",
+                lane,
+                len(pending),
+                round(heartbeat.log_every_s),
+            )
         with hold_output(spec), heartbeat:  # a --new-run elsewhere is refused while this lane writes
             for outcome in run_shards(
                 run, pending, llm, progress=heartbeat, warn=warn, lane=f"lane-{lane}", devices=devices
@@ -174,7 +190,7 @@ def _run_shards(
                     logger.error("lane %d: shard %s failed: %s", lane, shard_id, failures[shard_id])
                     continue
                 report.results.append(outcome.result)
-                _log_shard(logger, lane, outcome.result)
+                _log_shard(logger, lane, outcome.result, level)
                 fail_once_after_commit(lane, shard_id)
     finally:
         close = getattr(llm, "close", None)
@@ -192,9 +208,10 @@ def _load_engine(spec: JobSpec) -> Engine:
         return open_engine(spec)
 
 
-def _log_shard(logger: Any, lane: int, result: ShardResult) -> None:
+def _log_shard(logger: Any, lane: int, result: ShardResult, level: int = logging.INFO) -> None:
     verb = "already committed" if result.skipped else "committed"
-    logger.info(
+    logger.log(
+        level,
         "lane %d: shard %s %s: %d rows (%d errors), %d prompt / %d cached / %d output tokens in %.1fs",
         lane,
         result.shard_id,

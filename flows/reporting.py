@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -27,6 +28,7 @@ COMPARISON_KEY = "prefixflow-predicted-vs-measured"
 PROGRESS_KEY = "prefixflow-progress"
 THROUGHPUT_KEY = "prefixflow-throughput"
 LABELS_KEY = "prefixflow-labels"
+LISTED_PER_S = 1000  # progress polls list at most about this many markers per second (S3: one request)
 
 
 def run_metrics(totals: Mapping[str, Any], reports: Sequence[LaneReport], wall_s: float) -> dict[str, Any]:
@@ -134,6 +136,7 @@ class ShardProgress:
         self._cursor = [0] * len(self._lanes)
         self.total = sum(len(lane) for lane in self._lanes)
         self.done = 0
+        self._next_listing = 0.0
         self.artifact_id = create_progress_artifact(
             0.0, key=PROGRESS_KEY, description=f"shards committed for {spec.output}"
         )
@@ -145,7 +148,13 @@ class ShardProgress:
         return 100.0 * self.done / self.total if self.total else 100.0
 
     def poll(self) -> int:
-        """Advance the cursors past newly committed shards; update the artifact on change."""
+        """Advance the cursors past newly committed shards; update the artifact on change. Lists at most
+        every ``done / LISTED_PER_S`` seconds: a listing costs O(committed), so listing every poll would
+        make a long run's listings O(shards x duration); this keeps them O(duration)."""
+        now = time.monotonic()
+        if now < self._next_listing:
+            return self.done
+        self._next_listing = now + self.done / LISTED_PER_S
         before = self.done
         self._run.refresh_commits()
         for i, lane in enumerate(self._lanes):

@@ -20,6 +20,7 @@ from prefixflow.pipeline.job.flags import DEFAULT_MODEL
 from prefixflow.pipeline.job.spec import JobSpec, load_job
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize, status
+from prefixflow.pipeline.run.commit import CommitMarker
 from prefixflow.pipeline.run.handle import Run, open_run, prepare_run
 from prefixflow.pipeline.run.planning import Shard, ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.run.record import RunRecord, hold_output, prepare_output
@@ -38,6 +39,7 @@ if __name__ != "prefixflow.pipeline":  # every file has one import path (docs/ar
     )
 
 __all__ = [
+    "CommitMarker",
     "DEFAULT_MODEL",
     "Engine",
     "FingerprintMismatch",

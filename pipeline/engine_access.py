@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         EngineConfig,
         NgramIndex,
         SamplingParams,
+        SpeculationReplay,
         StructuredOutputs,
         describe_model,
         inspect_model,
@@ -31,6 +32,7 @@ __all__ = [
     "NgramIndex",
     "Output",
     "SamplingParams",
+    "SpeculationReplay",
     "StructuredOutputs",
     "Tokenizer",
     "describe_model",
@@ -51,6 +53,7 @@ FACADE = (
     "structured_outputs_error",
     "inspect_model",
     "NgramIndex",
+    "SpeculationReplay",
 )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.core.kv_cache_manager import KVCacheManager
+from prefixflow.engine.core.lanes import LaneDriver
 from prefixflow.engine.core.request import Request, RequestSpec, Status
 from prefixflow.engine.core.scheduler import Scheduler, SchedulerLimits
 from prefixflow.engine.core.stats import EngineStats
@@ -29,7 +30,7 @@ from prefixflow.engine.loading.model_config import ModelConfig
 from prefixflow.engine.loading.model_identity import identity_of, memory_identity
 from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.outputs import RequestOutput
-from prefixflow.engine.runner.model_runner import ModelRunner
+from prefixflow.engine.runner.model_runner import ModelRunner, pipeline_lanes
 from prefixflow.engine.sampling.logprob_view import LogprobView
 from prefixflow.engine.sampling.sampler import position_seed
 from prefixflow.engine.sampling.sampling_params import SamplingParams
@@ -69,7 +70,16 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, self.eos_ids, self.max_model_len)
         self.logprob_view = LogprobView(self.tokenizer)
         self.scheduler = Scheduler(
-            SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens), self.kv, self.stop_checker
+            SchedulerLimits(cfg.max_num_seqs, cfg.max_num_batched_tokens),
+            self.kv,
+            self.stop_checker,
+            lanes=pipeline_lanes(cfg) if self.runner.keeps_steps_in_flight else 1,
+        )
+        # PP virtual engines: one step in flight per lane (lanes.py); None: one step at a time
+        self.lanes = (
+            LaneDriver(self.scheduler, self.runner, self._run_copies)
+            if self.runner.keeps_steps_in_flight
+            else None
         )
         self.structured = StructuredOutputManager(
             self.tokenizer, self.model_cfg.vocab_size, self.eos_ids, cfg.max_num_seqs
@@ -95,7 +105,12 @@ class LLMEngine:
         )
         self._open_disk_tier(cost, dtype)
         self.speculator = build_speculator(
-            cfg, self.source, self.max_model_len, self.scheduler.speculation, self.runner.num_blocks
+            cfg,
+            self.source,
+            self.max_model_len,
+            self.scheduler.speculation,
+            self.runner.num_blocks,
+            self.structured.token_bytes,
         )
         # Called after every step with the engine's counters (live progress, throughput series): the
         # counts move per step, not when a request finishes.
@@ -207,10 +222,28 @@ class LLMEngine:
             self._deferred_aborts.update(keys)
         else:
             self.scheduler.abort(keys)
+            self._retire_orphans()
 
     def abort_all(self) -> int:
         """Drop every queued and running request, returning their blocks to the pool."""
-        return self.scheduler.abort_all()
+        dropped = self.scheduler.abort_all()
+        self._retire_orphans()
+        return dropped
+
+    def _retire_orphans(self) -> None:
+        """Steps still in flight whose requests were all aborted: let them land now (nobody would
+        step again to finish them), so no stage is left mid-step while the engine idles."""
+        if self.lanes is None or self.scheduler.has_work():
+            return
+        while self.lanes.busy:
+            current = self.lanes.oldest()
+            self.runner.finish(current.launched)  # no request is running: nothing to update
+            self.stats.steps += 1
+
+    def _run_copies(self) -> None:
+        copies = self.kv.take_copies()
+        if copies:
+            self.runner.copy_blocks(copies)
 
     def close(self) -> None:
         """Release the tensor-parallel workers, after the disk tier's pending writes; the engine cannot
@@ -229,7 +262,7 @@ class LLMEngine:
             self.runner.copy_blocks(copies)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self.lanes is not None and self.lanes.busy)
 
     def num_unfinished(self) -> int:
         return self.scheduler.num_unfinished()
@@ -240,18 +273,26 @@ class LLMEngine:
         self._stepping = True
         features: list[float] | None = None
         try:
-            if self.speculator is not None:
-                self.speculator.propose(self.scheduler.running, self.cfg.max_num_batched_tokens)
-            scheduled = self.scheduler.schedule()
-            if not scheduled:
-                raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
-            copies = self.kv.take_copies()
-            if copies:
-                self.runner.copy_blocks(copies)
-            features = self.speculator.features(scheduled) if self.speculator is not None else None
-            self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
-            host = time.perf_counter() - start
-            output = self._execute(scheduled)
+            if self.lanes is not None:  # PP virtual engines: start idle lanes' steps, finish the oldest
+                self.lanes.fill()
+                current = self.lanes.oldest()
+                scheduled = current.scheduled
+                self.structured.start_fill(sampling_requests(scheduled))  # while its logits arrive
+                host = time.perf_counter() - start
+                output = self._execute(
+                    scheduled, lambda: self.runner.finish(current.launched, self.structured)
+                )
+            else:
+                if self.speculator is not None:
+                    self.speculator.propose(self.scheduler.running, self.cfg.max_num_batched_tokens)
+                scheduled = self.scheduler.schedule()
+                if not scheduled:
+                    raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+                self._run_copies()
+                features = self.speculator.features(scheduled) if self.speculator is not None else None
+                self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
+                host = time.perf_counter() - start
+                output = self._execute(scheduled)
             host += self.runner.last_prepare_s
             update_start = time.perf_counter()
             self._count_prompt_work(scheduled)
@@ -268,6 +309,7 @@ class LLMEngine:
             if self._deferred_aborts:
                 self.scheduler.abort(self._deferred_aborts)
                 self._deferred_aborts.clear()
+                self._retire_orphans()
         if not self.scheduler.has_work():
             self._drain_copies()  # no next step would run them
         self.stats.steps += 1
@@ -290,12 +332,16 @@ class LLMEngine:
             listener(self.stats)
         return finished
 
-    def _execute(self, scheduled: SchedulerOutput) -> ModelOutput:
-        """Run the step; if it fails, run each request alone so a request-specific failure becomes
-        that request's error. When every request fails alone too, the fault is not any one
-        request's (device, memory): it is raised, so a job stops and can resume, instead of turning
-        every row into an error result."""
+    def _execute(
+        self, scheduled: SchedulerOutput, first: Callable[[], ModelOutput] | None = None
+    ) -> ModelOutput:
+        """Run the step (``first``: how, when it was started already); if it fails, run each request
+        alone so a request-specific failure becomes that request's error. When every request fails
+        alone too, the fault is not any one request's (device, memory): it is raised, so a job stops
+        and can resume, instead of turning every row into an error result."""
         try:
+            if first is not None:
+                return first()
             return self.runner.execute(scheduled, self.structured)
         except TensorParallelError:
             raise  # the ranks are out of step: no request can run again on this engine

@@ -64,6 +64,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    lane: int = 0  # the scheduler lane (virtual engine) running it; set at each admission
     num_computed_before_preemption: int = 0  # positions below this that are computed again are recompute
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

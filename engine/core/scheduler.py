@@ -8,6 +8,14 @@ prefix mapped in. A request that could never fit is rejected before it reaches t
 The scheduler is the only writer of request state once a request is added: ``schedule`` decides a
 step, ``update_from_output`` applies what the model produced (computed tokens, sampled tokens,
 log-probs, stops) and returns the requests that finished.
+
+Lanes (pipeline parallelism's virtual engines, docs/engine.md "Pipeline parallelism"): with
+``lanes=V`` the running requests are split into V disjoint groups over the one block pool and the one
+waiting queue. ``schedule(lane)`` serves that lane's running requests and admits waiting ones into it
+(up to ``ceil(max_num_seqs / V)`` each, so all lanes together run at most about ``max_num_seqs``);
+it preempts only its own lane, because the other lanes' requests are in a step still in flight. A
+request keeps its lane until it is preempted or finishes; the queue order (prefix-sorted) is the
+admission order whichever lane admits. With one lane this is the plain scheduler.
 """
 
 from __future__ import annotations
@@ -32,37 +40,52 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, stop_checker: StopChecker) -> None:
+    def __init__(
+        self, limits: SchedulerLimits, kv: KVCacheManager, stop_checker: StopChecker, lanes: int = 1
+    ) -> None:
         self.limits = limits
         self.kv = kv
         self.stop_checker = stop_checker
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.lanes: list[list[Request]] = [[] for _ in range(lanes)]
+        self.lane_max_seqs = -(-limits.max_num_seqs // lanes)
         self.num_preemptions = 0
         self.speculation = SpeculationStats()  # what verified runs proposed and accepted
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    @property
+    def running(self) -> list[Request]:
+        """Every lane's running requests (a new list: change them through the scheduler only)."""
+        if len(self.lanes) == 1:
+            return list(self.lanes[0])
+        return [r for lane in self.lanes for r in lane]
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting) or any(self.lanes)
+
+    def lane_has_work(self, lane: int) -> bool:
+        """Whether ``schedule(lane)`` could schedule anything: its own requests, or waiting ones."""
+        return bool(self.lanes[lane]) or bool(self.waiting)
 
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + sum(len(lane) for lane in self.lanes)
 
     # -- deciding a step --------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, lane: int = 0) -> SchedulerOutput:
+        running = self.lanes[lane]
         budget = self.limits.max_num_batched_tokens
         out: list[ScheduledChunk] = []
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if req.num_draft_tokens:
                 n = fit_drafts(req, n, self.kv)  # drafts only while they fit the budget and the free blocks
             while not self.kv.can_append(req, n):
-                victim = self.running[-1]
+                victim = running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -74,28 +97,30 @@ class Scheduler:
                 i += 1
                 continue
             break
-        for req in self.running[i:]:
+        for req in running[i:]:
             req.drop_drafts()  # not scheduled this step: drafts live for one step only
         if not preempted:
-            budget = self._admit(out, budget)
+            budget = self._admit(out, budget, lane)
         return SchedulerOutput(out)
 
-    def _admit(self, out: list[ScheduledChunk], budget: int) -> int:
+    def _admit(self, out: list[ScheduledChunk], budget: int, lane: int) -> int:
         """Admit waiting requests in queue order, but hold back one whose next uncached block is
         being computed right now by another request: it will hit the cache a step later instead of
         computing the same prefix twice (the queue is prefix-sorted, so such requests are adjacent).
         Requests behind a held one are admitted only while the pool can also take what the held
         ones will need without evicting cached blocks; otherwise a later prefix group would push
-        out the prefix the held group is waiting for."""
+        out the prefix the held group is waiting for. Both look at every lane's requests: they share
+        the block pool, and another lane's step may be computing that prefix right now."""
         in_flight = self._blocks_in_flight()
         if not self.waiting:
             return budget
+        running, everyone = self.lanes[lane], self.running
         bs = self.kv.block_size
-        reserved = sum(self.kv.blocks_reserved(r) for r in self.running)
+        reserved = sum(self.kv.blocks_reserved(r) for r in everyone)
         held: list[Request] = []
         held_need = 0  # blocks the held requests will allocate beyond the prefix they wait for
         scanned = 0
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        while self.waiting and budget > 0 and len(running) < self.lane_max_seqs:
             if scanned >= self.limits.max_num_seqs * 2:
                 break
             scanned += 1
@@ -112,14 +137,16 @@ class Scheduler:
                 break
             cached = prefix.tokens(bs)
             n = min(req.num_tokens - cached, budget)
-            if not self.kv.admit(req, prefix, n, reserved if self.running else None):
+            if not self.kv.admit(req, prefix, n, reserved if everyone else None):
                 held.append(req)
                 break
             req.num_computed_tokens = cached
             if req.num_preemptions == 0:
                 req.num_cached_tokens = cached  # report the first admission's hit, not recompute hits
             req.status = Status.RUNNING
-            self.running.append(req)
+            req.lane = lane
+            running.append(req)
+            everyone.append(req)
             reserved += self.kv.blocks_reserved(req)
             out.append(ScheduledChunk(req, n, self.kv.block_table(req)))
             budget -= n
@@ -140,7 +167,7 @@ class Scheduler:
         return pending
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        self.lanes[req.lane].remove(req)
         self.kv.free(req)
         req.reset_computed()
         req.status = Status.WAITING
@@ -236,7 +263,7 @@ class Scheduler:
         stop_reason: str | int | None = None,
         error: str | None = None,
     ) -> Request:
-        self.running.remove(req)
+        self.lanes[req.lane].remove(req)
         self.kv.free(req)
         req.status = Status.FINISHED
         req.finish_reason, req.stop_reason, req.error = reason, stop_reason, error
@@ -247,7 +274,7 @@ class Scheduler:
         wanted = set(keys)
         dropped = [r for r in self.running if r.key in wanted]
         for req in dropped:
-            self.running.remove(req)
+            self.lanes[req.lane].remove(req)
             self.kv.free(req)
         if any(r.key in wanted for r in self.waiting):
             dropped += [r for r in self.waiting if r.key in wanted]

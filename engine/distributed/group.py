@@ -110,15 +110,26 @@ class DistributedGroup(ParallelGroup):
         self.compute.allreduce([t], opts).wait()
         return int(t.item())
 
-    def send_command(self, command: int, payload: torch.Tensor) -> None:
-        """Rank 0: broadcast a command and its int64 payload (any length: the header carries it)."""
+    def send_command(
+        self, command: int, payload: torch.Tensor, wait: bool = True
+    ) -> list[tuple[Any, torch.Tensor]]:
+        """Rank 0: broadcast a command and its int64 payload (any length: the header carries it).
+
+        ``wait=False`` returns at once with the broadcasts' (work, tensor) pairs, for a step sent while
+        the workers are still busy with earlier ones (pipeline parallelism): the caller keeps the pairs
+        (the tensors must outlive the sends) and waits for them later. Commands are taken in order."""
         start = time.perf_counter()
         payload = payload.to(torch.int64).contiguous()
         header = torch.tensor([command, payload.numel()], dtype=torch.int64)
-        self._broadcast(header)
+        works = [(self._broadcast_start(header), header)]
         if payload.numel():
-            self._broadcast(payload)
+            works.append((self._broadcast_start(payload), payload))
+        if wait:
+            for work, _ in works:
+                work.wait()
+            works = []
         self.stats.broadcast_s += time.perf_counter() - start
+        return works
 
     def receive_command(self) -> tuple[int, torch.Tensor]:
         """Workers: block until rank 0 sends the next command."""
@@ -130,9 +141,12 @@ class DistributedGroup(ParallelGroup):
         return int(header[0]), payload
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
+        self._broadcast_start(tensor).wait()
+
+    def _broadcast_start(self, tensor: torch.Tensor) -> Any:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.control.broadcast([tensor], opts).wait()
+        return self.control.broadcast([tensor], opts)
 
     def abort(self) -> None:
         """Unblock anything waiting on a peer that is gone (best effort: NCCL needs it, gloo errors anyway)."""

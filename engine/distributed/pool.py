@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ from prefixflow.engine.distributed.worker import SHUTDOWN, RankExecutor, WorkerS
 STARTUP_BOUND_S = 120.0  # spawn + import torch on a loaded machine
 EXIT_GRACE_S = 5.0  # for a worker told to exit to do so before it is killed
 REPORT_GRACE_S = 2.0  # for a failing worker to send its traceback and exit, before the error is raised
+_T = TypeVar("_T")
 
 
 class TensorParallelError(RuntimeError):
@@ -59,6 +60,7 @@ class WorkerPool:
         self._busy_since: float | None = None  # when the running command started (for the NCCL watch)
         self._busy_bound = timeout_s
         self._hang_seen = False
+        self._posted: list[tuple[Any, torch.Tensor]] = []  # broadcasts of posted commands, until taken
         bound = _seconds(timeout_s)
         self._store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=bound, wait_for_workers=False)
         self._procs: list[WorkerProcess] = []
@@ -108,6 +110,40 @@ class WorkerPool:
                 return executor.handle(command, payload)
             finally:
                 self._busy_since = None
+
+    def post(self, command: int, payload: torch.Tensor) -> None:
+        """Broadcast ``command`` without waiting for the workers to take it (they may still be busy
+        with earlier steps: pipeline parallelism keeps steps in flight); rank 0's part is the
+        caller's, inside ``guarded``. The NCCL hang watch counts only while rank 0 is inside a call:
+        between calls no worker waits on rank 0 with a timeout (pipeline_inflight.py's order), and
+        the caller may take its time between engine steps."""
+        with self.guard():
+            self._busy_bound = self.timeout_s
+            self._busy_since = time.monotonic()
+            try:
+                self._posted = [(w, t) for w, t in self._posted if not w.is_completed()]
+                self._posted += self.group.send_command(command, payload, wait=False)
+            finally:
+                self._busy_since = None
+
+    def guarded(self, work: Callable[[], _T]) -> _T:
+        """Run rank 0's side of posted commands under the same failure handling as ``run``."""
+        with self.guard():
+            self._busy_bound = self.timeout_s
+            self._busy_since = time.monotonic()
+            try:
+                return work()
+            finally:
+                self._busy_since = None
+
+    def settle(self) -> None:
+        """Nothing is in flight any more: wait until the workers took every posted broadcast."""
+        self.guarded(self._wait_posted)
+
+    def _wait_posted(self) -> None:
+        for work, _ in self._posted:
+            work.wait()
+        self._posted = []
 
     @contextmanager
     def guard(self) -> Iterator[None]:

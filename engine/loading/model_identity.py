@@ -182,8 +182,9 @@ def identity_of(
         out.update(_preset_digests(location.preset))
     out.update(_weights(location, dtype, quantization, sparsity, device))
     _add_sparse_kernel(out, device, dtype)
+    out.update(_linear_kernel(device, dtype))
     out["digest"] = _digest(
-        {k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path")}
+        {k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path", "linear_kernel")}
     )
     return out
 
@@ -301,3 +302,12 @@ def _preset_digests(name: str) -> dict[str, Any]:
 
 def _digest(value: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _linear_kernel(device: str, dtype: str) -> dict[str, Any]:
+    """The dense CPU matmul (oneDNN-prepacked bf16 or torch's F.linear) and why: informational, not
+    digested (the same math up to the summation order; kernels/cpu_linear.py)."""
+    from prefixflow.kernels.cpu_linear import linear_kernel
+
+    chosen = linear_kernel(device, dtype)
+    return {} if chosen is None else {"linear_kernel": chosen.describe()}

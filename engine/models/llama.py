@@ -25,6 +25,7 @@ from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gath
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
 from prefixflow.engine.runner.attention import AttentionBackend
 from prefixflow.kernels import KernelBackend
+from prefixflow.kernels.cpu_linear import dense_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -237,8 +238,8 @@ class LlamaForCausalLM(nn.Module):
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
-            n = hidden.shape[0]
-            local = nn.functional.linear(pad_rows(hidden, self.min_rows), self.embed_tokens.weight)[:n]
+            n = hidden.shape[0]  # tied: the embedding is the head
+            local = dense_linear(pad_rows(hidden, self.min_rows), self.embed_tokens.weight)[:n]
         else:
             local = self.lm_head(hidden)
         return gather_logits(local, self.tp.layout.vocab, self.tp.group)

@@ -24,6 +24,14 @@ from prefixflow.engine.quantization.params import (
     load_shard,
     missing,
 )
+from prefixflow.kernels.cpu_linear import (
+    PREPACKED,
+    PrepackedWeight,
+    dense_linear,
+    linear_kernel,
+    prepack,
+    prepacked_linear,
+)
 from prefixflow.kernels.fp8_linear import Fp8Weight
 from prefixflow.kernels.quant_linear import QuantKernel, fp8_kernel, weight_only_kernel
 from prefixflow.kernels.quant_weight import PackedWeight
@@ -133,8 +141,33 @@ class DenseMethod(LinearMethod):
             name, tensor = "weight", converted
         super().load(layer, name, tensor, shard)
 
+    def __init__(self, prepack: bool = True) -> None:
+        """``prepack``: let the CPU bf16 path reorder the weight for oneDNN (off for a wrapper that reads
+        the dense weight after loading, like the 2:4 method)."""
+        super().__init__()
+        self.prepack = prepack
+        self.prepacked: PrepackedWeight | None = None
+
+    def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
+        """On a CPU whose oneDNN prepacks bf16 (kernels/cpu_linear.py), the weight is reordered once
+        here and the dense buffer freed; everywhere else it stays as loaded."""
+        self.check_complete()
+        if not self.prepack or ctx.device.type != "cpu":
+            return
+        chosen = linear_kernel("cpu", str(ctx.dtype).removeprefix("torch."))
+        weight = buffer(layer, "weight")
+        if chosen is not None and chosen.kernel == PREPACKED and weight.dtype == ctx.dtype:
+            self.prepacked = prepack(weight)
+            delattr(layer, "weight")
+
+    @property
+    def kernel_name(self) -> str:
+        return PREPACKED if self.prepacked is not None else "torch-linear"
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return nn.functional.linear(x, buffer(layer, "weight"), bias)
+        if self.prepacked is not None:
+            return prepacked_linear(x, self.prepacked, bias)
+        return dense_linear(x, buffer(layer, "weight"), bias)
 
 
 class KernelMethod(LinearMethod):

@@ -7,7 +7,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from prefixflow.engine.quantization.method import KernelMethod
+from prefixflow.engine.quantization.method import DenseMethod, KernelMethod
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -24,6 +24,9 @@ def weight_bytes(model: nn.Module) -> int:
             continue
         seen.add(key)
         total += t.numel() * t.element_size()
+    for module in model.modules():  # oneDNN-prepacked weights are held by the method, not as buffers
+        prepacked = getattr(getattr(module, "method", None), "prepacked", None)
+        total += prepacked.nbytes if prepacked is not None else 0
     return total
 
 
@@ -33,6 +36,8 @@ def linear_kernels(model: nn.Module) -> dict[str, int]:
     for module in model.modules():
         method = getattr(module, "method", None)
         if isinstance(method, KernelMethod):
+            counts[f"{method.name}/{method.kernel_name}"] += 1
+        elif isinstance(method, DenseMethod) and method.prepacked is not None:
             counts[f"{method.name}/{method.kernel_name}"] += 1
         elif method is not None:
             counts[str(getattr(method, "name", "dense"))] += 1

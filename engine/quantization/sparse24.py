@@ -174,6 +174,8 @@ class Sparse24Method(KernelMethod):
     def __init__(self, inner: LinearMethod, fmt: str) -> None:
         super().__init__()
         self.inner, self.format = inner, fmt
+        if isinstance(inner, DenseMethod):
+            inner.prepack = False  # the 2:4 kernel reads the dense weight after loading
         self.name = f"{inner.name}+2:4"
         self.sparse: torch.Tensor | None = None  # the semi-structured weight, when that kernel runs
         self.choice = "unprepared"

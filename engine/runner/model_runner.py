@@ -9,6 +9,7 @@ logits of the rows that sample or score are gathered here, where alone they are 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,6 +18,8 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.core.step_types import ModelOutput, SchedulerOutput, TokenMasks
 from prefixflow.engine.distributed.context import layout_for, single_rank
 from prefixflow.engine.distributed.pipeline import split_for
+from prefixflow.engine.distributed.pipeline_inflight import InFlightSteps
+from prefixflow.engine.distributed.pipeline_step import StageWork, virtual_engines
 from prefixflow.engine.distributed.pool import TensorParallelError, WorkerPool
 from prefixflow.engine.distributed.step_payload import StepBatch, pack
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
@@ -44,6 +47,22 @@ from prefixflow.engine.speculative.verify import sample_verified
 INIT_BOUND_S = 1800.0  # KV profiling and CUDA-graph capture (Triton compiles) on every rank
 
 
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step rank 0 started and has not sampled yet (its logits come back later)."""
+
+    step: StepInputs
+    work: StageWork
+
+
+def pipeline_lanes(cfg: EngineConfig) -> int:
+    """How many lanes (virtual engines) the scheduler runs: 1 unless PP keeps steps in flight.
+    Speculative decoding keeps one lane (its proposer reads every running request between steps)."""
+    if cfg.pipeline_parallel_size == 1 or cfg.speculative_config is not None:
+        return 1
+    return virtual_engines(cfg)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -57,6 +76,7 @@ class ModelRunner:
         self.eos_ids = tuple(source.eos_token_ids)
         self.last_prepare_s = 0.0
         self.pool: WorkerPool | None = None
+        self.in_flight: InFlightSteps | None = None  # steps started and not yet finished (PP lanes)
         resolve_quantization(
             source.hf_config, cfg.quantization, cfg.sparsity
         )  # a bad quantization fails before any work
@@ -87,6 +107,8 @@ class ModelRunner:
                 self.shard, INIT_CACHE, torch.empty(0, dtype=torch.int64), bound_s=INIT_BOUND_S
             )
             self.num_blocks = int(init)  # type: ignore[call-overload]
+            if pipeline_lanes(cfg) > 1:
+                self.in_flight = InFlightSteps(self.pool, self.shard)
         except TensorParallelError as exc:
             self.pool.close()
             if isinstance(exc.__cause__, ValueError):  # a bad setting rank 0 found itself (a KV budget too
@@ -101,12 +123,14 @@ class ModelRunner:
         if self.pool is None:
             self.shard.host_kv.apply(plan)
         else:
+            self.drain()
             self.pool.run(self.shard, KV_COPY, plan.pack())
 
     def _command(self, command: int, payload: torch.Tensor) -> object:
         """Run a command on every rank (rank 0's shard alone without workers)."""
         if self.pool is None:
             return self.shard.handle(command, payload)
+        self.drain()
         return self.pool.run(self.shard, command, payload)
 
     def open_disk(self, namespace: bytes) -> None:
@@ -130,26 +154,64 @@ class ModelRunner:
 
         ``masks`` hands over the structured-output bitmask for the sampled rows; it is taken only after
         the forward pass was issued, so filling it overlaps the model."""
+        self.drain()
         begin = time.perf_counter()
-        step = build_step_inputs(scheduled, self.cfg.block_size)
-        step.block_tables = block_table_array(step.block_tables)
-        rows = np.array(step.sample_rows + step.score_rows, dtype=np.int64)
+        step, rows = self._inputs(scheduled)
         use_graph = self.shard.can_replay(step)
         self.last_prepare_s = time.perf_counter() - begin
         if self.pool is None:
             logits = self.shard.run_step(step, rows, use_graph)
         else:
-            batch = StepBatch(
-                step.token_ids,
-                step.positions,
-                step.slot_mapping,
-                step.query_start_loc,
-                step.seq_lens,
-                step.block_tables,
-                rows,
-                use_graph,
-            )
-            logits = self.pool.run(self.shard, STEP, pack(batch))  # type: ignore[assignment]
+            logits = self.pool.run(self.shard, STEP, pack(self._batch(step, rows, use_graph)))  # type: ignore[assignment]
+        return self._sample(step, logits, masks)
+
+    @property
+    def keeps_steps_in_flight(self) -> bool:
+        """Whether ``launch`` returns before the step's logits exist (pipeline virtual engines)."""
+        return self.in_flight is not None
+
+    @torch.inference_mode()
+    def launch(self, scheduled: SchedulerOutput) -> LaunchedStep:
+        """Start the step and return without its logits: the later stages work on it while rank 0 goes
+        on with another lane's step (pipeline_inflight.py). ``finish`` samples it."""
+        if self.in_flight is None:
+            raise RuntimeError("launch needs pipeline parallelism with steps in flight")
+        begin = time.perf_counter()
+        step, rows = self._inputs(scheduled)
+        self.last_prepare_s = time.perf_counter() - begin
+        work = self.in_flight.launch(STEP, pack(self._batch(step, rows, False)), step, rows)
+        return LaunchedStep(step, work)
+
+    @torch.inference_mode()
+    def finish(self, launched: LaunchedStep, masks: TokenMasks | None = None) -> ModelOutput:
+        """Wait for a launched step's logits, then sample and score as ``execute`` does."""
+        assert self.in_flight is not None
+        return self._sample(launched.step, self.in_flight.collect(launched.work), masks)
+
+    def drain(self) -> None:
+        """Receive the logits of every step in flight (kept for ``finish``) before another command."""
+        if self.in_flight is not None:
+            self.in_flight.drain()
+
+    def _inputs(self, scheduled: SchedulerOutput) -> tuple[StepInputs, np.ndarray]:
+        step = build_step_inputs(scheduled, self.cfg.block_size)
+        step.block_tables = block_table_array(step.block_tables)
+        return step, np.array(step.sample_rows + step.score_rows, dtype=np.int64)
+
+    @staticmethod
+    def _batch(step: StepInputs, rows: np.ndarray, use_graph: bool) -> StepBatch:
+        return StepBatch(
+            step.token_ids,
+            step.positions,
+            step.slot_mapping,
+            step.query_start_loc,
+            step.seq_lens,
+            step.block_tables,  # type: ignore[arg-type]
+            rows,
+            use_graph,
+        )
+
+    def _sample(self, step: StepInputs, logits: torch.Tensor | None, masks: TokenMasks | None) -> ModelOutput:
         out = ModelOutput()
         if logits is None:
             return out
@@ -186,16 +248,23 @@ class ModelRunner:
         without tensor parallelism). A collective call, so only between steps."""
         if self.pool is None:
             return None
+        self.drain()
         return self.pool.run(self.shard, COLLECTIVE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def pipeline_stats(self) -> torch.Tensor | None:
         """Per rank ``[compute_s, wait_s, bytes_sent, steps]`` since the start (None without PP)."""
         if self.pool is None or self.cfg.pipeline_parallel_size == 1:
             return None
+        self.drain()
         return self.pool.run(self.shard, PIPELINE_STATS, torch.empty(0, dtype=torch.int64))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, after every rank's pending block files are written. Idempotent."""
+        if self.in_flight is not None and self.pool is not None and self.pool.failure is None:
+            try:
+                self.drain()  # steps still in flight (their requests were aborted): let them land
+            except TensorParallelError:
+                pass  # the pool is already stopped
         if self.shard.host_kv.disk is not None:
             try:
                 if self.pool is not None and self.pool.failure is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.distributed.context import TensorParallel, for_group
 from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
 from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
-from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step
+from prefixflow.engine.distributed.pipeline_step import PipelineStats, run_pipeline_step, wait_sends
 from prefixflow.engine.distributed.step_payload import StepBatch, unpack
 from prefixflow.engine.dtypes import torch_dtype
 from prefixflow.engine.kv_offload.copy_plan import CopyPlan
@@ -66,6 +67,7 @@ class ModelShard:
         """``pp``: this rank's pipeline stage (its layers, its KV share), None without PP."""
         self.cfg, self.model_cfg, self.tp, self.pp = cfg, model_cfg, tp, pp
         self.pipeline_stats = PipelineStats()
+        self.pipeline_pending: list[tuple[Any, torch.Tensor]] = []  # posted sends not yet waited for
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = torch_dtype(resolve_dtype(cfg.dtype, device.type, source.location))
@@ -118,6 +120,8 @@ class ModelShard:
 
     def handle(self, command: int, payload: torch.Tensor) -> object:
         """A command from rank 0 (workers), or rank 0's own part of it."""
+        if self.pp is not None and command != STEP:
+            wait_sends(self)  # a step's last sends land before anything else uses the groups
         if command == INIT_CACHE:
             return self.init_cache()
         if command == STEP:

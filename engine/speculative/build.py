@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from prefixflow.engine.config import EngineConfig
 from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.speculative.decoder import NgramProposer, Proposer, Speculator
@@ -10,8 +12,14 @@ from prefixflow.engine.speculative.runs import SpeculationStats
 
 
 def build_speculator(
-    cfg: EngineConfig, target: ModelSource, max_model_len: int, stats: SpeculationStats, target_blocks: int
+    cfg: EngineConfig,
+    target: ModelSource,
+    max_model_len: int,
+    stats: SpeculationStats,
+    target_blocks: int,
+    token_bytes: Callable[[], Sequence[bytes]] | None = None,
 ) -> Speculator | None:
+    """``token_bytes``: each token's bytes, so grammar-forced drafts learn the target's own split."""
     spec = cfg.speculative_config
     if spec is None or spec.num_speculative_tokens == 0:
         return None
@@ -20,7 +28,7 @@ def build_speculator(
     if spec.method == "ngram":
         proposer = NgramProposer(spec)
         if spec.jump_forward:
-            forced = ForcedDrafts(target.tokenizer)
+            forced = ForcedDrafts(target.tokenizer, token_bytes)
     else:
         from prefixflow.engine.speculative.draft import DraftProposer
 

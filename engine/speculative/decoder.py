@@ -16,7 +16,7 @@ from prefixflow.engine.core.request import Request
 from prefixflow.engine.core.step_types import SchedulerOutput
 from prefixflow.engine.speculative.config import SpeculativeConfig
 from prefixflow.engine.speculative.cost_model import LinearCost
-from prefixflow.engine.speculative.forced import ForcedDrafts
+from prefixflow.engine.speculative.forced import ForcedDrafts, Pending
 from prefixflow.engine.speculative.ngram import NgramIndex
 from prefixflow.engine.speculative.policy import (
     PRIOR_ACCEPTANCE,
@@ -42,6 +42,7 @@ class RequestSpecState:
     method: Acceptance | None = None  # the method-wide counter, updated alongside
     jump_forward: Acceptance | None = None  # grammar-forced drafts, engine-wide
     forced: list[bool] = field(default_factory=list)  # per pending draft: forced by the grammar
+    splits: list[Pending] = field(default_factory=list)  # forced strings awaiting the target's split
 
     def observe(self, forced: list[bool], accepted: int) -> None:
         reached = forced[: accepted + 1]
@@ -187,7 +188,7 @@ class Speculator:
             for i, req in enumerate(requests):
                 if req.grammar is not None:
                     drafts[i], masks[i] = self.forced.propose(
-                        req.grammar, req.token_ids, self.state(req).index, limits[i]
+                        req.grammar, req.token_ids, self.state(req).index, limits[i], self.state(req).splits
                     )
         return drafts, masks
 

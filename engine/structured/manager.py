@@ -45,6 +45,8 @@ class StructuredOutputManager:
         self.max_rows = max_rows
         self._compiler: Any = None
         self._batch: Any = None
+        self._info: Any = None
+        self._token_bytes: list[bytes] | None = None
         self._compiled: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
         self._worker: ThreadPoolExecutor | None = None
         self._bitmask: torch.Tensor | None = None
@@ -60,10 +62,18 @@ class StructuredOutputManager:
     def _ensure_backend(self) -> None:
         if self._compiler is None:
             xgr = xgrammar()
-            info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
+            info = self._info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
             threads = max(1, min(8, (os.cpu_count() or 2) // 2))
             self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
             self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
+
+    def token_bytes(self) -> list[bytes]:
+        """Each token id's bytes as the grammar engine sees them (special tokens empty): what a forced
+        literal's split is matched against (speculative/forced.py). Built once, on first use."""
+        if self._token_bytes is None:
+            self._ensure_backend()
+            self._token_bytes = list(self._info.decoded_vocab)
+        return self._token_bytes
 
     def compile(self, so: StructuredOutputs) -> Any:
         """The compiled grammar for this constraint; raises GrammarError / StructuredOutputsUnavailable."""

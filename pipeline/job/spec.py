@@ -47,6 +47,7 @@ ENGINE_FIELDS_WITHOUT_OUTPUT_EFFECT: dict[str, str] = {
     "speculative_config": "verification emits exactly the tokens the model samples without it",
     "pipeline_parallel_size": "how the same layers are split over devices",
     "pipeline_micro_batches": "how a step is cut into micro-batches: scheduling only",
+    "pipeline_virtual_engines": "how many steps are in flight at once: scheduling only",
 }
 
 

@@ -29,12 +29,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
+
+from prefixflow.pipeline.storage import slow
 
 REFRESH_ENV = "PREFIXFLOW_PROGRESS_REFRESH"
 INTERVAL_ENV = "PREFIXFLOW_PROGRESS_INTERVAL"
@@ -176,6 +180,8 @@ class ProgressDisplay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bar: Progress | None = None
+        self.notice: str | None = None  # slow storage, while it lasts (storage/slow.py)
+        self._watch: AbstractContextManager[None] | None = None
         if mode == "bar":
             self._bar = Progress(
                 TextColumn("[bold]rows"),
@@ -218,6 +224,17 @@ class ProgressDisplay:
             else:
                 self.emit(f"warning: {message}")
 
+    def storage(self, text: str, still_slow: bool) -> None:
+        """Slow storage (storage/slow.py): shown on the bar until it answers again, and as its own line
+        (above the bar, or in the log)."""
+        with self._lock:
+            self.notice = text if still_slow else None
+            if self._bar is not None:
+                self._bar.console.print(Text(text, style="yellow" if still_slow else ""), soft_wrap=True)
+                self._draw()
+            else:
+                self.emit(f"warning: {text}" if still_slow else text)
+
     # -- numbers ----------------------------------------------------------------------------------
     def _engine_counts(self) -> tuple[int, int] | None:
         """(prompt tokens computed, output tokens sampled) by the engine during this display."""
@@ -257,7 +274,7 @@ class ProgressDisplay:
                 self._draw()
             elif self.mode == "log" and now - self._last_log >= self.log_every_s:
                 self._last_log = now
-                self.emit(self.snapshot().line())
+                self.emit(self.snapshot().line() + ("  (storage slow)" if self.notice else ""))
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -303,6 +320,8 @@ class ProgressDisplay:
         assert self._bar is not None
         s = self.snapshot()
         info = f"{rates_text(s)}  {clock_text(s.elapsed_s)}  ETA {clock_text(s.eta_s)}"
+        if self.notice:
+            info += f"  [yellow]{escape(self.notice)}[/]"
         self._bar.update(self._task, completed=s.rows, info=info)
         self._bar.refresh()
         self._last_draw = self.clock()
@@ -320,6 +339,8 @@ class ProgressDisplay:
             return self
         if self._bar is not None:
             self._bar.start()
+        self._watch = slow.watch(self.storage)
+        self._watch.__enter__()  # left in __exit__
         self.tick()
         self._thread = threading.Thread(target=self._run_ticker, name="prefixflow-progress", daemon=True)
         self._thread.start()
@@ -331,6 +352,9 @@ class ProgressDisplay:
             self._thread.join()
         if self.mode == "off":
             return
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None
         self.tick()
         if self._bar is not None:
             self._bar.stop()

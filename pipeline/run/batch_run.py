@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import JobSpec, load_job
 from prefixflow.pipeline.job.spec import _normalize as normalize_url
 from prefixflow.pipeline.run.layout import BATCH_INPUT_DIR, Layout
-from prefixflow.pipeline.run.record import output_layout, read_run_record
+from prefixflow.pipeline.run.record import CLI_DRIVER, hold_output, output_layout, read_run_record
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.openai_batch import (
     BatchRequest,
@@ -104,7 +106,35 @@ def prepare_batch(
 ) -> BatchJob:
     """Convert the Batch file (once per content) and build the job over it. Raises InputError for a
     malformed file, JobConfigError for a results path that is not a .jsonl file, and
-    FingerprintMismatch when the state folder holds a run of another version of the file."""
+    FingerprintMismatch when the state folder holds a run of another version of the file. Takes no
+    lease: `prefixflow run` uses ``driving_batch``."""
+    batch, requests = _plan_batch(input, results, model, job, **overrides)
+    _convert(batch, requests, input, new_run)
+    return batch
+
+
+@contextmanager
+def driving_batch(
+    input: str,
+    results: str,
+    model: str,
+    job: str | dict[str, Any] | None = None,
+    new_run: bool = False,
+    **overrides: Any,
+) -> Iterator[BatchJob]:
+    """``prepare_batch`` under the state folder's driver lease, held for the block: the conversion, the run,
+    the cleanup of older conversions and the results file are one run's. A second run of the job into the
+    same results is refused (OutputBusy, naming the running one) before it writes or deletes anything."""
+    batch, requests = _plan_batch(input, results, model, job, **overrides)
+    with hold_output(batch.spec, driver=CLI_DRIVER):
+        _convert(batch, requests, input, new_run)
+        yield batch
+
+
+def _plan_batch(
+    input: str, results: str, model: str, job: str | dict[str, Any] | None, **overrides: Any
+) -> tuple[BatchJob, list[BatchRequest]]:
+    """The job over the Batch file's requests, and the parsed requests; reads the file, writes nothing."""
     if not results.rstrip("/").endswith(BATCH_SUFFIXES):
         raise JobConfigError(
             f"--output {results!r}: OpenAI Batch results are a JSONL file; pass e.g. results.jsonl"
@@ -116,18 +146,23 @@ def prepare_batch(
     name = f"requests-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
     state = results.rstrip("/") + STATE_SUFFIX
     spec = load_job(f"{state}/{BATCH_INPUT_DIR}/{name}", state, model, job_data, **overrides)
+    return BatchJob(spec, normalize_url(results), len(requests), name), requests
+
+
+def _convert(batch: BatchJob, requests: list[BatchRequest], input: str, new_run: bool) -> None:
+    """Check who owns the results and the state folder, then write the requests table (once per content)."""
+    spec = batch.spec
     layout = output_layout(spec)
-    _check_results_owner(results, layout, storage, new_run)
+    _check_results_owner(batch.results, layout, spec.config.storage, new_run)
     record = read_run_record(layout)
     if record is not None and record.spec["input"] != spec.input and not new_run:
         raise FingerprintMismatch(
-            f"{input} has changed since the run in {state} started (its content differs); "
+            f"{input} has changed since the run in {spec.output} started (its content differs); "
             "rerun with the original file, pass --new-run to start over, or pick another --output"
         )
-    converted = layout.path(BATCH_INPUT_DIR, name)
+    converted = layout.path(BATCH_INPUT_DIR, batch.converted)
     if not layout.store.exists(converted):
         layout.store.write_atomic(converted, requests_table(requests))
-    return BatchJob(spec, normalize_url(results), len(requests), name)
 
 
 def _job_dict(job: str | dict[str, Any] | None) -> dict[str, Any]:

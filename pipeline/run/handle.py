@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
 from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.planning import check_plan_version
 from prefixflow.pipeline.run.record import (
     RunRecord,
     check_fingerprint,
@@ -114,6 +116,12 @@ class Run:
         """Every marker of this run, in shard order (those not yet known are read once)."""
         found = (self.marker(s) for s in sorted(self.committed_ids()))
         return [m for m in found if m is not None]
+
+    def held_markers(self, shard_ids: Iterable[str]) -> list[commits.CommitMarker]:
+        """The markers of these shards this Run already holds (its commits, what it read); reads none. A
+        lane hands its own to the flow, whose finalize then need not read one marker per shard again."""
+        with self._lock:
+            return [m for m in (self._markers.get(s) for s in shard_ids) if m is not None]
 
     def known_markers(self, markers: list[commits.CommitMarker]) -> None:
         """Markers someone already read for this run (prepare_output): not read again."""
@@ -241,6 +249,8 @@ def open_run(
     listing = root.store.listing(root.store.root)
     record = check_fingerprint(spec, root, read_run_record(root) if root.record in listing else None)
     layout = root.for_run(record.run_id)
+    if shards is not None:
+        check_plan_version(shards, record.plan_version, spec.config.output.shard_rows)
     planned = tuple(s.shard_id for s in shards) if shards is not None else None
     run = Run(spec, layout, record, RunFiles.of(layout, listing), planned, started)
     if markers:

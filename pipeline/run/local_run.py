@@ -20,9 +20,11 @@ from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
 from prefixflow.pipeline.run.handle import open_run, prepare_run
 from prefixflow.pipeline.run.planning import Shard, plan_shards
-from prefixflow.pipeline.run.record import check_output, hold_output
+from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
+from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
+from prefixflow.pipeline.storage.sources import reads_cached
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
 
@@ -40,7 +42,23 @@ def run_local(
     Everything that can fail on a bad job (model, engine settings, columns, output root) fails before
     the run record is written: the engine is loaded first when any shard is left to run."""
     console = console or Console(stderr=True)
-    shards = plan_shards(spec)
+
+    def storage(text: str, still_slow: bool) -> None:  # slow storage outside the shard loop
+        console.print(Text(text, style="yellow" if still_slow else ""), soft_wrap=True)
+
+    with slow.watch(storage), reads_cached():  # each input file is read once in the whole command
+        return _run_local(spec, new_run, llm, progress, console, progress_interval)
+
+
+def _run_local(
+    spec: JobSpec,
+    new_run: bool,
+    llm: Engine | None,
+    progress: bool | None,
+    console: Console,
+    progress_interval: float | None,
+) -> tuple[RunSummary, list[ShardError]]:
+    shards = plan_shards(spec, new_run=new_run)
     check_output(spec, new_run)
     owned = llm is None
     if llm is None and (new_run or _left_to_run(spec, shards)):
@@ -50,7 +68,7 @@ def run_local(
             check_max_tokens(spec.config, llm.max_model_len)
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
-        with hold_output(spec, driver="prefixflow run"):
+        with hold_output(spec, driver=CLI_DRIVER):
             run = prepare_run(spec, new_run=new_run, shards=shards)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(

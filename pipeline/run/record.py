@@ -41,6 +41,7 @@ from prefixflow.pipeline.run.output_schema import (
     schema_to_text,
 )
 from prefixflow.pipeline.run.planning import (
+    PLAN_VERSION,
     check_input_columns,
     input_changes,
     input_identities,
@@ -66,6 +67,7 @@ class RunRecord:
     version: int = RECORD_VERSION
     columns: dict[str, str] = field(default_factory=dict)  # the output schema, readable
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> sources.file_identity
+    plan_version: int = 1  # planning.PLAN_VERSION it was planned with (records before packing: 1)
 
     @property
     def schema(self) -> pa.Schema:
@@ -84,6 +86,9 @@ def output_layout(spec: JobSpec) -> Layout:
     if not spec.output:
         raise JobConfigError("output: pass a local folder or an s3:// URL for the results")
     return Layout(Store.open(spec.output, spec.config.storage))
+
+
+CLI_DRIVER = "prefixflow run"  # the driver lease of a `prefixflow run` (also an OpenAI Batch run's, whole)
 
 
 @contextmanager
@@ -213,6 +218,7 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
         created_at=time.time(),
         columns={f.name: str(f.type) for f in schema},
         inputs=input_identities(spec),
+        plan_version=PLAN_VERSION,
     )
 
 

@@ -19,6 +19,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from prefixflow.pipeline.job.config import StorageConfig
+from prefixflow.pipeline.storage import slow
 
 TEMP_PREFIX = ".tmp-"  # local writes go through <folder>/.tmp-<random>, then a rename or a link
 
@@ -63,8 +64,10 @@ class Store:
     @classmethod
     def open(cls, url: str, cfg: StorageConfig) -> Store:
         fs, root = url_to_fs(url, **storage_options(url, cfg))
-        if {"s3", "s3a"} & set(_protocols(fs)) and getattr(fs, "retries", 0) > S3_CALL_RETRIES:
-            fs.retries = S3_CALL_RETRIES
+        if {"s3", "s3a"} & set(_protocols(fs)):
+            if getattr(fs, "retries", 0) > S3_CALL_RETRIES:
+                fs.retries = S3_CALL_RETRIES
+            slow.instrument(fs)  # a stalled call shows in the progress output (storage/slow.py)
         return cls(fs, root.rstrip("/") if root != "/" else root)
 
     @property
@@ -118,6 +121,12 @@ class Store:
         if self.is_s3:
             return bytes(self.fs.cat_file(path, max_concurrency=1))
         return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file, in one request (S3: one ranged GET)."""
+        if self.is_s3:
+            return bytes(self.fs.cat_file(path, start=start, end=end, max_concurrency=1))
+        return bytes(self.fs.cat_file(path, start=start, end=end))
 
     def list_files(self, path: str) -> list[str]:
         """All files below ``path`` (recursive), sorted; empty when the folder does not exist."""

@@ -1,10 +1,14 @@
-"""Orchestration stays O(lanes) in Prefect tasks and O(shards) in storage operations (no per-shard
-listing of everything): the flow's counts at 6 and 12 one-row shards, through the benchmark's
-instrumentation (benchmarks/orchestration_scale.py, which measures the same at 10,000 shards)."""
+"""Issue 25 item 4: orchestration stays O(lanes) in Prefect task runs and log records, and a shard costs the
+storage only its own round trips, through the benchmark's instrumentation (benchmarks/orchestration_scale.py
+measures the same at 10,000 shards). Counts only, never time.
+
+150 one-row shards of ONE input file, 4 thread lanes, `--model tiny`, max_tokens 1. Each bound below fails
+on the code before issue 25's fixes: 150+ log records (a line per shard), 150 marker reads in finalize (the
+lanes' markers were read again), ~150 reads of the input (the whole file for every shard).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,34 +17,41 @@ from benchmarks.orchestration_scale import run_flow, write_input
 from tests.flows.support import requires_pipeline
 
 pytestmark = [requires_pipeline, pytest.mark.timeout(600)]
-LANES = 2
-# Storage calls per extra shard: 21.5 measured after one listing replaced the per-shard marker reads of
-# the lane's skip check and the run's final count (31.5 before, read_bytes 13 -> 6.3 per shard); 26 on
-# the main of 22:25 UTC (later pipeline checks), where the old per-shard reads would add 9 more.
-PER_SHARD_OPS = 30
-PER_SHARD_READS = 11
+SHARDS, LANES = 150, 4
 
 
-def _counts(tmp_path: Path, shards: int) -> dict[str, Any]:
-    inp = tmp_path / f"in-{shards}"
-    inp.mkdir()
-    write_input(str(inp), shards)
+@pytest.fixture(scope="module")
+def counts(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("scale")
+    (root / "in").mkdir()
+    write_input(str(root / "in"), SHARDS)
     # progress polls only when a lane finishes (poll_s is long), so counts do not depend on timing
-    result = run_flow(str(inp), str(tmp_path / f"out-{shards}"), shards, LANES, None, poll_s=600.0)
+    result = run_flow(str(root / "in"), str(root / "out"), SHARDS, LANES, None, poll_s=600.0)
     assert result["complete"] is True
     return result
 
 
-def test_task_count_flat_and_storage_ops_linear_in_shards(prefect_server: str, tmp_path: Path):
-    small, large = _counts(tmp_path, 6), _counts(tmp_path, 12)
+def _calls(result: dict[str, Any]) -> dict[str, int]:
+    calls: dict[str, int] = result["storage_calls_all"]
+    return calls
+
+
+def test_prefect_task_runs_and_log_records_are_o_lanes(counts: dict[str, Any]) -> None:
     # plan + one task per lane + summary, whatever the shard count
-    assert small["task_runs"] == large["task_runs"] == LANES + 2
-    # each extra shard costs a bounded number of storage calls, and listings do not grow with the
-    # number of shards already committed (a per-shard listing of all markers would be O(shards^2))
-    extra = {op: large["store_ops"].get(op, 0) - small["store_ops"].get(op, 0) for op in large["store_ops"]}
-    listed = extra.pop("listed_entries", 0)
-    assert sum(extra.values()) <= 6 * PER_SHARD_OPS, extra
-    assert extra.get("list_files", 0) <= 6 * 3 and extra.get("list_dir", 0) <= 2, extra
-    # entries returned by all listings: a listing of every marker per shard would add ~shards per shard
-    assert listed <= 6 * 6, (listed, extra)
-    assert extra.get("read_bytes", 0) <= 6 * PER_SHARD_READS, extra
+    assert counts["task_runs"] == LANES + 2
+    # no log record per shard: the lanes log their start, heartbeat and end (each ~a handful)
+    assert counts["log_records"] <= 12 * LANES, counts["log_records"]
+    assert counts["artifacts"] <= 6 and counts["api_requests"] <= 60, counts["api_requests_top"]
+
+
+def test_a_shard_costs_its_own_round_trips_and_nothing_per_shard_else(counts: dict[str, Any]) -> None:
+    calls = _calls(counts)
+    # the shard's own: write its part, create its marker, copy the part into data/
+    for key in ("write _staging", "create _commits", "copy data"):
+        assert calls.get(key) == SHARDS, (key, calls)
+    # everything else is bounded by the lanes and the run, not the shards: the flow's finalize takes the
+    # lanes' markers (no read per shard), and a lane reads the input file once (its rows stay decoded)
+    assert calls.get("read _commits", 0) <= LANES, calls
+    assert calls.get("read input", 0) <= 3 * LANES + 10, calls
+    assert counts["storage_calls"] <= 3 * SHARDS + 150, counts["storage_calls_by_kind"]
+    assert counts["storage_calls_by_kind"].get("list", 0) <= 60, counts["storage_calls_by_kind"]

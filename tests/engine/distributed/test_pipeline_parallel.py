@@ -45,6 +45,14 @@ def _check(model_dir, pp: int = 2, tp: int = 1, against_transformers: bool = Tru
         got_greedy, got_sampled = _run(llm, prompts)
         stats = llm.stats()
         per_rank = llm.engine.runner.pipeline_stats()  # [compute_s, wait_s, bytes_sent, steps] per rank
+        in_flight = llm.engine.runner.in_flight
+        pool = llm.engine.kv.pool
+        assert pool.num_free == len(pool.blocks)  # no leaked block
+    lanes = extra.get("pipeline_virtual_engines", pp)
+    if lanes > 1:  # virtual engines: steps of different lanes were in the stages at the same time
+        assert in_flight is not None and in_flight.max_in_flight == lanes
+    else:
+        assert in_flight is None
     assert got_greedy == want_greedy  # and so transformers' tokens, where checked
     assert got_sampled == want_sampled  # seeded sampling: the same tokens as PP=1
     assert stats.preemptions > 0, "the workload must preempt"
@@ -57,7 +65,30 @@ def _check(model_dir, pp: int = 2, tp: int = 1, against_transformers: bool = Tru
 
 
 def test_two_stages_equal_one_and_transformers(llama_dir):
-    _check(llama_dir)
+    _check(llama_dir)  # two virtual engines: a step of each lane in flight
+
+
+@pytest.mark.slow
+def test_one_virtual_engine_fills_and_drains_each_step(llama_dir):
+    _check(llama_dir, pipeline_virtual_engines=1)  # the earlier design: micro-batches within a step
+
+
+def test_aborted_lanes_land_and_free_every_block(llama_dir):
+    """A stream closed while both lanes have a step in flight: the steps land (no stage is left
+    mid-step), every block comes back, and the next call gets exact tokens."""
+    with LLM(str(llama_dir), pipeline_parallel_size=2, **OPTIONS) as llm:
+        prompts = _prompts()
+        stream = llm.generate_stream(prompts, GREEDY)
+        next(stream)
+        assert llm.engine.lanes is not None and len(llm.engine.lanes.in_flight) == 1
+        stream.close()
+        pool = llm.engine.kv.pool
+        assert not llm.engine.has_unfinished() and not llm.engine.lanes.busy
+        assert pool.num_free == len(pool.blocks)
+        per_rank = llm.engine.runner.pipeline_stats()
+        assert per_rank[:, 3].tolist() == [llm.stats().steps] * 2
+        again = [list(o.token_ids) for o in llm.generate(prompts[:3], GREEDY)]
+    assert again == _reference(str(llama_dir), True)[0][:3]
 
 
 @pytest.mark.slow
@@ -160,3 +191,19 @@ def test_hung_stage_times_out(llama_dir):
     assert time.monotonic() - start < 4 + 10
     llm.close()
     assert_processes_gone(pids)
+
+
+@pytest.mark.slow
+def test_structured_outputs_in_lanes_equal_one_stage():
+    """Each lane's grammar masks are filled and taken when its own step is finished, not another's."""
+    from tests.engine.structured.test_structured_outputs import PROMPTS, json_params
+
+    options = dict(dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=40, block_size=4)
+    params = json_params(temperature=0.9, seed=5)
+    want = [o.token_ids for o in LLM("tiny", **options).generate(PROMPTS, params)]
+    with LLM("tiny", pipeline_parallel_size=2, **options) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        stats = llm.stats()
+        assert llm.engine.runner.in_flight.max_in_flight == 2
+    assert got == want
+    assert stats.masked_steps > 0 and stats.preemptions > 0

@@ -25,6 +25,7 @@ DOCUMENTED_KEYS = {
     "quantization",
     "weight_bytes",
     "weight_path",
+    "linear_kernel",
 }
 
 

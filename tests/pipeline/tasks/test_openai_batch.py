@@ -4,6 +4,7 @@ too; the results validated by a plain `json`-per-line reader shaped like an Open
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,36 @@ def test_no_op_fields_are_accepted_and_a_blank_custom_id_is_refused(tmp_path: Pa
     assert by_id["json"].error is not None  # a field that would change the answer is still refused
     with pytest.raises(InputError, match="only whitespace"):
         parse_batch((json.dumps(_line("  ", max_tokens=2)) + "\n").encode(), "b.jsonl")
+
+
+def test_a_second_batch_run_into_the_same_results_is_refused_before_it_writes(tmp_path: Path, capsys) -> None:
+    """Issue 25: an OpenAI Batch run holds the driver lease of its state folder for the whole command (the
+    conversion, the run, the cleanup of older conversions, the results file), like `prefixflow run`. While
+    another live run drives it, a second one is refused naming that run, before it writes or deletes
+    anything: not even its converted requests table (a --new-run of a changed file included)."""
+    batch = _write(tmp_path / "batch.jsonl", REQUESTS[:2])
+    results = tmp_path / "results.jsonl"
+    state = tmp_path / "results.jsonl.prefixflow"
+    rival = {
+        "holder": "rival",
+        "mode": "shared",
+        "machine": "gpu-host/1/2",
+        "host": "gpu-7",
+        "pid": 4242,
+        "renewed_at": time.time(),
+        "ttl_s": 60.0,
+        "command": "prefixflow run",
+        "driver": "prefixflow run",
+    }
+    (state / "_leases").mkdir(parents=True)
+    (state / "_leases" / "rival.json").write_text(json.dumps(rival))
+    changed = _write(tmp_path / "changed.jsonl", REQUESTS[:3])
+    for args in ((str(batch), str(results)), (str(changed), str(results), "--new-run")):
+        assert _run(*args) == 2
+        err = capsys.readouterr().err
+        assert "already being written by another run" in err and "pid 4242 on gpu-7" in err, err
+        assert sorted(p.name for p in state.iterdir()) == ["_leases"], list(state.rglob("*"))
+        assert not results.exists()
+    (state / "_leases" / "rival.json").unlink()  # the other run is gone: this one runs
+    assert _run(str(batch), str(results)) == 0
+    validate_openai_batch_output(results.read_text(), REQUESTS[:2])
