@@ -28,7 +28,9 @@ DATA = Path(__file__).parent / "data" / "reviews.jsonl"
 
 def _prompts() -> list[str]:
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    return [f"Review of {r['product']}: {r['text']}\nSentiment (positive, negative or neutral):" for r in rows]
+    return [
+        f"Review of {r['product']}: {r['text']}\nSentiment (positive, negative or neutral):" for r in rows
+    ]
 
 
 def _score(invariant: bool, dtype: str, prompts: list[str]) -> tuple[float, float, list[list[float] | str]]:

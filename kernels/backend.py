@@ -8,8 +8,8 @@ CPU tests exercise the kernels.
 
 from __future__ import annotations
 
-import importlib.util
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass

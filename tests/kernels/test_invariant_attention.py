@@ -43,7 +43,9 @@ def _only(batch, b: int, rows: slice | None = None):
 )
 def test_invariant_equals_reference(heads, dtype):
     hq, hkv, d = heads
-    batch = build_paged_batch(MIXED, hq, hkv, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=d)
+    batch = build_paged_batch(
+        MIXED, hq, hkv, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=d
+    )
     want = reference.paged_attention(*_args(batch), d**-0.5)
     got = invariant_attention.paged_attention_invariant(*_args(batch), d**-0.5)
     assert not torch.isnan(got).any()
@@ -59,9 +61,11 @@ def test_a_rows_bits_do_not_depend_on_the_rest_of_the_step(dtype, monkeypatch):
     together = attend(*_args(batch), 0.125)[start : start + TARGET[0]]
     alone = attend(*_only(batch, b), 0.125)
     assert torch.equal(together, alone)
-    first, rest = attend(*_only(batch, b, slice(0, 20)), 0.125), attend(*_only(batch, b, slice(20, 33)), 0.125)
+    first, rest = (
+        attend(*_only(batch, b, slice(0, 20)), 0.125),
+        attend(*_only(batch, b, slice(20, 33)), 0.125),
+    )
     assert torch.equal(torch.cat([first, rest]), alone)  # the same prompt cut into two prefill chunks
     assert torch.equal(attend(*_only(batch, b, slice(32, 33)), 0.125), alone[32:])  # the last row alone
     monkeypatch.setattr(invariant_attention, "_KV_BUDGET", 1)  # one row per call
     assert torch.equal(attend(*_args(batch), 0.125)[start : start + TARGET[0]], alone)
-
