@@ -14,6 +14,7 @@ Engines (``--engines``):
 - ``pf-packed``: ``quantization="gguf"`` (the Q4_1 blocks kept packed, float32 activations);
 - ``pf-bf16``: ``dtype="bfloat16"`` (dense on a CPU with native bf16, else packed);
 - ``pf-packed-bf16``: ``dtype="bfloat16", quantization="gguf"`` (torch's int4 pack matmul);
+- ``pf-unchunked``: the default with kernels/cpu_linear.py's column chunks of wide layers turned off;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
   ``hf-bf16``: the same model cast to bf16 (transformers' faster configuration on a native-bf16 CPU);
 - ``llama.cpp``: ``llama-batched-bench`` built by benchmarks/build_llama_cpp.sh (same GGUF, same
@@ -21,11 +22,21 @@ Engines (``--engines``):
   part; its CPU-seconds are the child process's minus those of a 1-token run (model load, warm-up).
 
     python -m benchmarks.cpu_path --threads 1,2 --batches 1,16,64 --json benchmarks/results/cpu_path.json
+
+``--workload varied`` or ``chat`` (goal 2's 1.6x): the same engines on benchmarks/throughput.py's
+``varied`` prompts (lengths uniform in ``--min-len``..``--max-len``, outputs too) or
+benchmarks/prefix_workloads.py's chat turns (a shared system prompt, growing histories), prefix
+caching **on** for prefixflow (its default); transformers in static padded batches of ``--hf-batch``,
+sorted by prompt length (its best configuration: least padding). Tokens = real prompt + requested
+output tokens, on every side.
+
+    python -m benchmarks.cpu_path --workload chat --engines pf-default,hf --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -33,6 +44,7 @@ import resource
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +60,22 @@ ENGINES = {
     "pf-packed": {"quantization": "gguf"},
     "pf-bf16": {"dtype": "bfloat16"},
     "pf-packed-bf16": {"dtype": "bfloat16", "quantization": "gguf"},
+    "pf-unchunked": {},  # the default with kernels/cpu_linear.py's column chunks off (A/B of that rule)
 }
+
+
+@contextlib.contextmanager
+def chunking(engine: str) -> Iterator[None]:
+    """``pf-unchunked``: every float32 layer one F.linear for the duration of its run."""
+    from prefixflow.kernels import cpu_linear
+
+    saved = cpu_linear.CHUNK_MIN_OUT
+    if engine == "pf-unchunked":
+        cpu_linear.CHUNK_MIN_OUT = 1 << 62
+    try:
+        yield
+    finally:
+        cpu_linear.CHUNK_MIN_OUT = saved
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -56,7 +83,7 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(batch)]
 
 
-def load_pf(name: str, kv_tokens: int = 16 * 160) -> Any:
+def load_pf(name: str, kv_tokens: int = 16 * 160, prefix_caching: bool = False) -> Any:
     """The engine with a KV pool for ``kv_tokens`` float32 tokens (every sequence of a batch at once)."""
     from prefixflow.engine import LLM
 
@@ -64,7 +91,7 @@ def load_pf(name: str, kv_tokens: int = 16 * 160) -> Any:
     return LLM(
         MODEL,
         device="cpu",
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
         kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20),
         **opts,
     )
@@ -197,7 +224,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--workload", default="fixed", choices=["fixed", "varied", "chat"])
+    ap.add_argument("--num-prompts", type=int, default=32, help="varied")
+    ap.add_argument("--min-len", type=int, default=32, help="varied")
+    ap.add_argument("--max-len", type=int, default=192, help="varied")
+    ap.add_argument("--conversations", type=int, default=8, help="chat")
+    ap.add_argument("--turns", type=int, default=4, help="chat")
+    ap.add_argument("--scale", type=float, default=0.25, help="chat: length scale")
+    ap.add_argument("--hf-batch", type=int, default=16)
     args = ap.parse_args(argv)
+    if args.workload != "fixed":
+        return workload_main(args)
     engines = args.engines.split(",")
     threads = [int(t) for t in args.threads.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
@@ -231,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 batch = prompts(b, args.prompt_len, vocab, seed=1000 * r + b)
                 for e in engines:
                     if e.startswith("pf-"):
-                        m = run_pf(loaded[e], batch, args.max_tokens)
+                        with chunking(e):
+                            m = run_pf(loaded[e], batch, args.max_tokens)
                     elif e in ("hf", "hf-bf16"):
                         m = run_hf(loaded[e], batch, args.max_tokens)
                     else:
@@ -315,6 +353,109 @@ def summarize(
                     }
                 )
     return rows
+
+
+def run_pf_requests(llm: Any, prompts_: list[list[int]], outs: list[int]) -> dict[str, float]:
+    from prefixflow.engine import SamplingParams
+
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outs]
+    c, w = time.process_time(), time.perf_counter()
+    done = llm.generate(prompts_, params)
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    return {"wall_s": wall, "cpu_s": cpu, "output_tokens": sum(len(o.token_ids) for o in done)}
+
+
+def run_hf_requests(model: Any, prompts_: list[list[int]], outs: list[int], batch: int) -> dict[str, float]:
+    """Static padded batches (left padding), sorted by prompt length; a batch decodes to its longest output."""
+    from transformers import GenerationConfig
+
+    order = sorted(range(len(prompts_)), key=lambda i: -len(prompts_[i]))
+    c, w = time.process_time(), time.perf_counter()
+    for start in range(0, len(order), batch):
+        rows = [prompts_[i] for i in order[start : start + batch]]
+        width, steps = max(map(len, rows)), max(outs[i] for i in order[start : start + batch])
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, p in enumerate(rows):
+            ids[j, width - len(p) :], mask[j, width - len(p) :] = torch.tensor(p), 1
+        gen = GenerationConfig(
+            do_sample=False, max_new_tokens=steps, min_new_tokens=steps, eos_token_id=None, pad_token_id=0
+        )
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    return {"wall_s": wall, "cpu_s": cpu, "output_tokens": sum(outs)}
+
+
+def workload_main(args: argparse.Namespace) -> dict[str, Any]:
+    """``--workload varied|chat``: every engine on the same requests, rounds interleaved, 1 thread count."""
+    from benchmarks import prefix_workloads
+    from benchmarks.throughput import varied
+
+    vocab = 49152
+    threads = int(args.threads.split(",")[0])
+    torch.set_num_threads(threads)
+    engines = args.engines.split(",")
+
+    def workload(seed: int) -> Any:  # a fresh seed per round: no prefix-cache hits across rounds
+        if args.workload == "varied":
+            return varied(args.num_prompts, args.min_len, args.max_len, vocab, seed=seed)
+        return prefix_workloads.chat(vocab, args.conversations, args.turns, scale=args.scale, seed=seed)
+
+    rounds = [workload(r) for r in range(args.rounds)]
+    kv = max(sum(len(p) + n for p, n in zip(w.prompts, w.max_tokens)) for w in rounds)
+    loaded: dict[str, Any] = {}
+    for e in engines:
+        if e.startswith("pf-"):
+            loaded[e] = load_pf(e, kv, prefix_caching=True)
+            run_pf(loaded[e], [[11] * 8] * 2, 2)
+        else:
+            loaded[e] = load_hf(torch.bfloat16 if e == "hf-bf16" else torch.float32)
+    load_before, runs = os.getloadavg(), []
+    for r, wl in enumerate(rounds):
+        prompts_, outs = [list(p) for p in wl.prompts], [int(n) for n in wl.max_tokens]
+        tokens = sum(map(len, prompts_)) + sum(outs)
+        for e in engines:
+            if e.startswith("pf-"):
+                with chunking(e):
+                    m = run_pf_requests(loaded[e], prompts_, outs)
+            else:
+                m = run_hf_requests(loaded[e], prompts_, outs, args.hf_batch)
+            m.update(engine=e, round=r, tokens=tokens, load_average=os.getloadavg()[0])
+            runs.append(m)
+            print(
+                f"{args.workload} r{r} {e:12s} wall {m['wall_s']:7.2f}s cpu {m['cpu_s']:7.2f}s "
+                f"{tokens / m['cpu_s']:8.1f} tok/cpu-s",
+                flush=True,
+            )
+    rows = []
+    for e in engines:
+        rates = [m["tokens"] / m["cpu_s"] for m in runs if m["engine"] == e]
+        rows.append(
+            {
+                "engine": e,
+                "tokens": runs[0]["tokens"],
+                "tok_per_cpu_s_max": round(max(rates), 1),
+                "tok_per_cpu_s_median": round(statistics.median(rates), 1),
+                "cpu_s_median": round(statistics.median(m["cpu_s"] for m in runs if m["engine"] == e), 2),
+            }
+        )
+    print_table(rows, ["engine", "tokens", "tok_per_cpu_s_max", "tok_per_cpu_s_median", "cpu_s_median"])
+    result = {
+        "benchmark": "cpu_path",
+        "workload": args.workload,
+        "workload_params": [w.params for w in rounds],
+        "requests": len(rounds[0].prompts),
+        "threads": threads,
+        "rows": rows,
+        "runs": runs,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": environment(),
+    }
+    if args.json:
+        write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ _EXPORTS = {
     "StructuredOutputs": "prefixflow.engine.structured",
     "TokenLogprob": "prefixflow.engine.outputs",
     "NgramIndex": "prefixflow.engine.speculative.ngram",
+    "SpeculationReplay": "prefixflow.engine.speculative.replay",
     "describe_model": "prefixflow.engine.loading.model_identity",
     "inspect_model": "prefixflow.engine.loading.model_card",
     "structured_outputs_error": "prefixflow.engine.structured",
@@ -44,6 +45,7 @@ __all__ = [
     "StructuredOutputs",
     "TokenLogprob",
     "NgramIndex",
+    "SpeculationReplay",
     "structured_outputs_error",
 ]
 
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from prefixflow.engine.outputs import Logprob, RequestOutput, TokenLogprob
     from prefixflow.engine.sampling.sampling_params import SamplingParams
     from prefixflow.engine.speculative.ngram import NgramIndex
+    from prefixflow.engine.speculative.replay import SpeculationReplay
     from prefixflow.engine.structured import StructuredOutputs, structured_outputs_error
 
 

@@ -45,6 +45,7 @@ from prefixflow.pipeline import (
     record_prediction,
 )
 from prefixflow.pipeline.job.flags import job_overrides
+from prefixflow.pipeline.storage.sources import reads_cached
 
 
 class ShardsFailed(RuntimeError):
@@ -74,10 +75,11 @@ def plan_job(
     logger = get_run_logger()
     spec = load_job(input, output, model, job, **overrides)
     with_keys = with_credentials(spec, credentials_block)
-    shards = plan_shards(with_keys)
-    run = prepare_run(with_keys, new_run=new_run, shards=shards)
-    record_prediction(run, warn=logger.warning)  # compared with the measured totals at the end
-    infos = describe_shards(with_keys, shards)
+    with reads_cached():  # each input file's footer is read once for all of planning
+        shards = plan_shards(with_keys, new_run=new_run)
+        run = prepare_run(with_keys, new_run=new_run, shards=shards)
+        record_prediction(run, warn=logger.warning)  # compared with the measured totals at the end
+        infos = describe_shards(with_keys, shards)
     rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
     logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)
     return spec, infos

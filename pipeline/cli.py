@@ -247,9 +247,8 @@ def cmd_plan_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from prefixflow.pipeline.advisor.cli import advise_requested, run_advice
+    from prefixflow.pipeline.advisor.cli import advise_requested
     from prefixflow.pipeline.run.batch_run import is_batch_input
-    from prefixflow.pipeline.run.planning import describe_shards, plan_shards
 
     advising = advise_requested(args)
     if is_batch_input(args.input, _storage(args)):
@@ -260,6 +259,16 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
             )
         return cmd_plan_batch(args, out, err)
     spec = _spec(args, "")
+    from prefixflow.pipeline.storage.sources import reads_cached
+
+    with reads_cached():  # each input file read once for the whole plan
+        return _plan(spec, args, out, err, advising)
+
+
+def _plan(spec: JobSpec, args: argparse.Namespace, out: Console, err: Console, advising: bool) -> int:
+    from prefixflow.pipeline.advisor.cli import run_advice
+    from prefixflow.pipeline.run.planning import describe_shards, plan_shards
+
     shards = plan_shards(spec)
     broken = [s.error for s in shards if s.error]
     target = spec.config.output.shard_rows
@@ -275,6 +284,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
                 "est_tokens": i.est_tokens,
                 "prefix_key": i.prefix_key,
                 "error": i.shard.error,
+                "files": [[p.relpath, p.row_start, p.row_end] for p in i.shard.ranges()],
             }
             for i in infos
         ]
@@ -295,10 +305,12 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
         infos = describe_shards(spec, shards)
         for i in infos:
             note = f"  [red]{escape(i.shard.error)}[/]" if i.shard.error else ""
-            out.print(
-                f"{i.shard.shard_id}  rows {i.shard.row_start}-{i.shard.row_end} ({i.shard.num_rows} rows)  "
-                f"~{i.est_tokens} tokens{note}"
+            where = (
+                f"{len(i.shard.pieces)} small files packed"
+                if i.shard.pieces
+                else f"rows {i.shard.row_start}-{i.shard.row_end}"
             )
+            out.print(f"{i.shard.shard_id}  {where} ({i.shard.num_rows} rows)  ~{i.est_tokens} tokens{note}")
         out.print(
             f"[bold]{len(infos)} shards, {sum(i.shard.num_rows for i in infos)} rows, "
             f"~{sum(i.est_tokens for i in infos)} tokens[/]"

@@ -24,7 +24,14 @@ from prefixflow.engine.quantization.params import (
     load_shard,
     missing,
 )
-from prefixflow.kernels.cpu_linear import PREPACKED, PrepackedWeight, linear_kernel, prepack, prepacked_linear
+from prefixflow.kernels.cpu_linear import (
+    PREPACKED,
+    PrepackedWeight,
+    dense_linear,
+    linear_kernel,
+    prepack,
+    prepacked_linear,
+)
 from prefixflow.kernels.fp8_linear import Fp8Weight
 from prefixflow.kernels.quant_linear import QuantKernel, fp8_kernel, weight_only_kernel
 from prefixflow.kernels.quant_weight import PackedWeight
@@ -160,7 +167,7 @@ class DenseMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.prepacked is not None:
             return prepacked_linear(x, self.prepacked, bias)
-        return nn.functional.linear(x, buffer(layer, "weight"), bias)
+        return dense_linear(x, buffer(layer, "weight"), bias)
 
 
 class KernelMethod(LinearMethod):

@@ -12,7 +12,7 @@ from prefixflow.pipeline.advisor.estimate import bytes_per_param, ceilings
 from prefixflow.pipeline.advisor.memory import EngineLimits, native_precision
 from prefixflow.pipeline.advisor.roofline import ModelShape, lower_bound_seconds
 from prefixflow.pipeline.advisor.sample import Sample
-from prefixflow.pipeline.advisor.speculation import replay_ngram
+from prefixflow.pipeline.advisor.speculation import Recorder, replay
 from prefixflow.pipeline.advisor.workload import PilotResult
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.job.spec import JobSpec
@@ -37,11 +37,11 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
             continue
     before = llm.stats().as_dict()
     start = time.perf_counter()
-    records = list(execute(llm, prep, list(prepared.values()), cfg.output.flush_rows))
+    recorder = Recorder(llm)  # keeps the output token ids, for the speculation replay
+    records = list(execute(recorder, prep, list(prepared.values()), cfg.output.flush_rows))
     elapsed = time.perf_counter() - start
     after = llm.stats().as_dict()
     outputs, caps = [], []
-    replay = [0, 0, 0]
     for rec in records:
         p = prepared.get(rec["id"])
         if (
@@ -52,9 +52,7 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
         ):
             outputs.append(int(rec["output_tokens"]))
             caps.append(p.params.max_tokens)
-            out_ids = llm.tokenizer.encode(str(rec.get("output") or ""), add_special_tokens=False)
-            for j, v in enumerate(replay_ngram(p.prompt, out_ids)):
-                replay[j] += v
+    replayed = replay(llm, recorder.finished)
     return PilotResult(
         rows=len(records),
         output_tokens=outputs,
@@ -75,7 +73,8 @@ def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotRe
             for r in records
             if r.get("prompt_tokens")
         ],
-        ngram_replay=(replay[0], replay[1], replay[2]),
+        ngram_replay=(replayed[0], replayed[1], replayed[2]),
+        forced_replay=(replayed[3], replayed[4]),
     )
 
 

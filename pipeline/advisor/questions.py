@@ -352,6 +352,12 @@ def q5_speculation(f: Facts) -> Answer:
             f"the pilot's outputs replayed under n-gram prompt lookup (k={REPLAY_K}): "
             f"{accepted:,} of {proposed:,} drafts accepted, {per_step:.2f} tokens per decode step"
         )
+    forced_proposed, forced_accepted = pilot.forced_replay if pilot is not None else (0, 0)
+    if forced_proposed:
+        evidence.append(
+            f"{forced_proposed:,} of those drafts were forced by the output grammar (jump-forward) and "
+            f"{forced_accepted / forced_proposed:.0%} of them accepted"
+        )
     if batch >= cross / 4:
         rec = (
             "no speculative decoding: at this batch the spare compute that draft tokens need is not there "

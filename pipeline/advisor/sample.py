@@ -109,10 +109,11 @@ def sample_rows(spec: JobSpec, shards: list[Shard], n: int) -> Sample:
     if not total:
         return Sample([], 0, skipped)
     store, _ = list_inputs(spec.input, spec.config.storage)
-    files = {s.path: s.relpath for s in shards if s.error is None}
+    files = {p.path: p.relpath for s in shards if s.error is None for p in s.ranges()}
     by_file: dict[str, list[str]] = {}
     for s in shards:
-        by_file.setdefault(s.path, []).append(s.shard_id)
+        for p in s.ranges():  # a packed shard covers several files
+            by_file.setdefault(p.path, []).append(s.shard_id)
     units: list[_Unit] = []
     for path, relpath in files.items():
         try:

@@ -59,6 +59,8 @@ class PilotResult:
     requests: list[tuple[int, int, int]] = field(default_factory=list)  # per row: prompt, output, cached
     # n-gram speculation replayed over the pilot's outputs (advisor/speculation.py): drafts, accepted, steps
     ngram_replay: tuple[int, int, int] = (0, 0, 0)
+    # of those drafts, the ones a structured-output grammar forced (jump-forward): proposed, accepted
+    forced_replay: tuple[int, int] = (0, 0)
 
     @property
     def tokens_per_s(self) -> float:

@@ -40,7 +40,7 @@ class PartInfo:
     error_rows: int
     errors_by_class: dict[str, int]
     tokens: dict[str, int]
-    row_keys: list[int] = field(default_factory=list, repr=False)
+    row_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)  # (source_file, row_index)
     label_counts: dict[str, int] = field(default_factory=dict)  # label jobs: rows per label
     label_quality: dict[str, Any] = field(default_factory=dict)  # label jobs: label_quality.part_quality
 
@@ -50,13 +50,13 @@ class PartInfo:
 
 def _summarize_part(
     data: bytes,
-) -> tuple[list[int], int, dict[str, int], dict[str, int], dict[str, int], dict[str, Any]]:
+) -> tuple[list[tuple[str, int]], int, dict[str, int], dict[str, int], dict[str, int], dict[str, Any]]:
     part = pq.ParquetFile(io.BytesIO(data))
     names = part.schema_arrow.names
     has_label = "label" in names
     extra = [c for c in LABEL_COLUMNS if c in names] if has_label else []
-    table = part.read(columns=["row_index", "error_class", *COUNT_COLUMNS, *extra])
-    keys = table.column("row_index").to_pylist()
+    table = part.read(columns=["source_file", "row_index", "error_class", *COUNT_COLUMNS, *extra])
+    keys = list(zip(table.column("source_file").to_pylist(), table.column("row_index").to_pylist()))
     classes: dict[str, int] = {}
     for c in table.column("error_class").to_pylist():
         if c is not None:
@@ -101,7 +101,7 @@ def scan_staged(layout: Layout, shard_id: str, staged: tuple[str, ...] | None = 
     staged part paths when known (a Run's listing), else listed here."""
     store = layout.store
     chosen: list[PartInfo] = []
-    covered: set[int] = set()
+    covered: set[tuple[str, int]] = set()
     for path in store.list_files(layout.staging(shard_id)) if staged is None else sorted(staged):
         if not path.endswith(".parquet"):
             continue

@@ -4,13 +4,14 @@ rows whose derived id must differ from the default because a real id already has
 from __future__ import annotations
 
 import io
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.job.spec import JobSpec
-from prefixflow.pipeline.storage.sources import list_inputs
+from prefixflow.pipeline.storage.sources import list_inputs, parquet_file
 from prefixflow.pipeline.tasks.rows import derived_id
 
 
@@ -24,7 +25,7 @@ def duplicate_index(spec: JobSpec) -> bytes:
     dups: dict[str, list[Any]] = {"source_file": [], "row_index": [], "first_file": [], "first_row": []}
     for f in files:
         try:
-            pf = pq.ParquetFile(store.fs.open(f.path, "rb"))
+            pf = parquet_file(store, f.path)  # (read once per command: sources.reads_cached)
             if col not in pf.schema_arrow.names:
                 continue
             values = pf.read(columns=[col]).column(col).to_pylist()
@@ -73,9 +74,9 @@ def unique_derived_ids(nulls: list[tuple[str, int]], taken: set[str]) -> dict[tu
     return renamed
 
 
-def load_derived_ids(table: pa.Table | None, relpath: str) -> dict[int, str]:
-    """Row -> derived id of the null-id rows of ``relpath`` whose default derived id is taken, from the
-    run's id index ``table`` (``Run.id_index``)."""
+def load_derived_ids(table: pa.Table | None, relpaths: Collection[str]) -> dict[tuple[str, int], str]:
+    """(file, row) -> derived id of the null-id rows of the files ``relpaths`` whose default derived id is
+    taken, from the run's id index ``table`` (``Run.id_index``)."""
     if table is None or "derived_id" not in table.column_names:
         return {}
     rows = zip(
@@ -83,12 +84,15 @@ def load_derived_ids(table: pa.Table | None, relpath: str) -> dict[int, str]:
         table.column("row_index").to_pylist(),
         table.column("derived_id").to_pylist(),
     )
-    return {r: d for f, r, d in rows if f == relpath and d is not None}
+    return {(f, r): d for f, r, d in rows if f in relpaths and d is not None}
 
 
-def load_duplicates(table: pa.Table | None, relpath: str) -> dict[tuple[str, int], tuple[str, int] | None]:
-    """(file, row) of each repeated id in ``relpath`` -> (file, row) of its first use (None in an index
-    written by an older prefixflow), from the run's id index ``table``; empty without an id column."""
+def load_duplicates(
+    table: pa.Table | None, relpaths: Collection[str]
+) -> dict[tuple[str, int], tuple[str, int] | None]:
+    """(file, row) of each repeated id in the files ``relpaths`` -> (file, row) of its first use (None in
+    an index written by an older prefixflow), from the run's id index ``table``; empty without an id
+    column. (A shard of packed small files covers several files.)"""
     if table is None:
         return {}
     files, rows = table.column("source_file").to_pylist(), table.column("row_index").to_pylist()
@@ -99,5 +103,5 @@ def load_duplicates(table: pa.Table | None, relpath: str) -> dict[tuple[str, int
         table.column("derived_id").to_pylist() if "derived_id" in table.column_names else [None] * len(files)
     )
     return {
-        (f, r): first for f, r, first, d in zip(files, rows, firsts, renamed) if f == relpath and d is None
+        (f, r): first for f, r, first, d in zip(files, rows, firsts, renamed) if f in relpaths and d is None
     }

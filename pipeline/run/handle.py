@@ -32,6 +32,7 @@ from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
 from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.planning import check_plan_version
 from prefixflow.pipeline.run.record import (
     RunRecord,
     check_fingerprint,
@@ -248,6 +249,8 @@ def open_run(
     listing = root.store.listing(root.store.root)
     record = check_fingerprint(spec, root, read_run_record(root) if root.record in listing else None)
     layout = root.for_run(record.run_id)
+    if shards is not None:
+        check_plan_version(shards, record.plan_version, spec.config.output.shard_rows)
     planned = tuple(s.shard_id for s in shards) if shards is not None else None
     run = Run(spec, layout, record, RunFiles.of(layout, listing), planned, started)
     if markers:

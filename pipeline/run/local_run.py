@@ -24,6 +24,7 @@ from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
+from prefixflow.pipeline.storage.sources import reads_cached
 from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
 
@@ -45,7 +46,7 @@ def run_local(
     def storage(text: str, still_slow: bool) -> None:  # slow storage outside the shard loop
         console.print(Text(text, style="yellow" if still_slow else ""), soft_wrap=True)
 
-    with slow.watch(storage):
+    with slow.watch(storage), reads_cached():  # each input file is read once in the whole command
         return _run_local(spec, new_run, llm, progress, console, progress_interval)
 
 
@@ -57,7 +58,7 @@ def _run_local(
     console: Console,
     progress_interval: float | None,
 ) -> tuple[RunSummary, list[ShardError]]:
-    shards = plan_shards(spec)
+    shards = plan_shards(spec, new_run=new_run)
     check_output(spec, new_run)
     owned = llm is None
     if llm is None and (new_run or _left_to_run(spec, shards)):

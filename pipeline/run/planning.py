@@ -3,18 +3,25 @@
 A shard id depends only on the file's path relative to the input root and its row range, so the
 same input and ``shard_rows`` always give the same ids: that is what lets a resumed run find its
 committed shards.
+
+Small files are packed (plan version 2): consecutive files with fewer rows than ``shard_rows`` share one
+shard, up to ``shard_rows`` rows, so 2,000 one-row files make 2 shards of 1,000, not 2,000 shards of one
+row each (0.37 s apiece of per-shard cost). A packed shard's id names its files by a digest of their
+paths and row ranges. A run keeps the plan it started with: its record says which plan version it was
+made with (records written before packing have none, and are planned one file per shard).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from prefixflow.pipeline.errors import InputError, JobConfigError
+from prefixflow.pipeline.errors import InputError, JobConfigError, OutputStateError
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.prompts.render import (
     as_text,
@@ -23,6 +30,7 @@ from prefixflow.pipeline.prompts.render import (
     render_template,
     static_prefix,
 )
+from prefixflow.pipeline.run.layout import RECORD_FILE
 from prefixflow.pipeline.storage.parquet_index import DECODED_CACHE_BYTES, FileIndex, InputReader
 from prefixflow.pipeline.storage.sources import InputFile, file_identity, list_inputs, parquet_file
 from prefixflow.pipeline.storage.store import Store
@@ -31,9 +39,26 @@ CHARS_PER_TOKEN = 4  # rough text-to-token ratio for size estimates only
 PREFIX_KEY_CHARS = 512  # how much of a shard's first rendered prompt its prefix key carries
 
 
+PLAN_VERSION = 2  # 2: small files packed into shared shards; 1 (records without it): a file per shard
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [row_start, row_end) of one input file: what a shard reads."""
+
+    path: str
+    relpath: str
+    row_start: int
+    row_end: int
+
+
 @dataclass(frozen=True)
 class Shard:
-    """A unit of work and of commit. ``error`` is set when the file could not be read at plan time."""
+    """A unit of work and of commit. ``error`` is set when the file could not be read at plan time.
+
+    A shard reads one file's row range (``path``, ``row_start``, ``row_end``), or, packed, whole small
+    files one after another (``pieces``; then ``path``/``relpath`` name the first file, and
+    ``row_start``/``row_end`` are 0 and ``num_rows``)."""
 
     shard_id: str
     path: str
@@ -42,6 +67,11 @@ class Shard:
     num_rows: int
     relpath: str = ""
     error: str | None = None
+    pieces: tuple[Piece, ...] = ()
+
+    def ranges(self) -> tuple[Piece, ...]:
+        """The row ranges this shard reads, in order (one unless packed)."""
+        return self.pieces or (Piece(self.path, self.relpath, self.row_start, self.row_end),)
 
 
 @dataclass(frozen=True)
@@ -94,13 +124,82 @@ def plan_file(spec: JobSpec, store: Store, f: InputFile) -> list[Shard]:
     return [Shard(_shard_id(f.relpath, a, b), f.path, a, b, b - a, f.relpath) for a, b in ranges]
 
 
-def plan_shards(spec: JobSpec) -> list[Shard]:
-    """All shards of the job's input, in file then row order. Reads only Parquet footers."""
+def _pack_id(pieces: list[Piece]) -> str:
+    first = pieces[0].relpath
+    stem = re.sub(r"[^A-Za-z0-9]+", "_", first.rsplit(".", 1)[0]).strip("_")[-40:] or "file"
+    named = "\n".join(f"{p.relpath}\x00{p.row_start}\x00{p.row_end}" for p in pieces)
+    return f"{stem}-{hashlib.sha1(named.encode()).hexdigest()[:12]}-pack{len(pieces):05d}"
+
+
+def pack_small(shards: list[Shard], target: int) -> list[Shard]:
+    """Consecutive one-shard files with fewer than ``target`` rows, packed into shards of up to ``target``
+    rows (file order kept). A pack of one file stays that file's own shard, under its usual id, so
+    input without small neighbours plans exactly as in plan version 1."""
+    out: list[Shard] = []
+    pack: list[Shard] = []
+
+    def close() -> None:
+        if len(pack) == 1:
+            out.append(pack[0])
+        elif pack:
+            pieces = [p for s in pack for p in s.ranges()]
+            rows = sum(s.num_rows for s in pack)
+            out.append(
+                Shard(_pack_id(pieces), pack[0].path, 0, rows, rows, pack[0].relpath, None, tuple(pieces))
+            )
+        pack.clear()
+
+    by_file: dict[str, int] = {}
+    for s in shards:
+        by_file[s.path] = by_file.get(s.path, 0) + 1
+    for s in shards:
+        small = (
+            not s.pieces
+            and s.error is None
+            and by_file[s.path] == 1
+            and s.row_start == 0
+            and 0 < s.num_rows < target
+        )
+        if not small:
+            close()
+            out.append(s)
+            continue
+        if sum(p.num_rows for p in pack) + s.num_rows > target:
+            close()
+        pack.append(s)
+    close()
+    return out
+
+
+def plan_shards(spec: JobSpec, new_run: bool = False, version: int | None = None) -> list[Shard]:
+    """All shards of the job's input, in file then row order. Reads only Parquet footers.
+
+    ``version``: the plan version (default: the one the output's run of this job was planned with, or
+    ``PLAN_VERSION`` for a new run; ``new_run`` starts one)."""
     store, files = list_inputs(spec.input, spec.config.storage)
     shards = [s for f in files for s in plan_file(spec, store, f)]
+    if version is None:
+        version = PLAN_VERSION if new_run else recorded_plan_version(spec)
+    if version >= 2:
+        shards = pack_small(shards, spec.config.output.shard_rows)
     if len({s.shard_id for s in shards}) != len(shards):
         raise InputError("two input files map to the same shard id; rename them so their paths differ")
     return shards
+
+
+def recorded_plan_version(spec: JobSpec) -> int:
+    """The plan version of the output's run of this job (1 for a record written before packing), or
+    ``PLAN_VERSION`` when the output holds no run of this job (a new run, or one --new-run replaces)."""
+    if not spec.output:
+        return PLAN_VERSION
+    out = Store.open(spec.output, spec.config.storage)
+    try:
+        record = json.loads(out.read_bytes(out.join(RECORD_FILE)))
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # none, or none of ours: prepare decides
+        return PLAN_VERSION
+    if not isinstance(record, dict) or record.get("fingerprint_hash") != spec.fingerprint_hash():
+        return PLAN_VERSION
+    return int(record.get("plan_version") or 1)
 
 
 def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
@@ -125,7 +224,7 @@ def describe_shards(spec: JobSpec, shards: list[Shard]) -> list[ShardInfo]:
         text_bytes, sample = 0, ""
         if shard.error is None:
             try:
-                text_bytes = _text_bytes(reader.index(store, shard.path), shard, spec.prompt_columns())
+                text_bytes = _text_bytes(reader, store, shard, spec.prompt_columns())
             except Exception:
                 text_bytes = 0
             sample = _first_prompt(spec, store, shard, reader)
@@ -185,11 +284,18 @@ def _render_prompt(spec: JobSpec, row: dict[str, Any]) -> str:
     return f"{cfg.system_prompt}\n\n{text}" if cfg.system_prompt else text
 
 
-def _text_bytes(index: FileIndex, shard: Shard, columns: set[str]) -> int:
+def _text_bytes(reader: InputReader, store: Store, shard: Shard, columns: set[str]) -> int:
     total = 0
-    for i in index.groups(shard.row_start, shard.row_end):
+    for piece in shard.ranges():  # (a packed shard: each of its files)
+        total += _piece_text_bytes(reader.index(store, piece.path), piece, columns)
+    return total
+
+
+def _piece_text_bytes(index: FileIndex, piece: Piece, columns: set[str]) -> int:
+    total = 0
+    for i in index.groups(piece.row_start, piece.row_end):
         rg = index.metadata.row_group(i)
-        lo, hi = max(index.starts[i], shard.row_start), min(index.starts[i + 1], shard.row_end)
+        lo, hi = max(index.starts[i], piece.row_start), min(index.starts[i + 1], piece.row_end)
         if hi > lo:
             size = sum(
                 rg.column(j).total_uncompressed_size
@@ -261,4 +367,16 @@ def check_input_columns(spec: JobSpec, schemas: list[tuple[str, pa.Schema]] | No
         named = ", ".join(f"{c!r} ({key})" for c, key in sorted(missing.items()))
         raise JobConfigError(
             f"{named}: not a column of any input file; the input has: {', '.join(sorted(present))}"
+        )
+
+
+def check_plan_version(shards: list[Shard], version: int, target: int) -> None:
+    """Refuse shards planned under another plan version than the run's (``version``, from its record):
+    committed shards would stop counting and their rows be generated again under other ids."""
+    packed = any(s.pieces for s in shards)
+    if (packed and version < 2) or (version >= 2 and pack_small(shards, target) != shards):
+        raise OutputStateError(
+            f"internal: the shards were planned {'with' if packed else 'without'} small files packed, "
+            f"but the run was planned with plan version {version}; plan with plan_shards(spec, new_run=...) "
+            "for the same run"
         )

@@ -41,6 +41,7 @@ from prefixflow.pipeline.run.output_schema import (
     schema_to_text,
 )
 from prefixflow.pipeline.run.planning import (
+    PLAN_VERSION,
     check_input_columns,
     input_changes,
     input_identities,
@@ -66,6 +67,7 @@ class RunRecord:
     version: int = RECORD_VERSION
     columns: dict[str, str] = field(default_factory=dict)  # the output schema, readable
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> sources.file_identity
+    plan_version: int = 1  # planning.PLAN_VERSION it was planned with (records before packing: 1)
 
     @property
     def schema(self) -> pa.Schema:
@@ -216,6 +218,7 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
         created_at=time.time(),
         columns={f.name: str(f.type) for f in schema},
         inputs=input_identities(spec),
+        plan_version=PLAN_VERSION,
     )
 
 

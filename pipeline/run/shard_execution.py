@@ -141,29 +141,13 @@ def _run_shard(
     done = {k for p in kept_parts for k in p.row_keys}
     if progress is not None and done:
         progress.resumed(len(done))
-    try:
-        in_store = Store.open(spec.input, spec.config.storage)
-        size = run.record.inputs.get(shard.relpath, {}).get("size")
-        reader = run.cached("input_reader", InputReader)  # each file's footer parsed once per run
-        table = reader.read(in_store, shard.path, shard.row_start, shard.row_end, spec.input_columns(), size)
-        rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
-    except Exception as exc:
-        raise ShardError(
-            shard.shard_id, f"cannot read input {shard.path!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    if len(rows) != shard.num_rows:
-        raise ShardError(
-            shard.shard_id,
-            f"expected {shard.num_rows} rows in {shard.path!r}, read {len(rows)}; "
-            "the file changed since planning",
-        )
+    rows = _read_shard(run, shard)
     cfg = spec.config
     flusher = _Flusher(run, shard.shard_id, run.cached("schema", lambda: run.record.schema), cfg.output)
     task = spec.task
-    prep = RowPreparer(cfg, llm, load_duplicates(run.id_index(), shard.relpath), task)
-    renamed = load_derived_ids(
-        run.id_index(), shard.relpath
-    )  # null ids whose default derived id is a real id
+    relpaths = {p.relpath for p in shard.ranges()}
+    prep = RowPreparer(cfg, llm, load_duplicates(run.id_index(), relpaths), task)
+    renamed = load_derived_ids(run.id_index(), relpaths)  # null ids whose default derived id is a real id
     pending: list[Prepared] = []
 
     def emit(rec: dict[str, Any]) -> None:
@@ -173,15 +157,15 @@ def _run_shard(
         if progress is not None:
             progress.advance(1, rec["prompt_tokens"], rec["cached_tokens"], rec["output_tokens"])
 
-    for offset, row in enumerate(rows):
-        key = shard.row_start + offset
-        if key in done:
+    for relpath, key, row in rows:
+        if (relpath, key) in done:
             continue
         kept = {c: row.get(c) for c in cfg.keep_columns} | task.kept_values(cfg, row)
-        base = base_record(key, renamed.get(key) or derived_id(shard.relpath, key), shard.relpath, kept)
+        derived = renamed.get((relpath, key)) or derived_id(relpath, key)
+        base = base_record(key, derived, relpath, kept)
         try:
-            base["id"] = prep.row_id(row, shard.relpath, key)
-            pending.append(prep.prepare(row, base, shard.relpath, key))
+            base["id"] = prep.row_id(row, relpath, key)
+            pending.append(prep.prepare(row, base, relpath, key))
         except RowError as err:
             emit(error_record(base, err.error_class, err.message))
     preempted = _preemptions(llm)
@@ -218,6 +202,38 @@ def _run_shard(
     marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=present, clean=False)
     run.committed(marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
+
+
+def _read_shard(run: Run, shard: Shard) -> list[tuple[str, int, dict[str, Any]]]:
+    """(file, row index, row) of every row the shard covers, file by file (one read per file; a small
+    file, whose size the run record knows, in one request)."""
+    spec = run.spec
+    try:
+        in_store = Store.open(spec.input, spec.config.storage)
+    except Exception as exc:
+        raise ShardError(
+            shard.shard_id, f"cannot open input {spec.input!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    reader = run.cached("input_reader", InputReader)  # each file's footer parsed once per run
+    columns = spec.input_columns()
+    out: list[tuple[str, int, dict[str, Any]]] = []
+    for piece in shard.ranges():
+        try:
+            size = run.record.inputs.get(piece.relpath, {}).get("size")
+            table = reader.read(in_store, piece.path, piece.row_start, piece.row_end, columns, size)
+            rows = table.to_pylist() if table.num_columns else [{} for _ in range(table.num_rows)]
+        except Exception as exc:
+            raise ShardError(
+                shard.shard_id, f"cannot read input {piece.path!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if len(rows) != piece.row_end - piece.row_start:
+            raise ShardError(
+                shard.shard_id,
+                f"expected {piece.row_end - piece.row_start} rows in {piece.path!r}, read {len(rows)}; "
+                "the file changed since planning",
+            )
+        out += [(piece.relpath, piece.row_start + i, row) for i, row in enumerate(rows)]
+    return out
 
 
 def speculation_counts(llm: Engine) -> dict[str, dict[str, int]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefixflow.pipeline.storage.sources import parquet_file
+from prefixflow.pipeline.storage.sources import listed_size, parquet_file
 from prefixflow.pipeline.storage.store import Store
 
 DECODED_CACHE_BYTES = 32 * 2**20  # row groups at most this big (uncompressed) stay decoded for the next shard
@@ -157,7 +157,8 @@ class InputReader:
             known = self._index.get(path)
         if known is not None:
             return known, None
-        size = int(store.fs.size(path)) if size is None else size  # once per file (S3: one HEAD)
+        size = listed_size(path) if size is None else size  # known from the input listing in reads_cached
+        size = int(store.fs.size(path)) if size is None else size  # else once per file (S3: one HEAD)
         pf = parquet_file(store, path, size)
         index = FileIndex.of(pf, size)
         with self._lock:

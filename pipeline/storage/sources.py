@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,7 +41,9 @@ def list_inputs(url: str, cfg: StorageConfig) -> tuple[Store, list[InputFile]]:
             paths = [p for p in fs.glob(root) if not fs.isdir(p)]
         elif fs.isdir(root):
             base = root
-            paths = [p for p in fs.find(root) if p.endswith((".parquet", ".pq", ".parq"))]
+            found = fs.find(root, detail=True)
+            _remember_sizes({p: i.get("size") for p, i in found.items()})
+            paths = [p for p in found if p.endswith((".parquet", ".pq", ".parq"))]
         elif fs.exists(root):
             base = root.rsplit("/", 1)[0]
             paths = [root]
@@ -93,7 +99,22 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
     """What pins one input file's contents, recorded in the run record so a resume over changed input is
     refused: the size and a digest of the Parquet footer (it holds every row group's offsets, sizes and
     statistics, so an edit that keeps the size still changes it), plus S3's ETag and version id. The
-    footer digest is ``None`` for a file whose footer cannot be read (it fails its own shard anyway)."""
+    footer digest is ``None`` for a file whose footer cannot be read (it fails its own shard anyway).
+    Inside ``reads_cached`` it is computed once per file, and a local file already read whole is not
+    asked again (same bytes, same digest)."""
+    scope = _scope.get()
+    if scope is not None and path in scope.identities:
+        return dict(scope.identities[path])
+    identity = _identity(store, path)
+    if scope is not None:
+        scope.identities[path] = dict(identity)
+    return identity
+
+
+def _identity(store: Store, path: str) -> dict[str, str | int | None]:
+    cached = _cached(path)
+    if cached is not None and cached.data is not None and store.is_local:
+        return {"size": len(cached.data), "footer_sha256": _footer_digest(cached.data)}
     store.fs.invalidate_cache(path)
     info = store.fs.info(path)
     size = int(info.get("size") or 0)
@@ -103,6 +124,9 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
             identity[key.lower()] = str(info[key]).strip('"')
     if store.is_s3 and "etag" in identity:
         return identity  # the ETag already changes with the content; no second read
+    if cached is not None and cached.data is not None and len(cached.data) == size:
+        identity["footer_sha256"] = _footer_digest(cached.data)
+        return identity
     try:
         with store.fs.open(path, "rb") as f:
             f.seek(max(size - 8, 0))
@@ -124,10 +148,93 @@ WHOLE_FILE_BYTES = (
 
 def parquet_file(store: Store, path: str, size: int | None = None) -> pq.ParquetFile:
     """The file, opened for reading; ``size`` (its known size, from the run record) saves asking the
-    store for it, and a small file is then read whole in one request."""
+    store for it, and a small file is then read whole in one request.
+
+    Inside ``reads_cached`` (one command's planning and run) each file is read once: a small file's
+    bytes, or a larger file's footer, are kept and reused by every later open of it (plan, schemas,
+    identities, the id index, the advisor's sample, the shard's own read)."""
+    scope = _scope.get()
+    if scope is None:
+        return _open(store, path, size)[0]
+    hit = scope.files.get(path)
+    if hit is not None and (size is None or size == hit.size):
+        if hit.data is not None:
+            return pq.ParquetFile(pa.BufferReader(hit.data))
+        return pq.ParquetFile(store.fs.open(path, "rb", size=hit.size), metadata=hit.metadata)
+    size = size if size is not None else scope.sizes.get(path)
+    pf, data = _open(store, path, size)
+    if data is not None and scope.bytes_kept + len(data) <= CACHE_BYTES:
+        scope.bytes_kept += len(data)
+        scope.files[path] = _Cached(len(data), data, pf.metadata)
+    elif size is not None:
+        scope.files[path] = _Cached(size, None, pf.metadata)
+    return pf
+
+
+def _open(store: Store, path: str, size: int | None) -> tuple[pq.ParquetFile, bytes | None]:
+    """The file, and its bytes when it was small enough to read whole."""
     if size is not None and 0 < size <= WHOLE_FILE_BYTES:
-        return pq.ParquetFile(pa.BufferReader(store.read_bytes(path)))
-    return pq.ParquetFile(store.fs.open(path, "rb", **({"size": size} if size else {})))
+        data = store.read_bytes(path)
+        return pq.ParquetFile(pa.BufferReader(data)), data
+    return pq.ParquetFile(store.fs.open(path, "rb", **({"size": size} if size else {}))), None
+
+
+CACHE_BYTES = 64 * 2**20  # what one command keeps of small input files' bytes (footers are always kept)
+
+
+@dataclass
+class _Cached:
+    size: int
+    data: bytes | None  # the whole file, when small
+    metadata: pq.FileMetaData
+
+
+@dataclass
+class _Scope:
+    files: dict[str, _Cached] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # from the input listing
+    identities: dict[str, dict[str, str | int | None]] = field(default_factory=dict)  # file_identity's
+    bytes_kept: int = 0
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("prefixflow_input_reads", default=None)
+
+
+@contextmanager
+def reads_cached() -> Iterator[None]:
+    """One command's reads of its input files, each file read once (see ``parquet_file``). Only around a
+    single command: a file edited inside the scope is not seen again there (the next command reads it
+    afresh, and the run record's identities catch the change)."""
+    token = _scope.set(_scope.get() or _Scope())
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def _remember_sizes(sizes: dict[str, Any]) -> None:
+    scope = _scope.get()
+    if scope is not None:
+        scope.sizes.update({p: int(v) for p, v in sizes.items() if isinstance(v, int)})
+
+
+def listed_size(path: str) -> int | None:
+    """The file's size as the input listing of this ``reads_cached`` scope saw it, or None."""
+    scope = _scope.get()
+    return scope.sizes.get(path) if scope is not None else None
+
+
+def _cached(path: str) -> _Cached | None:
+    scope = _scope.get()
+    return scope.files.get(path) if scope is not None else None
+
+
+def _footer_digest(data: bytes) -> str | None:
+    size = len(data)
+    length = int.from_bytes(data[-8:-4], "little") if size >= 8 else 0
+    if size < 8 or data[-4:] != PARQUET_MAGIC or length + 8 > size:
+        return None
+    return hashlib.sha256(data[size - 8 - length : size - 8]).hexdigest()[:32]
 
 
 def read_rows(

@@ -57,3 +57,34 @@ def test_the_prepacked_op_equals_reference_in_float32(rows: int) -> None:
         torch.testing.assert_close(got[0], cpu_linear.reference_linear(x, w, bias), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="65 features"):
         cpu_linear.prepacked_linear(rand(2, 65, seed=6), packed, None)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 16, 70])
+@pytest.mark.parametrize("out_features", [96, cpu_linear.CHUNK_MIN_OUT, cpu_linear.CHUNK_MIN_OUT + 5])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dense_linear_equals_f_linear_bit_for_bit(rows: int, out_features: int, with_bias: bool) -> None:
+    """Column chunks (a last partial one included) compute each output's dot product as F.linear does."""
+    w, x = rand(out_features, 64, seed=7), rand(rows, 64, seed=8)
+    bias = rand(out_features, seed=9) if with_bias else None
+    with torch.inference_mode():
+        got = cpu_linear.dense_linear(x, w, bias)
+    assert torch.equal(got, cpu_linear.reference_linear(x, w, bias))
+
+
+def test_dense_linear_chunks_only_wide_float32_layers_at_enough_rows(monkeypatch) -> None:
+    calls: list[tuple[int, ...]] = []
+    real_mm = torch.mm
+
+    def counting_mm(a: torch.Tensor, b: torch.Tensor, **kw: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(b.shape))
+        return real_mm(a, b, **kw)
+
+    monkeypatch.setattr(torch, "mm", counting_mm)
+    w = rand(cpu_linear.CHUNK_MIN_OUT, 64, seed=10)
+    with torch.inference_mode():
+        cpu_linear.dense_linear(rand(16, 64, seed=11), w)
+        assert calls == [(64, cpu_linear.CHUNK)] * 2 + [(64, cpu_linear.CHUNK_MIN_OUT - 2 * cpu_linear.CHUNK)]
+        calls.clear()
+        cpu_linear.dense_linear(rand(1, 64, seed=12), w)  # one row: one F.linear
+        cpu_linear.dense_linear(rand(16, 64, seed=13).bfloat16(), w.bfloat16())  # not float32
+    assert calls == []

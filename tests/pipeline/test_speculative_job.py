@@ -94,15 +94,19 @@ def test_run_summary_reports_acceptance_and_outputs_match(tmp_path: Path) -> Non
 
 
 def test_replay_counts_what_verification_would_accept() -> None:
-    from prefixflow.pipeline.advisor.speculation import replay_ngram
+    from prefixflow.engine import SpeculationReplay
 
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     copied = [1, 2, 3, 4, 5, 6, 7, 8]  # the output quotes the prompt: after "1 2" every draft is right
-    proposed, accepted, steps = replay_ngram(prompt, copied)
-    assert accepted == proposed > 0 and steps < len(copied)
-    assert accepted + steps == len(copied)  # every step emits its accepted drafts plus one token
+    r = SpeculationReplay()
+    r.add(prompt, copied)
+    c = r.counts
+    assert c.accepted == c.proposed > 0 and c.steps < len(copied)
+    assert c.accepted + c.steps == len(copied)  # every step emits its accepted drafts plus one token
     fresh = [40, 41, 42, 43, 44, 45]  # nothing to look up
-    assert replay_ngram(prompt, fresh) == (0, 0, len(fresh))
+    r = SpeculationReplay()
+    r.add(prompt, fresh)
+    assert (r.counts.proposed, r.counts.accepted, r.counts.steps) == (0, 0, len(fresh))
 
 
 def test_advisor_q5_uses_the_pilot_replay(tmp_path: Path) -> None:
@@ -120,3 +124,37 @@ def test_advisor_q5_uses_the_pilot_replay(tmp_path: Path) -> None:
     q5 = next(a for a in advice.answers if a.number == 5)
     assert advice.workload.pilot is not None and advice.workload.pilot.ngram_replay[2] > 0
     assert any("replayed under n-gram prompt lookup" in e for e in q5.evidence)
+
+
+def test_advisor_q5_counts_grammar_forced_drafts_from_the_pilot(tmp_path: Path) -> None:
+    """An extract job: the pilot's replay drafts what the schema forces (keys, quotes), from the model's
+    own output tokens, and Q5 reports how many of those forced drafts were accepted."""
+    from prefixflow.pipeline.advisor.advise import advise
+
+    write_dataset(tmp_path / "in", files=1, rows_per_file=6)
+    schema = {
+        "type": "object",
+        "properties": {
+            "sentiment": {"type": "string", "enum": ["positive", "negative"]},
+            "score": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["sentiment", "score"],
+        "additionalProperties": False,
+    }
+    job = {
+        "task": "extract",
+        "template": "Extract from: {{ text }}",
+        "schema": schema,
+        "chat": "off",
+        "sampling": {"max_tokens": 40},
+        "engine": {"num_kv_blocks": 512},
+    }
+    advice = advise(load_job(str(tmp_path / "in"), "", "tiny", job), gpu="local", pilot_rows=4)
+    pilot = advice.workload.pilot
+    assert pilot is not None
+    forced_proposed, forced_accepted = pilot.forced_replay
+    proposed, accepted, steps = pilot.ngram_replay
+    assert 0 < forced_accepted <= forced_proposed <= proposed and forced_accepted <= accepted
+    assert (accepted + steps) / steps > 1.3  # the forced keys alone make steps emit several tokens
+    q5 = next(a for a in advice.answers if a.number == 5)
+    assert any("forced by the output grammar" in e for e in q5.evidence), q5.evidence

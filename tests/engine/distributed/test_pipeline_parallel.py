@@ -191,3 +191,19 @@ def test_hung_stage_times_out(llama_dir):
     assert time.monotonic() - start < 4 + 10
     llm.close()
     assert_processes_gone(pids)
+
+
+@pytest.mark.slow
+def test_structured_outputs_in_lanes_equal_one_stage():
+    """Each lane's grammar masks are filled and taken when its own step is finished, not another's."""
+    from tests.engine.structured.test_structured_outputs import PROMPTS, json_params
+
+    options = dict(dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=40, block_size=4)
+    params = json_params(temperature=0.9, seed=5)
+    want = [o.token_ids for o in LLM("tiny", **options).generate(PROMPTS, params)]
+    with LLM("tiny", pipeline_parallel_size=2, **options) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        stats = llm.stats()
+        assert llm.engine.runner.in_flight.max_in_flight == 2
+    assert got == want
+    assert stats.masked_steps > 0 and stats.preemptions > 0

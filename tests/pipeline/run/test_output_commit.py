@@ -102,7 +102,7 @@ def test_overlapping_staged_attempts_keep_each_row_once(tmp_path: Path) -> None:
     commits.write_part(layout, "s1", "a2", 1, _part(spec, [5]))
     (tmp_path / "out" / "_staging" / layout.run_id / "s1" / "a2" / "part-00002.parquet").write_bytes(b"torn")
     parts = commits.scan_staged(layout, "s1")
-    assert sorted(k for p in parts for k in p.row_keys) == [0, 1, 2, 3, 5]
+    assert sorted(k for p in parts for k in p.row_keys) == [("f.parquet", k) for k in (0, 1, 2, 3, 5)]
 
 
 def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> None:
