@@ -18,16 +18,18 @@ from prefixflow.pipeline.advisor.roofline import Ceilings, ModelShape, job_cost,
 from prefixflow.pipeline.advisor.workload import Workload
 
 # Achieved / roofline bound. CPU (issue 24): the embedded SmolLM2-135M on its default path (dense float32),
-# 1 thread, 128-token prompts, 32 new tokens: 0.50 (batch 16) and 0.60 (batch 64) of the float32 matmul
-# ceiling, both counted in process CPU-seconds (benchmarks/RESULTS.md "Issue 24"); 0.40 leaves room for
-# per-step overhead at small batches. (The old 0.05-0.18 came from the 2-layer tiny model, where a step
-# is all overhead; the issue-18 demo measured 0.63.) GPU: not measured yet; 0.60 is the H200 goal set
-# there, 0.25 a pessimistic floor until benchmarks/gpu_check.sh has run.
+# 1 thread, 128-token prompts, 32 new tokens, counted in process CPU-seconds against the float32 matmul
+# ceiling measured the same way: 0.51 (batch 16) and 0.58 (batch 64) on a 2-core AMX Xeon, 0.54 and 0.64
+# on a 2-core AVX2 EPYC (benchmarks/RESULTS.md "Issue 24", third round); 0.45 leaves room for per-step
+# overhead at small batches. (The old 0.05-0.18 came from the 2-layer tiny model, where a step is all
+# overhead; the issue-18 demo measured 0.63.) GPU: not measured yet; 0.60 is the H200 goal set there,
+# 0.25 a pessimistic floor until benchmarks/gpu_check.sh has run.
 EFFICIENCY = {
     "cpu": (
-        0.40,
-        0.60,
-        "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64)",
+        0.45,
+        0.65,
+        "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64, "
+        "an AMX Xeon and an AVX2 EPYC)",
     ),
     "gpu": (
         0.25,
