@@ -75,6 +75,9 @@ class EngineConfig:
     kv_cache_dir_bytes: int = 16 * 1024**3  # its size cap (every namespace and rank together), LRU
     # speculative decoding (a mapping is parsed into SpeculativeConfig): docs/engine.md "Speculative decoding"
     speculative_config: SpeculativeConfig | None = None
+    # every row's results independent of the rest of the batch, bit for bit (CPU torch kernels only):
+    # docs/engine.md "Batch-invariant results"
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -120,6 +123,13 @@ class EngineConfig:
             raise bad("logprobs_mode", "'raw' (the model's distribution) or 'processed' (the sampled one)")
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise bad("quantization", f"None or one of {', '.join(QUANTIZATION_CHOICES)}")
+        if not isinstance(self.batch_invariant, bool):
+            raise bad("batch_invariant", "true or false")
+        if self.batch_invariant and (self.device == "cuda" or self.kernel_backend == "triton"):
+            raise bad(
+                "batch_invariant",
+                "false on CUDA / Triton kernels (batch-invariant results need the CPU torch kernels)",
+            )
         if self.sparsity not in (None, "2:4"):
             raise bad("sparsity", "None or '2:4'")
         if (

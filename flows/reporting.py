@@ -154,13 +154,13 @@ class ShardProgress:
         now = time.monotonic()
         if now < self._next_listing:
             return self.done
-        self._next_listing = now + self.done / LISTED_PER_S
         before = self.done
         self._run.refresh_commits()
         for i, lane in enumerate(self._lanes):
             while self._cursor[i] < len(lane) and self._run.is_committed(lane[self._cursor[i]].shard_id):
                 self._cursor[i] += 1
                 self.done += 1
+        self._next_listing = now + self.done / LISTED_PER_S
         if self.done != before:
             self._publish()
         return self.done

@@ -3,7 +3,7 @@
 Importing this package never imports triton; see kernels.backend.
 """
 
-from prefixflow.kernels.backend import KernelBackend, select
+from prefixflow.kernels.backend import KernelBackend, batch_invariant, select
 from prefixflow.kernels.reference import (
     build_rope_cache,
     paged_attention,
@@ -15,6 +15,7 @@ from prefixflow.kernels.reference import (
 
 __all__ = [
     "KernelBackend",
+    "batch_invariant",
     "build_rope_cache",
     "paged_attention",
     "rms_norm",

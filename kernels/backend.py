@@ -8,6 +8,7 @@ CPU tests exercise the kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Callable
@@ -95,3 +96,17 @@ def select(name: str = "auto", device: torch.device | str | None = None) -> Kern
     if name == "triton":
         return _triton_backend(device)
     raise ValueError(f"unknown kernel backend {name!r}: expected 'auto', 'torch' or 'triton'")
+
+
+def batch_invariant(ops: KernelBackend) -> KernelBackend:
+    """``ops`` with paged attention whose per-row results do not depend on the rest of the step
+    (kernels/invariant_attention.py). Only the torch kernels have it: the Triton kernels' tile shapes
+    depend on the batch, and a GPU needs batch-invariant kernels of its own."""
+    if ops.name != "torch":
+        raise ValueError(
+            f"batch_invariant=True runs on the torch (CPU) kernels only, not on {ops.name!r}; "
+            "set kernel_backend='torch' on a CPU device, or turn batch_invariant off"
+        )
+    from prefixflow.kernels.invariant_attention import paged_attention_invariant
+
+    return dataclasses.replace(ops, name="torch-invariant", paged_attention=paged_attention_invariant)

@@ -137,12 +137,16 @@ def open_engine(spec: JobSpec) -> Engine:
     shards. Settings the engine rejects while loading (a KV budget too small for one sequence, weights
     it cannot read) raise JobConfigError with the engine's message, like any other bad job setting."""
     from prefixflow.engine import LLM
+    from prefixflow.engine.loading.model_identity import resolve_device
 
+    job_engine = spec.config.engine
+    device = resolve_device(str(job_engine.get("device") or "auto"))
+    options = {**spec.task.engine_defaults(spec.config, device), **job_engine}
     try:
-        llm: Engine = LLM(model=spec.model, **spec.config.engine)
+        llm: Engine = LLM(model=spec.model, **options)
     except (
         ValueError
     ) as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
-        settings = spec.config.engine or "the default engine settings"
+        settings = options or "the default engine settings"
         raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
     return llm

@@ -17,7 +17,22 @@ from torch import nn
 from prefixflow.engine.quantization.method import DenseMethod, KernelContext, LinearMethod
 from prefixflow.engine.quantization.params import CheckpointError
 
-__all__ = ["DenseMethod", "KernelContext", "Linear", "LinearMethod"]
+__all__ = ["INVARIANT_MIN_ROWS", "DenseMethod", "KernelContext", "Linear", "LinearMethod", "pad_rows"]
+
+# Batch-invariant mode (EngineConfig.batch_invariant): every matmul gets at least this many rows. On the
+# CPU BLAS torch ships, ``x @ W.T`` gives a row the same bits whatever the other rows are once the
+# product has 12 or more rows (fewer take a gemv-like path with another summation order; measured in
+# benchmarks/RESULTS.md, issue 26); 16 leaves a margin. Zero rows cost little: small-M matmuls are
+# bound by reading the weights, not by the rows.
+INVARIANT_MIN_ROWS = 16
+
+
+def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``min_rows`` (``x`` itself when it has enough)."""
+    n = x.shape[0]
+    if n >= min_rows:
+        return x
+    return torch.cat([x, x.new_zeros((min_rows - n, *x.shape[1:]))])
 
 
 class Linear(nn.Module):
@@ -45,6 +60,7 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self._bias_shards: set[int] = set()
+        self.min_rows = 0  # INVARIANT_MIN_ROWS in batch-invariant mode
 
     def load(self, param: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copy one checkpoint tensor (``weight``, ``bias``, ``qweight``, ...) of output shard ``shard``."""
@@ -73,4 +89,7 @@ class Linear(nn.Module):
         self.method.process_after_loading(self, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+        n = x.shape[0]
+        if n >= self.min_rows:
+            return self.method.apply(self, x, self.bias)
+        return self.method.apply(self, pad_rows(x, self.min_rows), self.bias)[:n]

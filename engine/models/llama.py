@@ -18,6 +18,7 @@ from prefixflow.engine.distributed.context import TensorParallel, single_rank
 from prefixflow.engine.distributed.pipeline import PipelineStage
 from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.loading.model_config import ModelConfig
+from prefixflow.engine.models.linear import INVARIANT_MIN_ROWS, Linear, pad_rows
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
@@ -202,6 +203,16 @@ class LlamaForCausalLM(nn.Module):
             )
         )
 
+        self.min_rows = 0
+
+    def make_batch_invariant(self) -> None:
+        """Every matmul of the model, the tied LM head included, runs on at least ``INVARIANT_MIN_ROWS``
+        rows, so a row's bits never depend on how many other rows share the step."""
+        self.min_rows = INVARIANT_MIN_ROWS
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.min_rows = INVARIANT_MIN_ROWS
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, kv_caches: list[KVCache]) -> torch.Tensor:
         hidden, _ = self.forward_stage(input_ids, None, ctx, kv_caches)
         return hidden
@@ -227,7 +238,8 @@ class LlamaForCausalLM(nn.Module):
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
-            local = dense_linear(hidden, self.embed_tokens.weight)  # tied: the embedding is the head
+            n = hidden.shape[0]  # tied: the embedding is the head
+            local = dense_linear(pad_rows(hidden, self.min_rows), self.embed_tokens.weight)[:n]
         else:
             local = self.lm_head(hidden)
         return gather_logits(local, self.tp.layout.vocab, self.tp.group)

@@ -71,7 +71,13 @@ class ModelShard:
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = torch_dtype(resolve_dtype(cfg.dtype, device.type, source.location))
-        self.ops = kernels.select(cfg.kernel_backend, device)
+        if cfg.batch_invariant and device.type != "cpu":
+            raise ValueError(
+                f"EngineConfig.batch_invariant=True needs a CPU device (this engine runs on {device}); "
+                "GPU kernels are not batch-invariant"
+            )
+        base_ops = kernels.select(cfg.kernel_backend, device)
+        self.ops = kernels.batch_invariant(base_ops) if cfg.batch_invariant else base_ops
         self.attention = make_attention_backend(self.ops)
         quant = resolve_quantization(source.hf_config, cfg.quantization, cfg.sparsity)
         gguf_file = (
@@ -84,7 +90,9 @@ class ModelShard:
             self.model = LlamaForCausalLM(
                 model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp
             )
-        load_weights(self.model, source.weights(), KernelContext(device, self.dtype, self.ops.name))
+        load_weights(self.model, source.weights(), KernelContext(device, self.dtype, base_ops.name))
+        if cfg.batch_invariant:
+            self.model.make_batch_invariant()
         self.weight_bytes = weight_bytes(self.model)
         self.model.eval()
         self.cos_sin_cache = kernels.build_rope_cache(

@@ -100,7 +100,18 @@ def file_identity(store: Store, path: str) -> dict[str, str | int | None]:
     refused: the size and a digest of the Parquet footer (it holds every row group's offsets, sizes and
     statistics, so an edit that keeps the size still changes it), plus S3's ETag and version id. The
     footer digest is ``None`` for a file whose footer cannot be read (it fails its own shard anyway).
-    Inside ``reads_cached`` a local file already read whole is not asked again (same bytes, same digest)."""
+    Inside ``reads_cached`` it is computed once per file, and a local file already read whole is not
+    asked again (same bytes, same digest)."""
+    scope = _scope.get()
+    if scope is not None and path in scope.identities:
+        return dict(scope.identities[path])
+    identity = _identity(store, path)
+    if scope is not None:
+        scope.identities[path] = dict(identity)
+    return identity
+
+
+def _identity(store: Store, path: str) -> dict[str, str | int | None]:
     cached = _cached(path)
     if cached is not None and cached.data is not None and store.is_local:
         return {"size": len(cached.data), "footer_sha256": _footer_digest(cached.data)}
@@ -182,6 +193,7 @@ class _Cached:
 class _Scope:
     files: dict[str, _Cached] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # from the input listing
+    identities: dict[str, dict[str, str | int | None]] = field(default_factory=dict)  # file_identity's
     bytes_kept: int = 0
 
 

@@ -51,6 +51,12 @@ class Task:
         uses; returns ``cfg`` completed with the task's defaults. Raises JobConfigError."""
         return cfg
 
+    def engine_defaults(self, cfg: JobConfig, device: str) -> dict[str, Any]:
+        """Engine settings this task wants unless the job's ``engine:`` section sets them (``device``:
+        where the engine will run, resolved). Not in the fingerprint: they follow from the task and the
+        device, which are."""
+        return {}
+
     def own_constraint(self, cfg: JobConfig) -> tuple[str, Any] | None:
         """(what it is, the ``StructuredOutputs``) when the task itself constrains every row's output."""
         return None

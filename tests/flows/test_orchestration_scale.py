@@ -9,6 +9,7 @@ lanes' markers were read again), ~150 reads of the input (the whole file for eve
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,3 +56,37 @@ def test_a_shard_costs_its_own_round_trips_and_nothing_per_shard_else(counts: di
     assert calls.get("read input", 0) <= 3 * LANES + 10, calls
     assert counts["storage_calls"] <= 3 * SHARDS + 150, counts["storage_calls_by_kind"]
     assert counts["storage_calls_by_kind"].get("list", 0) <= 60, counts["storage_calls_by_kind"]
+
+
+def test_progress_lists_the_markers_at_most_about_every_committed_over_1000_seconds(
+    prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A progress poll lists every marker of the run; polling every 2 s would make a long run's listings
+    O(shards x duration). With 3,000 shards committed the flow lists again only after ~3 s."""
+    from prefixflow.flows import reporting
+    from prefixflow.pipeline import Shard, load_job, prepare_run
+
+    (tmp_path / "in").mkdir()
+    write_input(str(tmp_path / "in"), 4)
+    run = prepare_run(
+        load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", {"prompt_column": "prompt"})
+    )
+    shards = [Shard(f"s{i:05d}", "in/data.parquet", i, i + 1, 1) for i in range(3000)]
+    commits = Path(run.layout.commits)
+    commits.mkdir(parents=True, exist_ok=True)
+    for shard in shards:  # committed (a listing reads only the names)
+        (commits / f"{shard.shard_id}.json").write_text("{}")
+    now = [1000.0]
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: now[0])
+    listings = []
+    refresh = run.refresh_commits
+    monkeypatch.setattr(run, "refresh_commits", lambda: (listings.append(now[0]), refresh())[1])
+    progress = reporting.ShardProgress(run, [shards[:1500], shards[1500:]])
+    assert progress.done == 3000 and listings == [1000.0]
+    for t in (1000.5, 1001.0, 1002.5):
+        now[0] = t
+        assert progress.poll() == 3000
+    assert listings == [1000.0]  # not due before 1000 + 3000 / 1000
+    now[0] = 1003.1
+    progress.poll()
+    assert listings == [1000.0, 1003.1]

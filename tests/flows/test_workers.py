@@ -11,6 +11,8 @@ import json
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +50,21 @@ def local_reference(inp: Path, out: Path, job: dict[str, Any]) -> pa.Table:
     return rows(out)
 
 
+def create_pool(server: PrefectServer, name: str) -> str:
+    """A process work pool (what `prefect work-pool create NAME --type process` makes), through this
+    process's client: a `prefect` CLI process costs 5-15 s of imports on a loaded host."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with server.api(), get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+    return name
+
+
 @pytest.fixture(scope="module")
 def pool(real_prefect_server: PrefectServer) -> str:
     """The process work pool and its two workers (each runs one flow run at a time)."""
-    made = real_prefect_server.cli("work-pool", "create", POOL, "--type", "process")
-    assert made.returncode == 0, made.stdout + made.stderr
+    create_pool(real_prefect_server, POOL)
     for name in ("worker-a", "worker-b"):
         real_prefect_server.start_worker(POOL, name, limit=1)
     return POOL
@@ -89,14 +101,29 @@ def register(
     assert f"registered deployment batch-inference/{name}" in done.stdout
 
 
-def trigger(server: PrefectServer, name: str, *extra: str) -> str:
-    """`prefect deployment run` (an ad-hoc run); returns the flow run id."""
-    done = server.cli("deployment", "run", f"batch-inference/{name}", *extra)
-    assert done.returncode == 0, done.stdout + done.stderr
-    for line in done.stdout.splitlines():
-        if "UUID:" in line:
-            return line.split("UUID:")[1].strip()
-    raise AssertionError(f"no flow run id in: {done.stdout}")
+def register_all(
+    server: PrefectServer, deployments: list[tuple[str, Path, Path, Path]], pool: str = POOL
+) -> None:
+    """`register` each (name, input, output, job file), the CLI processes side by side (each spends most of
+    its time importing)."""
+    with ThreadPoolExecutor(len(deployments)) as workers:
+        done = [
+            workers.submit(register, server, name, inp, out, job, "--concurrency-limit", "none", pool=pool)
+            for name, inp, out, job in deployments
+        ]
+        for future in done:
+            future.result()
+
+
+def trigger(server: PrefectServer, name: str, start_in_s: float = 0) -> str:
+    """An ad-hoc run of the deployment, or a scheduled one due in `start_in_s` (what `prefect deployment
+    run NAME [--start-in ...]` does, through this process's client); returns the flow run id."""
+    from prefect.deployments import run_deployment
+
+    when = datetime.now(UTC) + timedelta(seconds=start_in_s) if start_in_s else None
+    with server.api():
+        run = run_deployment(f"batch-inference/{name}", timeout=0, scheduled_time=when, as_subflow=False)
+    return str(run.id)
 
 
 async def read_run(server: PrefectServer, run_id: str) -> Any:
@@ -142,18 +169,20 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     ids = write_dataset(tmp_path / "in")
     jobs = {"a": JOB, "b": {**JOB, "sampling": {"max_tokens": 2, "temperature": 0.0}}}
     runs = {}
-    for name, job in jobs.items():
-        register(
-            server,
-            f"job-{name}",
-            tmp_path / "in",
-            tmp_path / f"out-{name}",
-            write_job(tmp_path / f"{name}.yaml", job),
-            "--concurrency-limit",
-            "none",
-        )
+    register_all(
+        server,
+        [
+            (
+                f"job-{name}",
+                tmp_path / "in",
+                tmp_path / f"out-{name}",
+                write_job(tmp_path / f"{name}.yaml", job),
+            )
+            for name, job in jobs.items()
+        ],
+    )
     runs["a"] = trigger(server, "job-a")  # ad hoc
-    runs["b"] = trigger(server, "job-b", "--start-in", "2 seconds")  # scheduled, picked up when due
+    runs["b"] = trigger(server, "job-b", start_in_s=2)  # scheduled, picked up when due
     done = {name: wait_final(server, run_id) for name, run_id in runs.items()}
     for name, run in done.items():
         assert run.state.is_completed(), f"{name}: {run.state!r}\n{worker_logs(server)}"
@@ -169,6 +198,16 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
         )
     summary = json.loads((tmp_path / "out-a" / "_manifest.json").read_text())
     assert summary["complete"] and summary["rows"] == len(ids)
+
+
+def deployment_slots(server: PrefectServer, name: str) -> int:
+    """Slots of the deployment's concurrency limit (`prefixflow serve --work-pool` sets 1) now held."""
+    from prefect import get_client
+
+    with server.api(), get_client(sync_client=True) as client:
+        limit = client.read_deployment_by_name(f"batch-inference/{name}").global_concurrency_limit
+    assert limit is not None and limit.limit == 1, limit
+    return int(limit.active_slots)
 
 
 def markers(out: Path) -> dict[str, str]:
@@ -193,8 +232,7 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     marks it Crashed in the API and resumes, committed shards kept as they were, every row exactly once."""
     server = real_prefect_server
     pool = "pf-kill"
-    made = server.cli("work-pool", "create", pool, "--type", "process")
-    assert made.returncode == 0, made.stdout + made.stderr
+    create_pool(server, pool)
     # each shard pauses 2 s after its commit, so the first run is caught mid-run; leases outlive the pause
     slow = {
         "PREFIXFLOW_TEST_HOOKS": "commit_end",
@@ -204,8 +242,9 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     workers = [server.start_worker(pool, f"kill-{x}", limit=1, env=slow) for x in "ab"]
     ids = write_dataset(tmp_path / "in")
     out, job_file = tmp_path / "out", write_job(tmp_path / "job.yaml", JOB)
-    for name in ("nightly", "manual"):
-        register(server, name, tmp_path / "in", out, job_file, "--concurrency-limit", "none", pool=pool)
+    register_all(
+        server, [(name, tmp_path / "in", out, job_file) for name in ("nightly", "manual")], pool=pool
+    )
     first = trigger(server, "nightly")
     while (picked := which_worker(asyncio.run(read_run(server, first)))) == "None":
         time.sleep(0.5)
@@ -225,10 +264,14 @@ def test_a_second_run_of_the_job_is_refused_and_a_killed_workers_run_is_crashed_
     assert which_worker(refused) != owner[0].name
     owner[0].kill_tree()  # SIGKILL the worker and the flow run's process tree
     owner[0].proc.wait(timeout=30)
+    assert deployment_slots(server, "nightly") == 1  # the dead run still holds its deployment's slot
     resumed = wait_final(server, trigger(server, "manual"))
     assert resumed.state.is_completed(), f"{resumed.state!r}\n{worker_logs(server)}"
     crashed = asyncio.run(read_run(server, first))
     assert crashed.state.is_crashed(), crashed.state
+    # marking it Crashed released that slot at once (Prefect's ReleaseFlowConcurrencySlots), not after the
+    # 300 s lease: the next run of "nightly" is not held in AwaitingConcurrencySlot
+    assert deployment_slots(server, "nightly") == 0
     after = markers(out)
     assert {k: after[k] for k in before} == before  # committed shards were not generated again
     assert_exactly_once(out, ids)

@@ -57,6 +57,14 @@ def uses_batch(cfg: JobConfig) -> bool:
 class LabelTask(Task):
     name = "label"
 
+    def engine_defaults(self, cfg: JobConfig, device: str) -> dict[str, Any]:
+        """Batch-invariant scoring on the CPU: a row's scores are then the same bits however the run
+        batches it, so a resumed shard writes exactly the bytes an uninterrupted run would (issue 26).
+        GPUs have no batch-invariant kernels here, and ``engine.batch_invariant: false`` opts out."""
+        if device == "cpu" and cfg.engine.get("kernel_backend") != "triton":
+            return {"batch_invariant": True}
+        return {}
+
     def check(self, cfg: JobConfig, given: Mapping[str, Any]) -> JobConfig:
         label = cfg.label
         if len(label.labels) < 2:

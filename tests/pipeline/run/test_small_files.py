@@ -8,16 +8,18 @@ packing (its record has no plan version) resumes with the plan it started with."
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import polars as pl
 import pytest
+import s3fs
 
 from prefixflow.pipeline import InputChanged, load_job, plan_shards, status
 from prefixflow.pipeline.run import commit, planning, record, shard_execution
 from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.storage.store import Store
-from tests.pipeline.run.test_round_trips import JOB, counted_calls
+from tests.pipeline.run.test_round_trips import JOB, counted_calls, counted_requests
 from tests.pipeline.support import job, write_parquet
 
 CFG = job(
@@ -163,3 +165,25 @@ def test_a_run_over_small_files_reads_each_input_file_once(tmp_path: Path, tiny_
     assert calls[("read", "input")] == n, calls
     assert calls[("exists", "input")] == 0, calls
     assert calls[("list", "input")] < n, calls  # listings per command, not per file
+
+
+def test_on_s3_each_small_input_file_costs_one_get_and_one_head(
+    tmp_path: Path, s3_endpoint: str, tiny_llm
+) -> None:
+    """The same on S3 (moto's server, every HTTP request counted): per input file one GET of its bytes
+    and one HEAD for its identity (ETag, version id), whatever the number of planning steps."""
+    n = 12
+    bucket = f"small-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint})
+    fs.mkdir(bucket)
+    for i in range(n):
+        write_parquet(tmp_path / "in" / f"f{i:03d}.parquet", [{"id": f"r{i}", "text": f"w {i}"}], 1)
+    fs.put(str(tmp_path / "in") + "/", f"{bucket}/in/", recursive=True)
+    out = f"s3://{bucket}/out"
+    spec = load_job(
+        f"s3://{bucket}/in", out, "tiny", dict(JOB, output={"shard_rows": 1000}), endpoint_url=s3_endpoint
+    )
+    with counted_requests(out, Store.open(out, spec.config.storage)) as calls:
+        summary, failures = run_local(spec, llm=tiny_llm, progress=False)
+    assert failures == [] and summary.complete and summary.rows == n and summary.shards_total == 1
+    assert calls[("read", "input")] == n and calls[("exists", "input")] == n, calls
