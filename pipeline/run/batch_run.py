@@ -126,6 +126,8 @@ def driving_batch(
     the cleanup of older conversions and the results file are one run's. A second run of the job into the
     same results is refused (OutputBusy, naming the running one) before it writes or deletes anything."""
     batch, requests = _plan_batch(input, results, model, job, **overrides)
+    # refused before the lease, whose file would otherwise be the first thing the refused run writes
+    _check_results_owner(batch.results, output_layout(batch.spec), batch.spec.config.storage, new_run)
     with hold_output(batch.spec, driver=CLI_DRIVER):
         _convert(batch, requests, input, new_run)
         yield batch

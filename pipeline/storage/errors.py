@@ -112,5 +112,7 @@ def transient_problem(exc: BaseException) -> str | None:
             where = f" (writing {err.filename})" if err.filename else ""
             return f"{what}{where}"
         if type(err).__name__ in _TRANSIENT_NAMES or isinstance(err, (ConnectionError, TimeoutError)):
-            return f"the store is not reachable or does not answer ({type(err).__name__}: {err})"
+            return (
+                f"the store cannot be reached or does not answer ({type(err).__name__}: {err}); {REACH_HINT}"
+            )
     return None

@@ -145,6 +145,7 @@ def test_staging_cleanup_while_another_attempt_writes_there(tmp_path: Path) -> N
     pq.write_table(
         pa.table(
             {
+                "source_file": ["a.parquet"],  # staged parts key rows by (file, row) since packed shards
                 "row_index": [0],
                 "error_class": pa.array([None], pa.string()),
                 "prompt_tokens": [1],
