@@ -379,7 +379,7 @@ def pipeline_run(llm, model: str, label_set: LabelSet, style: Style, rows: list[
     import polars as pl
 
     from prefixflow.pipeline import load_job
-    from prefixflow.pipeline.run.local_run import run_local
+    from prefixflow.pipeline.local_run import run_local
 
     with tempfile.TemporaryDirectory() as tmp:
         pl.DataFrame(rows).write_parquet(f"{tmp}/in.parquet")

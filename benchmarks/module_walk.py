@@ -11,6 +11,9 @@ Runs `local_run.run_local` for one small job (tiny model, 2 one-row-group files,
   ``Run``), so the figure cannot shrink just because the spec travels inside another object.
 - ``all calls``: every call into pipeline code, whatever its arguments.
 
+Each walk also counts the same at the folder level (``pipeline/run``, ``pipeline/tasks``, a module at the
+root such as ``pipeline/local_run.py``): how often the walk goes back into a folder (a layer) it had left.
+
     python -m benchmarks.module_walk [--json out.json]
 
 Run from a checkout's root (it imports that checkout's prefixflow).
@@ -54,19 +57,37 @@ class Walk:
             self.sequence.append(module)
 
     def summary(self) -> dict[str, Any]:
-        seen: set[str] = set()
-        returns: Counter[str] = Counter()
-        for i, m in enumerate(self.sequence):
-            if m in seen and self.sequence[i - 1] != m:
-                returns[m] += 1
-            seen.add(m)
+        seen, returns = _returns(self.sequence)
+        folders = [_folder(m) for m in self.sequence]
+        folder_seq = [f for i, f in enumerate(folders) if not i or folders[i - 1] != f]
+        seen_folders, folder_returns = _returns(folder_seq)
         return {
             "calls": self.calls,
             "modules": len(seen),
             "returns": sum(returns.values()),
             "returns_by_module": dict(returns.most_common()),
             "visited": sorted(seen),
+            "folders": len(seen_folders),
+            "folder_returns": sum(folder_returns.values()),
+            "folder_returns_by_folder": dict(folder_returns.most_common()),
         }
+
+
+def _returns(sequence: list[str]) -> tuple[set[str], Counter[str]]:
+    """The distinct entries of ``sequence`` and, per entry, how often it is entered again after being left."""
+    seen: set[str] = set()
+    returns: Counter[str] = Counter()
+    for i, m in enumerate(sequence):
+        if m in seen and sequence[i - 1] != m:
+            returns[m] += 1
+        seen.add(m)
+    return seen, returns
+
+
+def _folder(module: str) -> str:
+    """``pipeline/run/record.py`` -> ``pipeline/run``; a module at a layer's root is its own (``pipeline/cli.py``)."""
+    parts = module.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else module
 
 
 def _module(frame: FrameType) -> str | None:
@@ -81,9 +102,9 @@ def _module(frame: FrameType) -> str | None:
 
 def trace(spec: Any, llm: Any) -> dict[str, Any]:
     try:
-        from prefixflow.pipeline.run.local_run import run_local
-    except ImportError:  # a checkout from before issue 23's folders (the "before" figure)
-        from prefixflow.pipeline.local_run import run_local  # type: ignore[import-not-found,no-redef]
+        from prefixflow.pipeline.local_run import run_local
+    except ImportError:  # a checkout from before the pipeline's layers contract (the driver was in run/)
+        from prefixflow.pipeline.run.local_run import run_local  # type: ignore[import-not-found,no-redef]
 
     walks = {"spec walk": Walk(), "spec or run walk": Walk(), "all calls": Walk()}
 
@@ -136,7 +157,8 @@ def main() -> None:
     for name, r in result.items():
         top = ", ".join(f"{m} {n}" for m, n in list(r["returns_by_module"].items())[:6])
         print(
-            f"{name}: {r['calls']} calls, {r['modules']} modules, {r['returns']} returns to a module left ({top})"
+            f"{name}: {r['calls']} calls, {r['modules']} modules, {r['returns']} returns to a module left ({top}); "
+            f"{r['folders']} folders, {r['folder_returns']} returns to a folder left"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -31,9 +31,12 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefixflow.pipeline import load_job  # noqa: E402
-from prefixflow.pipeline.engine_access import open_engine  # noqa: E402
-from prefixflow.pipeline.run import local_run, planning, record  # noqa: E402
+from prefixflow.pipeline import (
+    load_job,  # noqa: E402
+    local_run,  # noqa: E402
+)
+from prefixflow.pipeline.job.spec import open_engine  # noqa: E402
+from prefixflow.pipeline.run import planning, record  # noqa: E402
 from prefixflow.pipeline.storage import sources  # noqa: E402
 
 JOB = {

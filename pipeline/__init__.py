@@ -2,7 +2,7 @@
 Parquet out. The functions below are the contract the flows layer codes against (docs/contracts.md)."""
 
 from prefixflow.pipeline.advisor.compare import record_prediction
-from prefixflow.pipeline.engine_access import Engine, open_engine
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import (
     FingerprintMismatch,
     InputChanged,
@@ -17,12 +17,13 @@ from prefixflow.pipeline.errors import (
 )
 from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.job.flags import DEFAULT_MODEL
-from prefixflow.pipeline.job.spec import JobSpec, load_job
+from prefixflow.pipeline.job.spec import JobSpec, load_job, open_engine
+from prefixflow.pipeline.report.label_charts import markdown_labels
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize, status
 from prefixflow.pipeline.run.commit import CommitMarker
 from prefixflow.pipeline.run.handle import Run, open_run, prepare_run
-from prefixflow.pipeline.run.planning import Shard, ShardInfo, describe_shards, plan_shards
+from prefixflow.pipeline.run.planning import ShardInfo, describe_shards, plan_shards
 from prefixflow.pipeline.run.record import RunRecord, hold_output, prepare_output
 from prefixflow.pipeline.run.shard_execution import (
     ProgressSink,
@@ -31,7 +32,7 @@ from prefixflow.pipeline.run.shard_execution import (
     run_shard,
     run_shards,
 )
-from prefixflow.pipeline.tasks.label.charts import markdown_labels
+from prefixflow.pipeline.storage.shards import Shard
 
 if __name__ != "prefixflow.pipeline":  # every file has one import path (docs/architecture.md, Packaging)
     raise ImportError(

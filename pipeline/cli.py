@@ -149,8 +149,8 @@ def _spec(args: argparse.Namespace, output: str) -> JobSpec:
 
 def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
     """An OpenAI Batch JSONL file in, a results JSONL file out (see pipeline/run/batch_run.py)."""
+    from prefixflow.pipeline.local_run import print_summary, run_local
     from prefixflow.pipeline.run.batch_run import cleanup_inputs, driving_batch, write_results
-    from prefixflow.pipeline.run.local_run import print_summary, run_local
 
     overrides = {
         k: v for k, v in overrides_from_args(args).items() if k not in ("id_column", "prompt_column")
@@ -200,8 +200,8 @@ def cmd_run_batch(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from prefixflow.pipeline.local_run import print_summary, run_local
     from prefixflow.pipeline.run.batch_run import is_batch_input
-    from prefixflow.pipeline.run.local_run import print_summary, run_local
 
     if is_batch_input(args.input, _storage(args)):
         return cmd_run_batch(args, out, err)
@@ -334,11 +334,11 @@ def _sizes_text(sizes: list[int]) -> str:
 
 
 def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from prefixflow.pipeline.local_run import print_summary
     from prefixflow.pipeline.report.summary import status
     from prefixflow.pipeline.report.throughput_report import throughput_table, usage
-    from prefixflow.pipeline.report.throughput_series import load_series, summary_of
-    from prefixflow.pipeline.run.layout import Layout
-    from prefixflow.pipeline.run.local_run import print_summary
+    from prefixflow.pipeline.run.throughput_series import load_series, summary_of
+    from prefixflow.pipeline.storage.layout import Layout
     from prefixflow.pipeline.storage.store import Store
 
     storage = StorageConfig(endpoint_url=args.endpoint_url, options=dict(args.storage_options))

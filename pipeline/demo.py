@@ -19,7 +19,7 @@ from rich.console import Console
 
 from prefixflow.pipeline.errors import PipelineError
 from prefixflow.pipeline.job.spec import JobSpec, load_job
-from prefixflow.pipeline.run.local_run import print_summary, run_local
+from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.run.record import output_layout, read_run_record
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"), ("extract", "demo_extract.yaml"))
@@ -66,7 +66,7 @@ def run_demo(workdir: str, model: str, rows: int, console: Console, report: Cons
     results = os.path.join(workdir, model_folder(model, rows))
     console.print(f"[bold]sample data[/] {data}  ({rows} product reviews)")
     report.print(f"[bold]results[/] {results}  (model {model})", soft_wrap=True)
-    from prefixflow.pipeline.engine_access import open_engine
+    from prefixflow.pipeline.job.spec import open_engine
 
     llm = None
     failed = 0

@@ -1,5 +1,6 @@
 """The only door from the pipeline into the engine: its public facade (imported lazily), the ``Engine``
-protocol the pipeline codes against, and ``open_engine``.
+protocol the pipeline codes against (``open_engine``, which loads a job's model, is in job/spec.py: it
+asks the job's task for engine defaults, and this module sits below the job and the tasks).
 
 Lazy so that planning, status, config validation and the advisor (``inspect_model``: config and
 tokenizer without weights) work without importing torch. The protocols name exactly what the pipeline
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
-
-from prefixflow.pipeline.errors import JobConfigError
 
 if TYPE_CHECKING:
     from prefixflow.engine import (
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
         inspect_model,
         structured_outputs_error,
     )
-    from prefixflow.pipeline.job.spec import JobSpec
 
 __all__ = [
     "Engine",
@@ -37,7 +35,6 @@ __all__ = [
     "Tokenizer",
     "describe_model",
     "inspect_model",
-    "open_engine",
     "structured_outputs_error",
 ]
 
@@ -130,23 +127,3 @@ class Engine(Protocol):
     def score_choices_stream(
         self, prompts: Sequence[list[int]], choices: Sequence[Sequence[Choice]]
     ) -> Iterator[tuple[int, list[float] | str, dict[str, Any]]]: ...
-
-
-def open_engine(spec: JobSpec) -> Engine:
-    """Load ``spec.model`` with the job's engine settings; a lane loads it once and reuses it for many
-    shards. Settings the engine rejects while loading (a KV budget too small for one sequence, weights
-    it cannot read) raise JobConfigError with the engine's message, like any other bad job setting."""
-    from prefixflow.engine import LLM
-    from prefixflow.engine.loading.model_identity import resolve_device
-
-    job_engine = spec.config.engine
-    device = resolve_device(str(job_engine.get("device") or "auto"))
-    options = {**spec.task.engine_defaults(spec.config, device), **job_engine}
-    try:
-        llm: Engine = LLM(model=spec.model, **options)
-    except (
-        ValueError
-    ) as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
-        settings = options or "the default engine settings"
-        raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
-    return llm

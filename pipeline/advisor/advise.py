@@ -28,13 +28,13 @@ from prefixflow.pipeline.advisor.memory import (
 from prefixflow.pipeline.advisor.questions import Answer, Facts, answer_all
 from prefixflow.pipeline.advisor.render import TokenizerOnlyModel, render_sample
 from prefixflow.pipeline.advisor.roofline import ModelShape
-from prefixflow.pipeline.advisor.sample import Sample, sample_rows
 from prefixflow.pipeline.advisor.sharing import Sharing, analyze
 from prefixflow.pipeline.advisor.template_order import OrderFlag, check_column, check_template
 from prefixflow.pipeline.advisor.workload import PilotResult, Workload, build_workload
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.run.planning import plan_shards
+from prefixflow.pipeline.storage.sample import Sample, sample_rows
 
 DEFAULT_SAMPLE_ROWS = 2000
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefixflow.pipeline.advisor.memory import EngineLimits
 from prefixflow.pipeline.job.spec import JobSpec
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.run.handle import Run

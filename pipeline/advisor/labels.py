@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefixflow.pipeline.advisor.render import Rendered
-from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.job.config import (
     BATCH_CALIBRATIONS,
     BATCH_MIN_ROWS_PER_LABEL,
     CALIBRATED_MODES,
     JobConfig,
 )
+from prefixflow.pipeline.storage.sample import Sample
 from prefixflow.pipeline.tasks.label.first_tokens import scored_choices
 from prefixflow.pipeline.tasks.label.scoring import label_choices
 

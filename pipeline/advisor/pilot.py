@@ -11,17 +11,17 @@ from prefixflow.pipeline.advisor.devices import Device
 from prefixflow.pipeline.advisor.estimate import bytes_per_param, ceilings
 from prefixflow.pipeline.advisor.memory import EngineLimits, native_precision
 from prefixflow.pipeline.advisor.roofline import ModelShape, lower_bound_seconds
-from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.advisor.speculation import Recorder, replay
 from prefixflow.pipeline.advisor.workload import PilotResult
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.storage.sample import Sample
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 
 def run_pilot(spec: JobSpec, sample: Sample, n: int, llm: Any = None) -> PilotResult:
     """Generate ``n`` rows spread over the sample (nothing is written); ``llm`` reuses a loaded engine."""
-    from prefixflow.pipeline.engine_access import open_engine
+    from prefixflow.pipeline.job.spec import open_engine
     from prefixflow.pipeline.tasks.inference import execute
 
     llm = llm or open_engine(spec)

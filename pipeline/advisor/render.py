@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from prefixflow.pipeline.advisor.sample import Sample
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import RowError
 from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.storage.sample import Sample
 from prefixflow.pipeline.tasks.registry import task_of
 from prefixflow.pipeline.tasks.rows import RowPreparer, derived_id
 

@@ -561,7 +561,7 @@ class JobConfig(Section):
         return self.model_copy(update=changes)
 
 
-# Columns every output row may have (pipeline/run/output_schema.py builds them); kept input columns may not reuse them.
+# Columns every output row may have (pipeline/tasks/output_schema.py builds them); kept input columns may not reuse them.
 OUTPUT_COLUMNS = (
     "id",
     "output",

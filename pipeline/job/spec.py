@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.config import JobConfig, job_config
 from prefixflow.pipeline.job.flags import SHORTCUT_VALUES, SHORTCUTS
@@ -132,6 +133,26 @@ def model_identity(
     described again); a bad model argument (or quantization) becomes a JobConfigError with the engine's
     message."""
     return copy.deepcopy(_describe(model, dtype, device, quantization, _stat_key(model)))
+
+
+def open_engine(spec: JobSpec) -> Engine:
+    """Load ``spec.model`` with the job's engine settings; a lane loads it once and reuses it for many
+    shards. Settings the engine rejects while loading (a KV budget too small for one sequence, weights
+    it cannot read) raise JobConfigError with the engine's message, like any other bad job setting."""
+    from prefixflow.engine import LLM
+    from prefixflow.engine.loading.model_identity import resolve_device
+
+    job_engine = spec.config.engine
+    device = resolve_device(str(job_engine.get("device") or "auto"))
+    options = {**spec.task.engine_defaults(spec.config, device), **job_engine}
+    try:
+        llm: Engine = LLM(model=spec.model, **options)
+    except (
+        ValueError
+    ) as exc:  # engine.loading.model_identity.ModelNotFoundError and EngineConfig/KV-budget checks
+        settings = options or "the default engine settings"
+        raise JobConfigError(f"cannot load model {spec.model!r} with {settings}: {exc}") from exc
+    return llm
 
 
 StatKey = tuple[tuple[str, int, int], ...]

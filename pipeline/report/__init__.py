@@ -1,2 +1,2 @@
-"""What a run says about itself: finalize and status totals, live progress, throughput series and
-their reports and charts, speculative-decoding counters."""
+"""What a run says about itself: finalize and status totals, live progress, throughput and label
+reports and charts (it reads the run; the run never imports it)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from prefixflow.pipeline.report.throughput_series import LaneSeries, run_timeline
+from prefixflow.pipeline.run.throughput_series import LaneSeries, run_timeline
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")

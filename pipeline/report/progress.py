@@ -367,24 +367,3 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-class Tee:
-    """Several progress sinks as one (the display and the throughput recorder); ``warn`` goes to the
-    first sink that has it."""
-
-    def __init__(self, *sinks: Any) -> None:
-        self.sinks = [s for s in sinks if s is not None]
-        self.warn: Callable[[str], None] | None = next(
-            (s.warn for s in self.sinks if callable(getattr(s, "warn", None))), None
-        )
-
-    def advance(
-        self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
-    ) -> None:
-        for sink in self.sinks:
-            sink.advance(rows, prompt_tokens, cached_tokens, output_tokens)
-
-    def resumed(self, rows: int) -> None:
-        for sink in self.sinks:
-            sink.resumed(rows)

@@ -12,19 +12,19 @@ from typing import Any
 from prefixflow.pipeline.errors import JobConfigError
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import JobSpec, parse_job_config
-from prefixflow.pipeline.report.speculation import sum_speculation
+from prefixflow.pipeline.report.label_charts import write_label_charts
 from prefixflow.pipeline.report.throughput_report import usage, write_charts
-from prefixflow.pipeline.report.throughput_series import load_series, summary_of
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
 from prefixflow.pipeline.run.handle import Run
-from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.planning import plan_shards
 from prefixflow.pipeline.run.record import RunRecord, foreign_files, read_run_record, sweep
+from prefixflow.pipeline.run.speculation import sum_speculation
+from prefixflow.pipeline.run.throughput_series import load_series, summary_of
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.label.batch import read_prior
-from prefixflow.pipeline.tasks.label.charts import write_label_charts
 from prefixflow.pipeline.tasks.label.quality import merge_quality, quality_report
 from prefixflow.pipeline.tasks.label.watch import collapse_warning
 

@@ -8,8 +8,8 @@ from typing import Any
 from rich.table import Table
 
 from prefixflow.pipeline.report.charts import png_chart, sparkline, svg_chart
-from prefixflow.pipeline.report.throughput_series import LaneSeries, load_series, run_timeline, summary_of
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.run.throughput_series import LaneSeries, load_series, run_timeline, summary_of
+from prefixflow.pipeline.storage.layout import Layout
 
 SVG_FILE = "_throughput.svg"
 PNG_FILE = "_throughput.png"

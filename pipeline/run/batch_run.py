@@ -27,8 +27,8 @@ from prefixflow.pipeline.errors import FingerprintMismatch, InputError, JobConfi
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import JobSpec, load_job
 from prefixflow.pipeline.job.spec import _normalize as normalize_url
-from prefixflow.pipeline.run.layout import BATCH_INPUT_DIR, Layout
 from prefixflow.pipeline.run.record import CLI_DRIVER, hold_output, output_layout, read_run_record
+from prefixflow.pipeline.storage.layout import BATCH_INPUT_DIR, Layout
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.openai_batch import (
     BatchRequest,

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from prefixflow.pipeline.hooks import hook
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.tasks.label.quality import merge_quality, part_quality
 from prefixflow.pipeline.tasks.label.watch import label_counts
 

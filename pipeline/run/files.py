@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prefixflow.pipeline.run.layout import RUN_SCOPED, Layout
+from prefixflow.pipeline.storage.layout import RUN_SCOPED, Layout
 
 
 @dataclass(frozen=True)

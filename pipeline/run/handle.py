@@ -31,7 +31,6 @@ from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
-from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.planning import check_plan_version
 from prefixflow.pipeline.run.record import (
     RunRecord,
@@ -40,6 +39,7 @@ from prefixflow.pipeline.run.record import (
     prepare,
     read_run_record,
 )
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import Store
 
 RETIRE_BATCH = 100  # committed shards' staged parts are deleted in batches (one S3 request per 1,000 keys)

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 from prefixflow.pipeline.errors import OutputBusy
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import modified_at
 
 LEASE_TTL_S = float(os.environ.get("PREFIXFLOW_LEASE_TTL_S", "60"))

@@ -30,8 +30,9 @@ from prefixflow.pipeline.prompts.render import (
     render_template,
     static_prefix,
 )
-from prefixflow.pipeline.run.layout import RECORD_FILE
+from prefixflow.pipeline.storage.layout import RECORD_FILE
 from prefixflow.pipeline.storage.parquet_index import DECODED_CACHE_BYTES, FileIndex, InputReader
+from prefixflow.pipeline.storage.shards import Piece, Shard
 from prefixflow.pipeline.storage.sources import InputFile, file_identity, list_inputs, parquet_file
 from prefixflow.pipeline.storage.store import Store
 
@@ -40,38 +41,6 @@ PREFIX_KEY_CHARS = 512  # how much of a shard's first rendered prompt its prefix
 
 
 PLAN_VERSION = 2  # 2: small files packed into shared shards; 1 (records without it): a file per shard
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Rows [row_start, row_end) of one input file: what a shard reads."""
-
-    path: str
-    relpath: str
-    row_start: int
-    row_end: int
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A unit of work and of commit. ``error`` is set when the file could not be read at plan time.
-
-    A shard reads one file's row range (``path``, ``row_start``, ``row_end``), or, packed, whole small
-    files one after another (``pieces``; then ``path``/``relpath`` name the first file, and
-    ``row_start``/``row_end`` are 0 and ``num_rows``)."""
-
-    shard_id: str
-    path: str
-    row_start: int
-    row_end: int
-    num_rows: int
-    relpath: str = ""
-    error: str | None = None
-    pieces: tuple[Piece, ...] = ()
-
-    def ranges(self) -> tuple[Piece, ...]:
-        """The row ranges this shard reads, in order (one unless packed)."""
-        return self.pieces or (Piece(self.path, self.relpath, self.row_start, self.row_end),)
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,6 @@ from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.duplicates import duplicate_index
 from prefixflow.pipeline.run.files import RunFiles
-from prefixflow.pipeline.run.layout import LEASES_DIR, PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
-from prefixflow.pipeline.run.output_schema import (
-    kept_column_types,
-    output_schema,
-    schema_from_text,
-    schema_to_text,
-)
 from prefixflow.pipeline.run.planning import (
     PLAN_VERSION,
     check_input_columns,
@@ -48,7 +41,14 @@ from prefixflow.pipeline.run.planning import (
     input_schemas,
 )
 from prefixflow.pipeline.storage.errors import REACH_HINT
+from prefixflow.pipeline.storage.layout import LEASES_DIR, PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
 from prefixflow.pipeline.storage.store import Store
+from prefixflow.pipeline.tasks.output_schema import (
+    kept_column_types,
+    output_schema,
+    schema_from_text,
+    schema_to_text,
+)
 
 RECORD_VERSION = 3  # 3: run ids, run-scoped folders, the output schema
 

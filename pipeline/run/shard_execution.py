@@ -15,20 +15,20 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, RowError, ShardError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.job.config import OutputConfig
-from prefixflow.pipeline.report.progress import Tee
-from prefixflow.pipeline.report.speculation import SPECULATION_COUNTS
-from prefixflow.pipeline.report.throughput_series import ThroughputRecorder, saver
 from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.duplicates import load_derived_ids, load_duplicates
 from prefixflow.pipeline.run.handle import Run
-from prefixflow.pipeline.run.output_schema import base_record, encode_part, error_record
-from prefixflow.pipeline.run.planning import Shard
+from prefixflow.pipeline.run.planning import plan_shards
+from prefixflow.pipeline.run.speculation import SPECULATION_COUNTS
+from prefixflow.pipeline.run.throughput_series import ThroughputRecorder, saver
 from prefixflow.pipeline.storage.parquet_index import InputReader
+from prefixflow.pipeline.storage.shards import Shard
 from prefixflow.pipeline.storage.store import Store
 from prefixflow.pipeline.tasks.base import RowWatch
 from prefixflow.pipeline.tasks.inference import execute
 from prefixflow.pipeline.tasks.label.labeling import CalibrationError
+from prefixflow.pipeline.tasks.output_schema import base_record, encode_part, error_record
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
 
 
@@ -41,6 +41,27 @@ class ProgressSink(Protocol):
     ) -> None: ...
 
     def resumed(self, rows: int) -> None: ...
+
+
+class Tee:
+    """Several progress sinks as one (the display and the throughput recorder); ``warn`` goes to the
+    first sink that has it."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+        self.warn: Callable[[str], None] | None = next(
+            (s.warn for s in self.sinks if callable(getattr(s, "warn", None))), None
+        )
+
+    def advance(
+        self, rows: int, prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0
+    ) -> None:
+        for sink in self.sinks:
+            sink.advance(rows, prompt_tokens, cached_tokens, output_tokens)
+
+    def resumed(self, rows: int) -> None:
+        for sink in self.sinks:
+            sink.resumed(rows)
 
 
 @dataclass(frozen=True)
@@ -174,7 +195,8 @@ def _run_shard(
     if pending:
         warn = getattr(label_watch, "warn", None)
         state = run.cached(
-            "task_state", lambda: task.run_state(spec, layout, run.fingerprint, llm, warn=warn)
+            "task_state",
+            lambda: task.run_state(spec, layout, run.fingerprint, llm, lambda: plan_shards(spec), warn=warn),
         )
     try:
         for rec in execute(llm, prep, pending, cfg.output.flush_rows, state):

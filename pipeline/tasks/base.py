@@ -22,8 +22,8 @@ from prefixflow.pipeline.tasks.inference import stream_generate
 if TYPE_CHECKING:
     from prefixflow.pipeline.engine_access import Engine, Tokenizer
     from prefixflow.pipeline.job.spec import JobSpec
-    from prefixflow.pipeline.run.layout import Layout
-    from prefixflow.pipeline.run.planning import Shard
+    from prefixflow.pipeline.storage.layout import Layout
+    from prefixflow.pipeline.storage.shards import Shards
     from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 # a finished record in, the row's values out: the same record with the task's columns, or an error row
@@ -115,11 +115,12 @@ class Task:
         layout: Layout,
         fingerprint: str,
         llm: Engine,
-        shards: list[Shard] | None = None,
+        shards: Shards | None = None,
         warn: Callable[[str], None] | None = None,
     ) -> Any:
         """State every shard of a run shares, made once per run and stored beside it (the label task's
-        batch-calibration prior); None when the task keeps none."""
+        batch-calibration prior); None when the task keeps none. ``shards``: the run's shards, or how to
+        plan them (only called if the state is not stored yet)."""
         return None
 
     def run(

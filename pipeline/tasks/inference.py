@@ -12,7 +12,7 @@ from typing import Any
 
 from prefixflow.pipeline.engine_access import Engine, Output
 from prefixflow.pipeline.errors import ENGINE_ERROR, PROMPT_TOO_LONG, RowError
-from prefixflow.pipeline.run.output_schema import error_record
+from prefixflow.pipeline.tasks.output_schema import error_record
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 MAX_REDUCE_ROUNDS = 3

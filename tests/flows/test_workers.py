@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.flows.prefect_server import PrefectServer
 from tests.flows.support import (
     JOB,

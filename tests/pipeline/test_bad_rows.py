@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow as pa
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 
 LONG = " ".join(["word"] * 400)
@@ -120,7 +120,7 @@ def test_readers_agree_on_committed_rows(tmp_path: Path, tiny_llm) -> None:
 def test_output_columns_match_the_reserved_names() -> None:
     from prefixflow.pipeline.job.config import OUTPUT_COLUMNS
     from prefixflow.pipeline.job.spec import parse_job_config
-    from prefixflow.pipeline.run.output_schema import output_schema
+    from prefixflow.pipeline.tasks.output_schema import output_schema
     from prefixflow.pipeline.tasks.registry import task_of
 
     cfg = parse_job_config(

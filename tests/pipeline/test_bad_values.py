@@ -120,7 +120,7 @@ def test_a_null_ids_derived_id_never_collides_with_a_real_id(tmp_path: Path, tin
     then had that id."""
     import polars as pl
 
-    from prefixflow.pipeline.run.local_run import run_local
+    from prefixflow.pipeline.local_run import run_local
     from tests.pipeline.support import job, write_parquet
 
     write_parquet(tmp_path / "in" / "a.parquet", [{"id": "x", "text": "one"}, {"id": None, "text": "two"}])

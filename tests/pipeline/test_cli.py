@@ -12,7 +12,7 @@ import yaml
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.cli import main
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]

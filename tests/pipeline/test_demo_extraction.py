@@ -15,7 +15,7 @@ from rich.console import Console
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.demo import DATA, write_sample
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 
 
 @pytest.mark.slow  # the whole 24-row job, about 20 s; tests/engine's bounded-string test is the fast one

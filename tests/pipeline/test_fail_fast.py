@@ -16,8 +16,8 @@ import pytest
 
 from prefixflow.pipeline import load_job, prepare_output
 from prefixflow.pipeline.cli import main
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.run import commit as commits
-from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.run.record import output_layout
 from tests.pipeline.support import job, write_dataset
 

@@ -19,7 +19,7 @@ from prefixflow.pipeline import (
     run_shard,
     status,
 )
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.tasks.label.task import parse_label
 from tests.pipeline.support import ENGINE, docs, job, write_dataset, write_parquet
 

@@ -21,7 +21,7 @@ import pytest
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.hooks import POINTS
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import cli_args, job, start_cli, write_dataset, write_job, write_parquet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -10,8 +10,8 @@ import pytest
 
 from prefixflow.pipeline import JobConfigError, load_job
 from prefixflow.pipeline.errors import BAD_TYPE, EMPTY_PROMPT, NULL_PROMPT, RowError
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.prompts.render import conversation
-from prefixflow.pipeline.run.local_run import run_local
 from tests.pipeline.support import ENGINE, write_parquet
 
 MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])

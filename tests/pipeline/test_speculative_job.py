@@ -11,7 +11,7 @@ import pytest
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import write_dataset
 
 

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 ``label.calibration: batch`` (and ``batch+contextual``) divide each row's label probabilities by the
 label's mean probability over a sample of the job's own rows (Zhou et al., ICLR 2024). The sample
-(``label.calibration_rows``, spread over every shard and row group: advisor/sample.py) is scored on
+(``label.calibration_rows``, spread over every shard and row group: storage/sample.py) is scored on
 the run's engine before its first shard, so the sampled rows' prompts are in the prefix cache when
 their shards score them. The estimate is written once, exclusively, as
 ``OUTPUT/_calibration/<run>/label_prior.json`` and carries the run id, the job fingerprint and a
@@ -29,18 +29,18 @@ from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import OutputStateError, RowError
 from prefixflow.pipeline.hooks import hook
 from prefixflow.pipeline.job.config import BATCH_MIN_ROWS_PER_LABEL
-from prefixflow.pipeline.run.layout import Layout
-from prefixflow.pipeline.run.output_schema import base_record
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, scored_choices
 from prefixflow.pipeline.tasks.label.labeling import CalibrationError, calibration_bias
 from prefixflow.pipeline.tasks.label.scoring import LabelChoices, batch_bias
+from prefixflow.pipeline.tasks.output_schema import base_record
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer, derived_id
 
 if (
     TYPE_CHECKING
 ):  # the label task (pipeline/tasks/label/task.py) calls in here; planning and spec sit above it
     from prefixflow.pipeline.job.spec import JobSpec
-    from prefixflow.pipeline.run.planning import Shard
+    from prefixflow.pipeline.storage.shards import Shard, Shards
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class LabelPrior:
 
 
 def _sample(spec: JobSpec, shards: list[Shard], prep: RowPreparer) -> list[Prepared]:
-    from prefixflow.pipeline.advisor.sample import sample_rows
+    from prefixflow.pipeline.storage.sample import sample_rows
 
     out = []
     for s in sample_rows(spec, shards, spec.config.label.calibration_rows).rows:
@@ -231,7 +231,7 @@ def run_prior(
     layout: Layout,
     fingerprint: str,
     llm: Engine,
-    shards: list[Shard] | None = None,
+    shards: Shards | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> LabelPrior:
     """The run's estimate: the stored one, else estimated now and stored exclusively (when two lanes
@@ -240,10 +240,8 @@ def run_prior(
     if stored is not None:
         return _check(stored, layout, fingerprint)
     if shards is None:
-        from prefixflow.pipeline.run.planning import plan_shards
-
-        shards = plan_shards(spec)
-    prior = estimate_prior(spec, llm, shards, layout.run_id, fingerprint)
+        raise ValueError("batch calibration samples the run's shards: pass them, or how to plan them")
+    prior = estimate_prior(spec, llm, shards() if callable(shards) else shards, layout.run_id, fingerprint)
     if not layout.store.create_exclusive(layout.label_prior, prior.to_json()):
         again = read_prior(layout)
         if again is None:

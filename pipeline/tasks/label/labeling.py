@@ -17,7 +17,6 @@ from typing import Any
 
 from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import ENGINE_ERROR, PipelineError
-from prefixflow.pipeline.run.output_schema import error_record
 from prefixflow.pipeline.tasks.label.first_tokens import FirstTokens, with_logit_bias
 from prefixflow.pipeline.tasks.label.references import reference_texts
 from prefixflow.pipeline.tasks.label.scoring import (
@@ -26,6 +25,7 @@ from prefixflow.pipeline.tasks.label.scoring import (
     label_choices,
     reference_bias,
 )
+from prefixflow.pipeline.tasks.output_schema import error_record
 from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 

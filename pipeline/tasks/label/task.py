@@ -24,8 +24,8 @@ from prefixflow.pipeline.tasks.label.watch import LabelWatch
 if TYPE_CHECKING:
     from prefixflow.pipeline.engine_access import Engine, Tokenizer
     from prefixflow.pipeline.job.spec import JobSpec
-    from prefixflow.pipeline.run.layout import Layout
-    from prefixflow.pipeline.run.planning import Shard
+    from prefixflow.pipeline.storage.layout import Layout
+    from prefixflow.pipeline.storage.shards import Shards
     from prefixflow.pipeline.tasks.rows import Prepared, RowPreparer
 
 
@@ -148,7 +148,7 @@ class LabelTask(Task):
         layout: Layout,
         fingerprint: str,
         llm: Engine,
-        shards: list[Shard] | None = None,
+        shards: Shards | None = None,
         warn: Callable[[str], None] | None = None,
     ) -> LabelPrior | None:
         """Batch calibration's stored prior (estimated now when this is the run's first shard)."""

@@ -8,9 +8,9 @@ import json
 from prefixflow.engine import LLM
 from prefixflow.pipeline.advisor.compare import read_prediction, record_prediction
 from prefixflow.pipeline.job.spec import load_job
+from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.report.summary import status
 from prefixflow.pipeline.run.handle import open_run
-from prefixflow.pipeline.run.local_run import print_summary, run_local
 from tests.pipeline.advisor.support import unique_texts, write_rows
 from tests.pipeline.support import ENGINE, job
 

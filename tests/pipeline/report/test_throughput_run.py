@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.cli import main
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 

@@ -26,7 +26,7 @@ from prefixflow.pipeline import (
     status,
 )
 from prefixflow.pipeline.cli import main
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import docs, job, write_dataset, write_parquet
 
 CFG = job("generate", sampling={"max_tokens": 2}, output={"shard_rows": 3, "flush_rows": 2})

@@ -15,8 +15,8 @@ import s3fs
 
 from prefixflow.pipeline import OutputBusy
 from prefixflow.pipeline.job.config import StorageConfig
-from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.lease import MACHINE, OutputLease, hold
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import cli_args, job, start_cli, wait_for_hook, write_dataset, write_job
 

@@ -15,7 +15,7 @@ import pytest
 
 from prefixflow.pipeline import load_job, prepare_output, status
 from prefixflow.pipeline.cli import main
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import cli_args, job, start_cli, wait_for_hook, write_dataset, write_job
 

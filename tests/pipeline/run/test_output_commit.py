@@ -20,10 +20,10 @@ from prefixflow.pipeline import (
 )
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.run import commit as commits
-from prefixflow.pipeline.run.layout import Layout
-from prefixflow.pipeline.run.output_schema import base_record, encode_part, output_schema
 from prefixflow.pipeline.run.record import output_layout
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import Store
+from prefixflow.pipeline.tasks.output_schema import base_record, encode_part, output_schema
 from tests.pipeline.support import job, write_dataset
 
 

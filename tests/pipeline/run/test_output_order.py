@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 
 

@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from prefixflow.pipeline import JobConfigError, load_job, prepare_output
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import docs, job, write_parquet
 
 

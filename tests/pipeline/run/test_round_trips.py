@@ -18,7 +18,7 @@ import s3fs
 
 from benchmarks.storage_calls import counted_calls, counted_requests
 from prefixflow.pipeline import load_job, plan_shards, prepare_run, run_shards
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.run.record import hold_output
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import ENGINE, write_parquet

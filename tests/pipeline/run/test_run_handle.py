@@ -11,8 +11,8 @@ import pytest
 
 import prefixflow.pipeline.run.lease as lease
 from prefixflow.pipeline import RunSuperseded, load_job, plan_shards, prepare_output, prepare_run, run_shard
-from prefixflow.pipeline.run.layout import Layout
 from prefixflow.pipeline.run.record import hold_output
+from prefixflow.pipeline.storage.layout import Layout
 from tests.pipeline.support import ENGINE, write_parquet
 
 JOB = {

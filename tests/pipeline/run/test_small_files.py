@@ -16,8 +16,8 @@ import pytest
 import s3fs
 
 from prefixflow.pipeline import InputChanged, load_job, plan_shards, status
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.run import commit, planning, record, shard_execution
-from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.run.test_round_trips import JOB, counted_calls, counted_requests
 from tests.pipeline.support import job, write_parquet

@@ -15,7 +15,7 @@ import s3fs
 from prefixflow.pipeline import FingerprintMismatch, load_job, plan_shards, prepare_output
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.job.config import StorageConfig
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.storage.store import Store
 from tests.pipeline.support import job, write_dataset
 

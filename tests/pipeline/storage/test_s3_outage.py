@@ -24,8 +24,8 @@ from rich.console import Console
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import load_job
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.run import shard_execution
-from prefixflow.pipeline.run.local_run import run_local
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.errors import transient_problem
 from prefixflow.pipeline.storage.slow import SLOW_ENV

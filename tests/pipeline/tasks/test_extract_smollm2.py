@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.structured_workload import MAX_TOKENS, QUESTIONS, SCHEMAS, extraction_rows
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import write_parquet
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import yaml
 from prefixflow.pipeline import load_job
 from prefixflow.pipeline.cli import main
 from prefixflow.pipeline.errors import JobConfigError
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 # Bounded (enums, integer range, maxItems) so random weights always finish inside max_tokens.

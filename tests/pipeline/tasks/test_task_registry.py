@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prefixflow.pipeline import JobConfigError, load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from prefixflow.pipeline.tasks import registry
 from prefixflow.pipeline.tasks.base import Task
 from tests.pipeline.support import job, write_dataset

@@ -15,7 +15,7 @@ import yaml
 from rich.console import Console
 
 from prefixflow.pipeline import load_job, status
-from prefixflow.pipeline.run.local_run import print_summary, run_local
+from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.tasks.label.scoring import batch_bias, calibrated_probs
 from tests.pipeline.support import job, write_dataset, write_parquet
 from tests.pipeline.test_kill import _command, _committed, _run_until
@@ -97,6 +97,29 @@ def test_label_probs_are_the_batch_calibrated_engine_scores(tmp_path: Path, tiny
     )
     before = [LABELS[max(range(3), key=lambda k: r[k])] for r in raw]
     assert summary.label_counts_raw == {lb: before.count(lb) for lb in LABELS if before.count(lb)}
+
+
+def test_a_lane_without_a_plan_time_prior_plans_every_shard_for_it(tmp_path: Path, tiny_llm) -> None:
+    """run_shards (a flow lane's loop) over one shard of three, no prior stored: the task plans the run's
+    shards itself (the planner the loop hands it), so the prior is the one run_local makes at plan time."""
+    from prefixflow.pipeline import plan_shards, prepare_run, run_shards
+
+    write_parquet(tmp_path / "in" / "rows.parquet", _rows(30))
+    cfg = job(
+        "label", chat="off", template=TEMPLATE, label={"calibration": "batch"}, output={"shard_rows": 10}
+    )
+    whole = load_job(str(tmp_path / "in"), str(tmp_path / "whole"), "tiny", cfg)
+    reference, _ = run_local(whole, llm=tiny_llm, progress=False)
+    spec = load_job(str(tmp_path / "in"), str(tmp_path / "lane"), "tiny", cfg)
+    shards = plan_shards(spec)
+    assert len(shards) == 3
+    run = prepare_run(spec, shards=shards)
+    assert not run.layout.store.exists(run.layout.label_prior)
+    (outcome,) = list(run_shards(run, shards[:1], tiny_llm))
+    assert outcome.error is None
+    prior = json.loads(run.layout.store.read_bytes(run.layout.label_prior))
+    assert prior["sample_rows"] == 30  # every row of every shard, not only this lane's 10
+    assert prior["prior"] == pytest.approx(reference.label_calibration["prior"], abs=1e-9)
 
 
 @pytest.mark.slow  # two subprocess runs of the CLI (~50 s)

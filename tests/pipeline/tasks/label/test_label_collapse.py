@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from prefixflow.pipeline import load_job, status
-from prefixflow.pipeline.run.local_run import print_summary, run_local
+from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.tasks.label.watch import MIN_ROWS, LabelWatch, collapse_warning
 from tests.pipeline.support import job, write_parquet
 

@@ -12,7 +12,7 @@ import pytest
 
 from prefixflow.engine import SamplingParams, StructuredOutputs
 from prefixflow.pipeline import load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 from tests.pipeline.tasks.label.test_label_batch import LABELS, TEMPLATE, _rows, _softmax
 

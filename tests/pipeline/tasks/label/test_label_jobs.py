@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from prefixflow.pipeline import JobConfigError, load_job
-from prefixflow.pipeline.run.local_run import run_local
+from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_parquet
 
 LABELS = ("positive", "negative", "neutral")

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.report.summary import RunSummary

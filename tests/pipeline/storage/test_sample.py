@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prefixflow.pipeline.advisor import sample as sampling
 from prefixflow.pipeline.job.spec import load_job
 from prefixflow.pipeline.run.planning import plan_shards
+from prefixflow.pipeline.storage import sample as sampling
 from tests.pipeline.support import docs, write_parquet
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.report.charts import png_chart, sparkline, svg_chart
-from prefixflow.pipeline.report.throughput_series import (
+from prefixflow.pipeline.run.throughput_series import (
     LaneSeries,
     ThroughputRecorder,
     load_series,
@@ -17,7 +17,7 @@ from prefixflow.pipeline.report.throughput_series import (
     saver,
     summary_of,
 )
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 from prefixflow.pipeline.storage.store import Store
 
 
@@ -115,7 +115,7 @@ def test_intervals_count_tokens_per_engine_step_not_when_rows_finish() -> None:
     only at row finishes, 195 s read 0 tok/s and the last interval a spike."""
     from types import SimpleNamespace
 
-    from prefixflow.pipeline.report.throughput_series import ThroughputRecorder
+    from prefixflow.pipeline.run.throughput_series import ThroughputRecorder
 
     clock = _Clock()
     stats = SimpleNamespace(computed_prompt_tokens=0, generated_tokens=0)
@@ -144,7 +144,7 @@ def test_intervals_count_tokens_per_engine_step_not_when_rows_finish() -> None:
 
 def test_a_real_engine_reports_its_steps_to_the_series(tmp_path) -> None:
     from prefixflow.engine import LLM, SamplingParams
-    from prefixflow.pipeline.report.throughput_series import ThroughputRecorder
+    from prefixflow.pipeline.run.throughput_series import ThroughputRecorder
 
     llm = LLM("tiny", max_model_len=128)
     recorder = ThroughputRecorder("lane-0")

@@ -12,20 +12,21 @@ from rich.table import Table
 from rich.text import Text
 
 from prefixflow.pipeline.advisor.compare import record_prediction
-from prefixflow.pipeline.engine_access import Engine, open_engine
+from prefixflow.pipeline.engine_access import Engine
 from prefixflow.pipeline.errors import PipelineError, ShardError
 from prefixflow.pipeline.job.config import StorageConfig
-from prefixflow.pipeline.job.spec import JobSpec
+from prefixflow.pipeline.job.spec import JobSpec, open_engine
+from prefixflow.pipeline.report.label_charts import report_lines
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
 from prefixflow.pipeline.run.handle import open_run, prepare_run
-from prefixflow.pipeline.run.planning import Shard, plan_shards
+from prefixflow.pipeline.run.planning import plan_shards
 from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
+from prefixflow.pipeline.storage.shards import Shard
 from prefixflow.pipeline.storage.sources import reads_cached
-from prefixflow.pipeline.tasks.label.charts import report_lines
 from prefixflow.pipeline.tasks.rows import check_max_tokens, check_sampling_vocabulary
 
 

@@ -11,10 +11,10 @@ skipped and named.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from prefixflow.pipeline.job.spec import JobSpec
-from prefixflow.pipeline.run.planning import Shard
+from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.storage.shards import Shard
 from prefixflow.pipeline.storage.sources import list_inputs, parquet_file
 
 UNIT_READ_ROWS = 4096  # at most this many rows are read from one row group
@@ -100,7 +100,20 @@ def _read_unit(store: Any, unit: _Unit, take: int, columns: list[str]) -> list[S
     return out
 
 
-def sample_rows(spec: JobSpec, shards: list[Shard], n: int) -> Sample:
+class SampledJob(Protocol):
+    """What the sample reads of a job (a ``JobSpec``): named here, below the job spec's layer, so the
+    advisor and the label task's batch calibration (pipeline/tasks/label/batch.py) can both sample."""
+
+    @property
+    def input(self) -> str: ...
+
+    @property
+    def config(self) -> JobConfig: ...
+
+    def input_columns(self) -> list[str]: ...
+
+
+def sample_rows(spec: SampledJob, shards: list[Shard], n: int) -> Sample:
     """About ``n`` rows of the job's input (fewer when it is smaller), in file and row order."""
     if n < 1:
         raise ValueError(f"the sample needs at least one row, got {n}")

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixflow.pipeline.run.layout import Layout
+from prefixflow.pipeline.storage.layout import Layout
 
 DEFAULT_INTERVAL_S = 5.0
 SAVE_EVERY_S = 30.0
