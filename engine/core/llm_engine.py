@@ -91,7 +91,9 @@ class LLMEngine:
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type)
+            identity_of(
+                loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type, cfg.cpu_int8
+            )
             if loc is not None
             else memory_identity(
                 self.source.name,
@@ -101,6 +103,7 @@ class LLMEngine:
                 cfg.quantization,
                 cfg.sparsity,
                 self.runner.shard.device.type,
+                cfg.cpu_int8,
             )
         )
         self._open_disk_tier(cost, dtype)
