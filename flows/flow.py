@@ -21,6 +21,7 @@ from prefixflow.flows.credentials import (
 from prefixflow.flows.dealing import deal_shards
 from prefixflow.flows.driver import drive_output
 from prefixflow.flows.lanes import LaneReport, run_lane
+from prefixflow.flows.parameters import job_parameters
 from prefixflow.flows.reporting import (
     ShardProgress,
     publish_comparison,
@@ -113,35 +114,15 @@ def summarize_run(
     return metrics
 
 
+@job_parameters(
+    {"endpoint_url": WithJsonSchema(SAFE_URL_SCHEMA), "storage_options": WithJsonSchema(SAFE_OPTIONS_SCHEMA)}
+)
 def batch_inference(
     input: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
     output: Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "://[^/@]*@"}})],
     model: str = DEFAULT_MODEL,
     job: Annotated[str | dict[str, Any] | None, WithJsonSchema(SAFE_JOB_SCHEMA)] = None,
-    task: str | None = None,
-    id_column: str | None = None,
-    prompt_column: str | None = None,
-    template: str | None = None,
-    messages_column: str | None = None,
-    system_prompt: str | None = None,
-    labels: list[str] | None = None,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    shard_rows: int | None = None,
-    flush_rows: int | None = None,
-    flush_seconds: float | None = None,
-    quantization: str | None = None,
-    engine: dict[str, Any] | None = None,
-    tensor_parallel_size: int | None = None,
-    kv_offload_gb: float | None = None,
-    kv_cache_dir: str | None = None,
-    kv_cache_dir_gb: float | None = None,
-    speculative_method: str | None = None,
-    num_speculative_tokens: int | str | None = None,
-    speculative_model: str | None = None,
-    pipeline_parallel_size: int | None = None,
-    endpoint_url: Annotated[str | None, WithJsonSchema(SAFE_URL_SCHEMA)] = None,
-    storage_options: Annotated[dict[str, Any] | None, WithJsonSchema(SAFE_OPTIONS_SCHEMA)] = None,
+    *,
     credentials_block: str | None = None,
     new_run: bool = False,
     lanes: int | None = None,
@@ -153,9 +134,10 @@ def batch_inference(
     lane_timeout_s: float | None = None,
     concurrency_limit: str | None = DEFAULT_LIMIT,
     progress_poll_s: float = 2.0,
+    **job_options: Any,
 ) -> dict[str, Any]:
-    """Run an offline batch-inference job as a Prefect flow (the job parameters are those of
-    `prefixflow run`).
+    """Run an offline batch-inference job as a Prefect flow. The job parameters are the flags of
+    `prefixflow run`, generated from the job model (flows/parameters.py; listed under Args).
 
     Shards are dealt to engine lanes by prefix affinity and token balance; each lane loads its
     engine once and commits its shards one after another. Lanes run on a local thread pool
@@ -178,9 +160,15 @@ def batch_inference(
     from the environment / AWS credential chain, or from `credentials_block`, a Prefect Secret block
     holding a JSON object of storage options.
     """
-    overrides = job_overrides(locals())  # the job parameters, named as `prefixflow run`'s flags
+    overrides = job_overrides(job_options)  # the job parameters, named as `prefixflow run`'s flags
+    engine = job_options.get("engine")
     refuse_plain_secrets(
-        storage_options, endpoint_url, job=job, input=input, output=output, ray_address=ray_address
+        job_options.get("storage_options"),
+        job_options.get("endpoint_url"),
+        job=job,
+        input=input,
+        output=output,
+        ray_address=ray_address,
     )
     logger = get_run_logger()
     started = time.time()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         StructuredOutputs,
         describe_model,
         inspect_model,
+        set_cpu_threads,
         structured_outputs_error,
     )
     from prefixflow.pipeline.job.spec import JobSpec
@@ -38,6 +39,7 @@ __all__ = [
     "describe_model",
     "inspect_model",
     "open_engine",
+    "set_cpu_threads",
     "structured_outputs_error",
 ]
 
@@ -54,6 +56,7 @@ FACADE = (
     "inspect_model",
     "NgramIndex",
     "SpeculationReplay",
+    "set_cpu_threads",
 )
 
 

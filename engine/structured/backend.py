@@ -68,14 +68,49 @@ _BOUNDED_CHARS = re.compile(r'^(?P<name>\S+_characters) ::= \(\(\[\^\\"\\\\\\r\\
 _JSON_CHAR = (
     r'(([^\0-\x1f\"\\]) | ("\\" [\"\\/bfnrt]) | ("\\u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))'
 )
+# A repetition ``{m, n}`` of that alternation is not covered by xgrammar's precomputed token masks: every
+# mask inside such a string checks the whole vocabulary at run time (28 ms per token for SmolLM2's 49k
+# ids against 0.1 ms; RESULTS.md, issue 27). So the string's use site is unrolled into one rule per
+# character count (``X_at_j``: j characters so far; another character, or the closing quote once j >= m),
+# the same language, whose masks are precomputed. Up to ``MAX_UNROLLED`` characters (the rules cost
+# compile time, about linear in n); a longer bound keeps the repetition.
+MAX_UNROLLED = 256
+_BOUNDED_USE = re.compile(r'"\\"" (?P<name>\S+_characters)\{(?P<lo>\d+), (?P<hi>-?\d+)\} "\\""')
+
+
+def _unrolled(char: str, prefix: str, lo: int, hi: int) -> list[str]:
+    """Rules ``prefix_at_0 .. prefix_at_hi``: a string body of lo..hi ``char``s, then its closing quote."""
+    rules = []
+    for j in range(hi + 1):
+        options = [f"({char} {prefix}_at_{j + 1})"] if j < hi else []
+        if j >= lo:
+            options.append('("\\"")')
+        rules.append(f"{prefix}_at_{j} ::= ({' | '.join(options)})")
+    return rules
 
 
 def json_legal_strings(grammar: Any) -> Any:
-    """``grammar`` with every bounded-string character rule limited to JSON-legal characters (the
-    same grammar when it has none)."""
+    """``grammar`` with every bounded-string character rule limited to JSON-legal characters, and each
+    bounded string of at most ``MAX_UNROLLED`` characters unrolled (the same grammar when it has none)."""
     text = str(grammar)
     fixed, count = _BOUNDED_CHARS.subn(lambda m: f"{m.group('name')} ::= {_JSON_CHAR}", text)
-    return xgrammar().Grammar.from_ebnf(fixed) if count else grammar
+    if not count:
+        return grammar
+    added: dict[str, list[str]] = {}
+
+    def unroll(m: re.Match[str]) -> str:
+        char, lo, hi = m.group("name"), int(m.group("lo")), int(m.group("hi"))
+        prefix = f"{char}_{lo}_{hi}"
+        if not 0 <= lo <= hi <= MAX_UNROLLED or f"{prefix}_at_" in text:
+            return m.group(0)  # unbounded, too long, or a name the grammar already uses: keep the repetition
+        if prefix not in added:
+            added[prefix] = _unrolled(char, prefix, lo, hi)
+        return f'"\\"" {prefix}_at_0'
+
+    fixed = _BOUNDED_USE.sub(unroll, fixed)
+    if added:
+        fixed = fixed.rstrip("\n") + "\n" + "\n".join(r for rules in added.values() for r in rules) + "\n"
+    return xgrammar().Grammar.from_ebnf(fixed)
 
 
 def build_grammar(so: StructuredOutputs) -> Any:

@@ -17,6 +17,7 @@ import difflib
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,6 +43,19 @@ BATCH_MIN_ROWS_PER_LABEL = 8  # fewer distinct sample rows than this x labels: b
 DEFAULT_REDUCE_TEMPLATE = (
     "Combine these partial summaries of one document into one short summary.\n\n{{ summaries }}"
 )
+
+
+# -- options: the fields a flag, a flow parameter and a load_job override set --------------------------
+@dataclass(frozen=True)
+class Option:
+    """Marks a job field as a ``load_job`` override. pipeline/job/flags.py builds the ``prefixflow run`` flag,
+    ``load_job``'s shortcut and flows/flow.py's parameter from it. So a new option is one annotation here,
+    and the three lists cannot drift apart."""
+
+    help: str
+    name: str = ""  # the override's name when it is not the field's (label.mode: label_mode)
+    flag: bool = True  # False: a load_job override only (no flag, no flow parameter; a YAML job sets it)
+    flag_name: str = ""  # when the flag is not --<name with dashes> (storage.options: --storage-option)
 
 
 # -- errors: pydantic's, in the job config's own words ------------------------------------------------
@@ -155,11 +169,17 @@ class SummarizeConfig(Section):
     """``summarize:``: how summarization treats documents that do not fit the context (after the prompt
     and the output)."""
 
-    document_column: OptStr = "text"
+    document_column: Annotated[OptStr, Option("summarize: the document column", flag=False)] = "text"
     long_document: Annotated[
-        Literal["error", "truncate", "map_reduce"], _choice("error", "truncate", "map_reduce")
+        Literal["error", "truncate", "map_reduce"],
+        _choice("error", "truncate", "map_reduce"),
+        Option("summarize: error, truncate or map_reduce", flag=False),
     ] = "truncate"
-    truncate_side: Annotated[Literal["head", "tail", "both"], _choice("head", "tail", "both")] = "head"
+    truncate_side: Annotated[
+        Literal["head", "tail", "both"],
+        _choice("head", "tail", "both"),
+        Option("summarize: head, tail or both", flag=False),
+    ] = "head"
     # map_reduce chunk size; None: as large as the context allows
     chunk_tokens: Annotated[
         int | None, _rule(lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer")
@@ -175,8 +195,14 @@ class LabelConfig(Section):
     """``label:``: score each label as a continuation (``score``), parse free-form output (``generate``)
     or generate under a constraint that allows exactly the labels (``constrained``)."""
 
-    labels: StrList = ()
-    mode: Annotated[LabelMode, _choice(*typing.get_args(LabelMode))] = "score"
+    labels: Annotated[
+        StrList, Option("labels of a label job, comma-separated, e.g. positive,negative,neutral")
+    ] = ()
+    mode: Annotated[
+        LabelMode,
+        _choice(*typing.get_args(LabelMode)),
+        Option("label: score, generate or constrained", name="label_mode", flag=False),
+    ] = "score"
     choice_prefix: Annotated[str, _rule(lambda v: isinstance(v, str), "a string")] = " "
     # score mode (docs/pipeline.md "Labeling jobs"): divide out the model's lean towards some labels,
     # measured on a sample of the job's rows (batch, Zhou et al. 2024), on reference prompts
@@ -202,9 +228,9 @@ class LabelConfig(Section):
 class OutputConfig(Section):
     """``output:``: sharding and flushing. ``shard_rows`` changes shard ids, so it is in the fingerprint."""
 
-    shard_rows: PosInt = 10_000
-    flush_rows: PosInt = 256
-    flush_seconds: Seconds = 30.0
+    shard_rows: Annotated[PosInt, Option("rows per shard (part of the job fingerprint)")] = 10_000
+    flush_rows: Annotated[PosInt, Option("write a part file every N finished rows")] = 256
+    flush_seconds: Annotated[Seconds, Option("... or every T seconds")] = 30.0
 
 
 class TemplateLimits(Section):
@@ -219,9 +245,18 @@ class StorageConfig(Section):
     """fsspec options for both input and output; ``endpoint_url`` targets S3-compatible stores.
     ``options`` may hold credentials, so they are never written to disk and left out of the repr."""
 
-    endpoint_url: OptStr = None
+    endpoint_url: Annotated[OptStr, Option("S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)")] = (
+        None
+    )
     options: Annotated[
-        dict[str, Any], _rule(lambda v: isinstance(v, dict), "a mapping of fsspec options")
+        dict[str, Any],
+        _rule(lambda v: isinstance(v, dict), "a mapping of fsspec options"),
+        Option(
+            "fsspec storage option (repeatable), e.g. anon=true; credentials come from "
+            "the environment or the AWS credential chain (docs/pipeline.md#credentials)",
+            name="storage_options",
+            flag_name="--storage-option",
+        ),
     ] = Field(default_factory=dict, repr=False)
 
 
@@ -288,12 +323,12 @@ class SamplingSection(Section):
     output column holds them); the engine's own ``validation_error`` checks the values, so a job and a
     request are held to the same rules. Numbers stay as written (see the module docstring)."""
 
-    temperature: int | float = 0.0
+    temperature: Annotated[int | float, Option("sampling temperature (0 = greedy, the default)")] = 0.0
     top_k: int = 0
     top_p: int | float = 1.0
     min_p: int | float = 0.0
     seed: int | None = None
-    max_tokens: int | None = None
+    max_tokens: Annotated[int | None, Option("output length limit per row")] = None
     min_tokens: int = 0
     stop: str | tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] = ()
@@ -446,15 +481,28 @@ class JobConfig(Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
 
-    task: Annotated[str, _rule(lambda v: isinstance(v, str) and bool(v), "a task name")] = "generate"
-    id_column: OptStr = None
-    prompt_column: OptStr = None
-    messages_column: OptStr = None  # list<struct<role, content>>: the conversation itself
-    template: OptStr = None
+    task: Annotated[
+        str,
+        _rule(lambda v: isinstance(v, str) and bool(v), "a task name"),
+        Option(
+            "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
+            "--task label --labels positive,negative --template 'Review: {{ text }}'"
+        ),
+    ] = "generate"
+    id_column: Annotated[OptStr, Option("column with unique row ids (default: file path + row index)")] = None
+    prompt_column: Annotated[OptStr, Option("column used verbatim as the prompt")] = None
+    messages_column: Annotated[  # list<struct<role, content>>: the conversation itself
+        OptStr, Option("column holding the whole conversation (list of {role, content})")
+    ] = None
+    template: Annotated[
+        OptStr, Option("Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'")
+    ] = None
     chat: Annotated[Literal["auto", "on", "off"], _choice("auto", "on", "off"), BeforeValidator(_chat)] = (
         "auto"  # last runs first
     )
-    system_prompt: OptStr = None
+    system_prompt: Annotated[OptStr, Option("system prompt (chat template) or text before each prompt")] = (
+        None
+    )
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     sampling_columns: Annotated[dict[str, str], BeforeValidator(_sampling_columns)] = Field(
         default_factory=dict
@@ -463,7 +511,11 @@ class JobConfig(Section):
     summarize: SummarizeConfig = Field(default_factory=SummarizeConfig)
     label: LabelConfig = Field(default_factory=LabelConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
-    engine: Annotated[dict[str, Any], BeforeValidator(_engine)] = Field(default_factory=dict)
+    engine: Annotated[
+        dict[str, Any],
+        BeforeValidator(_engine),
+        Option("engine setting (repeatable), e.g. max_num_seqs=64"),
+    ] = Field(default_factory=dict)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     template_limits: TemplateLimits = Field(default_factory=TemplateLimits)
     # task extract: the JSON schema; as given (a mapping, JSON text or a file path) until the extract task

@@ -1,10 +1,12 @@
-"""The job's command-line flags and load_job overrides, defined once for `prefixflow run`/`plan`,
-`prefixflow serve` (flows/cli.py) and the batch_inference flow's parameters (flows/flow.py).
+"""The job's command-line flags and load_job overrides, built once from the job model for `prefixflow
+run`/`plan`, `prefixflow serve` (flows/cli.py) and the batch_inference flow's parameters (flows/flow.py,
+whose signature flows/parameters.py generates from JOB_OPTIONS).
 
 Each JobOption is one load_job override: a flag, the flow parameter of the same name, where in the job
 it lands (``at``: ``sampling.max_tokens``; load_job's shortcuts are derived from that), and how a parsed
-flag value becomes the override value (by default the type of the job model's field there). Adding an
-option here adds it everywhere (a test checks that the flow has a parameter of that type for each).
+flag value becomes the override value (by default the type of the job model's field there). The job
+model marks its fields with ``Option`` (config.py), so adding one there adds the flag, the shortcut and
+the flow parameter; only keys inside the engine's own sections are listed here (SECTION_OPTIONS).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from prefixflow.pipeline.job.config import JobConfig
+from prefixflow.pipeline.job.config import JobConfig, Option
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MODEL_HELP = f"preset (tiny, {DEFAULT_MODEL}), HF folder or .gguf file (default: {DEFAULT_MODEL})"
@@ -50,6 +52,7 @@ class JobOption:
     flag_name: str | None = None  # when the flag is not --<name with dashes>
     at: str = ""  # where the value goes in the job (``sampling.max_tokens``); "": the top-level key ``name``
     convert: Callable[[Any], Any] | None = None  # the value on its way into the job (GiB -> bytes)
+    flagged: bool = True  # False: a load_job override only (no flag, no flow parameter)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -59,6 +62,15 @@ class JobOption:
     def parse(self) -> Callable[[str], Any]:
         """How the flag's text becomes a value: the explicit ``type``, else the job model's field type."""
         return self.type or field_parser(self.path)
+
+    @property
+    def value_type(self) -> Any:
+        """The type of the override's value (the flow parameter's, without ``None``): a dict for a
+        repeatable KEY=VALUE option, else what the flag parser returns (``comma_list``: ``list[str]``)."""
+        if self.repeatable:
+            return dict[str, Any]
+        parse = self.parse
+        return parse if isinstance(parse, type) else typing.get_type_hints(parse)["return"]
 
     @property
     def flag(self) -> str:
@@ -126,25 +138,32 @@ def comma_list(text: str) -> list[str]:
     return items
 
 
-JOB_OPTIONS: tuple[JobOption, ...] = (
-    JobOption(
-        "task",
-        "generate (default), summarize, label or extract; a one-off job needs no YAML, e.g. "
-        "--task label --labels positive,negative --template 'Review: {{ text }}'",
-    ),
-    JobOption("id_column", "column with unique row ids (default: file path + row index)"),
-    JobOption("prompt_column", "column used verbatim as the prompt"),
-    JobOption("template", "Jinja2 prompt template over the row's columns, e.g. 'Summarize: {{ text }}'"),
-    JobOption("messages_column", "column holding the whole conversation (list of {role, content})"),
-    JobOption("system_prompt", "system prompt (chat template) or text before each prompt"),
-    JobOption(
-        "labels", "labels of a label job, comma-separated, e.g. positive,negative,neutral", at="label.labels"
-    ),
-    JobOption("temperature", "sampling temperature (0 = greedy, the default)", at="sampling.temperature"),
-    JobOption("max_tokens", "output length limit per row", at="sampling.max_tokens"),
-    JobOption("shard_rows", "rows per shard (part of the job fingerprint)", at="output.shard_rows"),
-    JobOption("flush_rows", "write a part file every N finished rows", at="output.flush_rows"),
-    JobOption("flush_seconds", "... or every T seconds", at="output.flush_seconds"),
+def model_options(model: type[BaseModel] = JobConfig, at: tuple[str, ...] = ()) -> list[JobOption]:
+    """The options the job model marks (``Option`` on a field, config.py), sections walked in field order."""
+    found: list[JobOption] = []
+    for name, field in model.model_fields.items():
+        path = (*at, field.alias or name)
+        marker = next((m for m in field.metadata if isinstance(m, Option)), None)
+        if marker is not None:
+            found.append(
+                JobOption(
+                    marker.name or path[-1],
+                    marker.help,
+                    repeatable=typing.get_origin(field.annotation) is dict,
+                    type=key_value if typing.get_origin(field.annotation) is dict else None,
+                    flag_name=marker.flag_name or None,
+                    at=".".join(path) if at else "",
+                    flagged=marker.flag,
+                )
+            )
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            found += model_options(field.annotation, path)
+    return found
+
+
+# Options inside the sections the job model leaves to the engine (engine:, speculative:): the engine's
+# EngineConfig types and checks those keys, so each option names its flag type here.
+SECTION_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "quantization",
         at="engine.quantization",
@@ -152,7 +171,6 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "(pre-quantized GPTQ/AWQ/compressed-tensors/GGUF models need no flag; gguf keeps a GGUF file's "
         "blocks packed on the CPU too; docs/models.md)",
     ),
-    JobOption("engine", "engine setting (repeatable), e.g. max_num_seqs=64", type=key_value, repeatable=True),
     JobOption(
         "tensor_parallel_size",
         at="engine.tensor_parallel_size",
@@ -208,36 +226,17 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         type=int,
     ),
 )
-STORAGE_OPTIONS: tuple[JobOption, ...] = (
-    JobOption(
-        "endpoint_url",
-        at="storage.endpoint_url",
-        help="S3-compatible endpoint, e.g. http://localhost:9000 (MinIO)",
-    ),
-    JobOption(
-        "storage_options",
-        at="storage.options",
-        help="fsspec storage option (repeatable), e.g. anon=true; credentials come from "
-        "the environment or the AWS credential chain (docs/pipeline.md#credentials)",
-        type=key_value,
-        repeatable=True,
-        flag_name="--storage-option",
-    ),
-)
+ALL_OPTIONS: tuple[JobOption, ...] = (*model_options(), *SECTION_OPTIONS)
+# the flags of `prefixflow run`/`plan`/`serve` and the flow's job parameters; storage ones also on `status`
+STORAGE_OPTIONS = tuple(o for o in ALL_OPTIONS if o.flagged and o.path[0] == "storage")
+JOB_OPTIONS = tuple(o for o in ALL_OPTIONS if o.flagged and o.path[0] != "storage")
 # load_job overrides without a flag (a YAML job sets these; the Python API may override them)
-API_OPTIONS: tuple[JobOption, ...] = (
-    JobOption("document_column", "summarize: the document column", at="summarize.document_column"),
-    JobOption("long_document", "summarize: error, truncate or map_reduce", at="summarize.long_document"),
-    JobOption("truncate_side", "summarize: head, tail or both", at="summarize.truncate_side"),
-    JobOption("label_mode", "label: score, generate or constrained", at="label.mode"),
-)
+API_OPTIONS = tuple(o for o in ALL_OPTIONS if not o.flagged)
 JOB_OPTION_NAMES = tuple(o.name for o in (*JOB_OPTIONS, *STORAGE_OPTIONS))
 # load_job(**overrides) shortcuts: option name -> (section, key), and the conversions on the way in
-SHORTCUTS: dict[str, tuple[str, ...]] = {
-    o.name: o.path for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.at
-}
+SHORTCUTS: dict[str, tuple[str, ...]] = {o.name: o.path for o in ALL_OPTIONS if o.at}
 SHORTCUT_VALUES: dict[str, Callable[[Any], Any]] = {
-    o.name: o.convert for o in (*JOB_OPTIONS, *STORAGE_OPTIONS, *API_OPTIONS) if o.convert is not None
+    o.name: o.convert for o in ALL_OPTIONS if o.convert is not None
 }
 
 

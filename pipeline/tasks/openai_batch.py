@@ -253,26 +253,36 @@ def requests_table(requests: list[BatchRequest]) -> bytes:
     return buf.getvalue()
 
 
+# The job of a requests table: the prompt side each line brings (chat lines' messages through the chat template,
+# completion prompts as given, the body's sampling per row), under the openai_batch task (openai_batch_task.py).
+BATCH_FIELDS: dict[str, Any] = {
+    "task": "openai_batch",
+    "id_column": "custom_id",
+    "messages_column": "messages",
+    "prompt_column": "prompt",
+    "template": None,
+    "chat": "off",
+    "system_prompt": None,
+    "keep_columns": ["request_kind"],
+    "sampling_columns": {c: c for c in SUPPORTED_COLUMNS},
+}
+# what a job written for a Batch file may say for ``task`` (generate: what Batch jobs ran as before the task)
+BATCH_TASK_NAMES = (None, "generate", "openai_batch")
+
+
 def batch_job(base: dict[str, Any]) -> dict[str, Any]:
     """The job a Batch file runs as: the user's job (engine, sharding, default sampling) with the
-    prompt side fixed: chat lines through the chat template, completion prompts as given."""
-    fixed = {
-        "task": "generate",
-        "id_column": "custom_id",
-        "messages_column": "messages",
-        "prompt_column": "prompt",
-        "template": None,
-        "chat": "off",
-        "system_prompt": None,
-        "keep_columns": ["request_kind"],
-        "sampling_columns": {c: c for c in SUPPORTED_COLUMNS},
-    }
-    clash = sorted(k for k in fixed if k in base and base[k] not in (None, fixed[k]))
+    prompt side fixed by the file (BATCH_FIELDS)."""
+    clash = sorted(
+        k
+        for k in BATCH_FIELDS
+        if k in base and base[k] not in ((BATCH_TASK_NAMES) if k == "task" else (None, BATCH_FIELDS[k]))
+    )
     if clash:
         raise InputError(
             f"an OpenAI Batch file sets its own {', '.join(clash)}; leave them out of the job config"
         )
-    return {**base, **fixed}
+    return {**base, **BATCH_FIELDS}
 
 
 def describe_requests(requests: list[BatchRequest]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from prefixflow.pipeline.tasks.base import Task
 from prefixflow.pipeline.tasks.extract_task import ExtractTask
 from prefixflow.pipeline.tasks.generate import GenerateTask
 from prefixflow.pipeline.tasks.label.task import LabelTask
+from prefixflow.pipeline.tasks.openai_batch_task import OpenAIBatchTask
 from prefixflow.pipeline.tasks.summarize import SummarizeTask
 
 TASKS: dict[str, Task] = {
@@ -17,6 +18,7 @@ TASKS: dict[str, Task] = {
         SummarizeTask(),
         LabelTask(),
         ExtractTask(),
+        OpenAIBatchTask(),
     )
 }
 

@@ -121,7 +121,7 @@ def test_n_samples_and_penalties_in_a_parquet_job(tmp_path: Path, tiny_llm) -> N
         rows["a"]["output"] == expect.outputs[0].text
         and rows["a"]["output_tokens"] == expect.num_output_tokens
     )
-    with pytest.raises(JobConfigError, match="generate jobs only"):
+    with pytest.raises(JobConfigError, match="generate and openai_batch jobs only"):
         load_job(
             "in",
             "",

@@ -71,11 +71,20 @@ def test_serve_takes_the_same_job_flags_and_the_flow_has_each_parameter() -> Non
     assert set(params) <= set(signature)
 
 
-def test_option_types_come_from_the_job_model_and_the_flow_parameters_match_them() -> None:
+def test_options_come_from_the_job_model_and_the_flow_parameters_are_generated_from_them() -> None:
     import typing
 
+    from prefixflow.flows.credentials import SAFE_OPTIONS_SCHEMA
     from prefixflow.flows.flow import batch_inference
-    from prefixflow.pipeline.job.flags import JOB_OPTIONS, SHORTCUTS, STORAGE_OPTIONS, comma_list, key_value
+    from prefixflow.pipeline.job.config import JobConfig, Option
+    from prefixflow.pipeline.job.flags import (
+        API_OPTIONS,
+        JOB_OPTIONS,
+        SECTION_OPTIONS,
+        SHORTCUTS,
+        STORAGE_OPTIONS,
+        comma_list,
+    )
 
     by_name = {o.name: o for o in (*JOB_OPTIONS, *STORAGE_OPTIONS)}
     assert by_name["max_tokens"].parse is int and by_name["temperature"].parse is float  # SamplingSection's
@@ -84,8 +93,48 @@ def test_option_types_come_from_the_job_model_and_the_flow_parameters_match_them
         "label",
         "mode",
     )
-    expected = {int: int, float: float, str: str, comma_list: list[str], key_value: dict[str, Any]}
-    hints = typing.get_type_hints(batch_inference.fn)
-    for option in by_name.values():
-        if option.parse in expected:  # (num_speculative_tokens: 'auto' or an int)
-            assert hints[option.name] == expected[option.parse] | None, option.name
+    assert by_name["storage_options"].flag == "--storage-option" and by_name["engine"].repeatable
+    assert {o.name for o in API_OPTIONS} == {
+        "document_column",
+        "long_document",
+        "truncate_side",
+        "label_mode",
+    }
+    # every option but the engine's own section keys is a marked field of the job model
+    marked = JobConfig.model_fields["sampling"].annotation.model_fields["max_tokens"].metadata  # type: ignore[union-attr]
+    assert [m.help for m in marked if isinstance(m, Option)] == [by_name["max_tokens"].help]
+    assert all(o.path[0] in ("engine", "speculative") for o in SECTION_OPTIONS)
+
+    # the flow's signature is generated: one keyword-only parameter per option, typed, in the option order
+    signature = inspect.signature(batch_inference.fn).parameters
+    hints = typing.get_type_hints(batch_inference.fn, include_extras=False)
+    names = [o.name for o in (*JOB_OPTIONS, *STORAGE_OPTIONS)]
+    assert [n for n in signature if n in by_name] == names
+    assert list(signature)[: len(names) + 4] == ["input", "output", "model", "job", *names]
+    expected = {"labels": list[str], "num_speculative_tokens": int | str}
+    expected |= {"engine": dict[str, Any], "storage_options": dict[str, Any]}
+    for name, option in by_name.items():
+        assert signature[name].kind is inspect.Parameter.KEYWORD_ONLY and signature[name].default is None
+        assert hints[name] == expected.get(name, option.parse) | None, name
+
+    # ... and Prefect's parameter schema (what the UI shows and the API validates) has each, described
+    schema = batch_inference.parameters.model_dump()["properties"]
+    assert schema["max_tokens"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
+    assert schema["labels"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
+    assert schema["temperature"]["description"].startswith(by_name["temperature"].help)
+    assert schema["storage_options"]["anyOf"] == SAFE_OPTIONS_SCHEMA["anyOf"]  # the credentials guard kept
+    assert [schema[n]["position"] for n in names] == list(range(4, 4 + len(names)))
+
+
+def test_a_misspelt_flow_parameter_is_refused_by_name() -> None:
+    import pytest
+    from prefect.exceptions import SignatureMismatchError
+
+    from prefixflow.flows.flow import batch_inference
+
+    with pytest.raises(SignatureMismatchError, match="max_tokenz"):
+        batch_inference.validate_parameters({"input": "in", "output": "out", "max_tokenz": 5})
+    assert (
+        batch_inference.validate_parameters({"input": "in", "output": "out", "max_tokens": "5"})["max_tokens"]
+        == 5
+    )

@@ -88,7 +88,7 @@ def test_sampling_section_maps_one_to_one_onto_sampling_params() -> None:
         ({"engine": {"seed": "abc"}}, ["engine.seed", "'abc' is not an integer"]),
         ({"summarize": {"chunk_tokens": 0}}, ["summarize.chunk_tokens", "positive integer"]),
         ({"schema": {"type": "object"}}, ["schema", "applies to extract jobs only", "task: generate"]),
-        ({"task": "summarize", "sampling": {"n": 2}}, ["sampling.n", "generate jobs only"]),
+        ({"task": "summarize", "sampling": {"n": 2}}, ["sampling.n", "generate and openai_batch jobs only"]),
         ({"task": "extract", "template": "x"}, ["schema", "needs a JSON schema"]),
         ({"messages_column": "m", "template": "x"}, ["template", "messages_column or template"]),
         (

@@ -52,7 +52,9 @@ def test_the_documented_task_runs_end_to_end(
 
 
 def test_unknown_task_lists_the_registered_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(JobConfigError, match="allowed values: generate, summarize, label, extract$"):
+    with pytest.raises(
+        JobConfigError, match="allowed values: generate, summarize, label, extract, openai_batch$"
+    ):
         load_job("in/", "out/", "tiny", {"task": "keywords"})
     monkeypatch.setitem(registry.TASKS, "keywords", _documented_task()())
     assert load_job("in/", "out/", "tiny", {"task": "keywords", "prompt_column": "p"}).task.name == "keywords"
