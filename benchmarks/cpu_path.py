@@ -15,6 +15,8 @@ Engines (``--engines``):
 - ``pf-bf16``: ``dtype="bfloat16"`` (dense on a CPU with native bf16, else packed);
 - ``pf-packed-bf16``: ``dtype="bfloat16", quantization="gguf"`` (torch's int4 pack matmul);
 - ``pf-unchunked``: the default with kernels/cpu_linear.py's column chunks of wide layers turned off;
+- ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
+  ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
   ``hf-bf16``: the same model cast to bf16 (transformers' faster configuration on a native-bf16 CPU);
 - ``llama.cpp``: ``llama-batched-bench`` built by benchmarks/build_llama_cpp.sh (same GGUF, same
@@ -61,21 +63,26 @@ ENGINES = {
     "pf-bf16": {"dtype": "bfloat16"},
     "pf-packed-bf16": {"dtype": "bfloat16", "quantization": "gguf"},
     "pf-unchunked": {},  # the default with kernels/cpu_linear.py's column chunks off (A/B of that rule)
+    "pf-int8": {"cpu_int8": "on"},  # int8 w8a8 layers (kernels/cpu_int8.py), LM head float32
+    "pf-int8-head": {"cpu_int8": "on"},  # the same with the tied LM head in int8 too
+    "pf-fp32mm": {"cpu_int8": "off"},  # float32 matmuls whatever the default
 }
 
 
 @contextlib.contextmanager
 def chunking(engine: str) -> Iterator[None]:
     """``pf-unchunked``: every float32 layer one F.linear for the duration of its run."""
+    from prefixflow.engine.quantization import int8_path
     from prefixflow.kernels import cpu_linear
 
-    saved = cpu_linear.CHUNK_MIN_OUT
+    saved, head = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD
     if engine == "pf-unchunked":
         cpu_linear.CHUNK_MIN_OUT = 1 << 62
+    int8_path.INT8_LM_HEAD = engine == "pf-int8-head" or head
     try:
         yield
     finally:
-        cpu_linear.CHUNK_MIN_OUT = saved
+        cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD = saved, head
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -88,13 +95,14 @@ def load_pf(name: str, kv_tokens: int = 16 * 160, prefix_caching: bool = False) 
     from prefixflow.engine import LLM
 
     opts: dict[str, Any] = {"dtype": "auto", **ENGINES[name]}
-    return LLM(
-        MODEL,
-        device="cpu",
-        enable_prefix_caching=prefix_caching,
-        kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20),
-        **opts,
-    )
+    with chunking(name):  # pf-int8-head: the LM head is packed at load
+        return LLM(
+            MODEL,
+            device="cpu",
+            enable_prefix_caching=prefix_caching,
+            kv_cache_memory_bytes=kv_tokens * KV_TOKEN_BYTES + (4 << 20),
+            **opts,
+        )
 
 
 def run_pf(llm: Any, batch: list[list[int]], max_tokens: int) -> dict[str, float]:

@@ -29,6 +29,8 @@ _EXPORTS = {
     "describe_model": "prefixflow.engine.loading.model_identity",
     "inspect_model": "prefixflow.engine.loading.model_card",
     "structured_outputs_error": "prefixflow.engine.structured",
+    "set_cpu_threads": "prefixflow.engine.cpu_threads",
+    "ThreadPlan": "prefixflow.engine.cpu_threads",
 }
 
 __all__ = [
@@ -47,11 +49,14 @@ __all__ = [
     "NgramIndex",
     "SpeculationReplay",
     "structured_outputs_error",
+    "set_cpu_threads",
+    "ThreadPlan",
 ]
 
 if TYPE_CHECKING:
     from prefixflow.engine.config import EngineConfig
     from prefixflow.engine.core.stats import EngineStats
+    from prefixflow.engine.cpu_threads import ThreadPlan, set_cpu_threads
     from prefixflow.engine.llm import LLM
     from prefixflow.engine.loading.model_card import ModelCard, inspect_model
     from prefixflow.engine.loading.model_identity import describe_model

@@ -12,6 +12,7 @@ from prefixflow.engine.speculative.config import SpeculativeConfig
 Ordering = Literal["prefix", "fifo"]
 KernelBackendName = Literal["auto", "torch", "triton"]
 LogprobsMode = Literal["raw", "processed"]
+CpuInt8 = Literal["auto", "on", "off"]
 # quantization=: on the fly, "none" (every layer dense: GGUF blocks dequantized), or (as a check) a
 # checkpoint's own method; see docs/models.md "Quantized models"
 ONLINE_QUANTIZATION = ("int8", "int4", "fp8")
@@ -78,6 +79,10 @@ class EngineConfig:
     # every row's results independent of the rest of the batch, bit for bit (CPU torch kernels only):
     # docs/engine.md "Batch-invariant results"
     batch_invariant: bool = False
+    # int8 weights x int8 per-row activations for CPU linear layers (w8a8; kernels/cpu_int8.py): "auto"
+    # takes it for an already-quantized checkpoint (GGUF blocks), "on" always, "off" never (float32
+    # matmuls). docs/models.md "int8 matmuls on the CPU"
+    cpu_int8: CpuInt8 = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -130,6 +135,10 @@ class EngineConfig:
                 "batch_invariant",
                 "false on CUDA / Triton kernels (batch-invariant results need the CPU torch kernels)",
             )
+        if self.cpu_int8 not in ("auto", "on", "off"):
+            raise bad("cpu_int8", "'auto' (int8 for quantized checkpoints on the CPU), 'on' or 'off'")
+        if self.cpu_int8 == "on" and self.device == "cuda":
+            raise bad("cpu_int8", "'auto' or 'off' on CUDA (the int8 matmul path is for CPU devices)")
         if self.sparsity not in (None, "2:4"):
             raise bad("sparsity", "None or '2:4'")
         if (

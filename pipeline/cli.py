@@ -106,6 +106,7 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     run.add_argument(
         "--json", action="store_true", help="print the summary as JSON on stdout (the table goes to stderr)"
     )
+    add_threads_flag(run)
     plan = sub.add_parser(
         "plan",
         help="show the shards and sizes without running anything",
@@ -132,9 +133,27 @@ def build_parser(extra_commands: dict[str, str] | None = None) -> argparse.Argum
     demo.add_argument("--workdir", default="prefixflow-demo", help="where to write data and results")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="model (use 'tiny' for the random preset)")
     demo.add_argument("--rows", type=int, default=24, help="how many sample documents to use (max 24)")
+    add_threads_flag(demo)
     for name, text in (extra_commands or {}).items():
         sub.add_parser(name, help=text, add_help=False)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="CPU threads for the model's matmuls (default: the usable cores minus one per 8, at least "
+        "1, so grammar, tokenizer and I/O threads keep a core; OMP_NUM_THREADS, if set, is kept)",
+    )
 
 
 def _storage(args: argparse.Namespace) -> StorageConfig:
@@ -461,15 +480,18 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, str] | None = 
 
 
 def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    if args.command == "run":
-        return cmd_run(args, out, err)
     if args.command == "plan":
         return cmd_plan(args, out, err)
     if args.command == "status":
         return cmd_status(args, out, err)
+    from prefixflow.pipeline.engine_access import set_cpu_threads
+
+    threads = set_cpu_threads(args.threads)  # before any engine exists (torch's pool is process-wide)
+    if args.command == "run":
+        return cmd_run(args, out, err)
     from prefixflow.pipeline.demo import run_demo
 
-    return run_demo(args.workdir, args.model, args.rows, err, report=out)
+    return run_demo(args.workdir, args.model, args.rows, err, report=out, threads=threads)
 
 
 if __name__ == "__main__":

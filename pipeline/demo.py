@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pyarrow as pa
@@ -21,6 +21,9 @@ from prefixflow.pipeline.errors import PipelineError
 from prefixflow.pipeline.job.spec import JobSpec, load_job
 from prefixflow.pipeline.local_run import print_summary, run_local
 from prefixflow.pipeline.run.record import output_layout, read_run_record
+
+if TYPE_CHECKING:
+    from prefixflow.engine import ThreadPlan
 
 JOBS = (("summarize", "demo_summarize.yaml"), ("label", "demo_label.yaml"), ("extract", "demo_extract.yaml"))
 DATA = Path(__file__).resolve().parent / "data"  # shipped as package data (pyproject [tool.setuptools])
@@ -53,7 +56,14 @@ def model_folder(model: str, rows: int) -> str:
     return name if rows == MAX_ROWS else f"{name}-{rows}rows"
 
 
-def run_demo(workdir: str, model: str, rows: int, console: Console, report: Console | None = None) -> int:
+def run_demo(
+    workdir: str,
+    model: str,
+    rows: int,
+    console: Console,
+    report: Console | None = None,
+    threads: ThreadPlan | None = None,
+) -> int:
     """Write the sample, then run both demo jobs into WORKDIR/<model>/ (see ``model_folder``).
 
     Rerunning with the same model resumes (nothing is redone); another model gets its own folder.
@@ -105,7 +115,7 @@ def run_demo(workdir: str, model: str, rows: int, console: Console, report: Cons
     )
     report.print(snippet, markup=False, soft_wrap=True)
     report.print(f"status: prefixflow status {os.path.join(results, 'label-out')}", markup=False)
-    report.print(timings_line(timings), markup=False, soft_wrap=True)
+    report.print(timings_line(timings, threads.compute if threads else None), markup=False, soft_wrap=True)
     return 1 if failed else 0
 
 
@@ -118,13 +128,18 @@ def _timed(step: str, timings: list[tuple[str, float, float]]) -> Iterator[None]
         timings.append((step, time.perf_counter() - wall, time.process_time() - cpu))
 
 
-def timings_line(timings: list[tuple[str, float, float]]) -> str:
-    """``time per job: load model 3.1 s, summarize 20.4 s, ...; total 41.0 s (CPU 60.2 s, load average 1.1)``:
-    CPU-seconds and the load average say whether a slow demo was the host's doing."""
+def timings_line(timings: list[tuple[str, float, float]], threads: int | None = None) -> str:
+    """``time per job: load model 3.1 s, summarize 20.4 s, ...; total 41.0 s (CPU 60.2 s: load model
+    2.9, summarize 19.8, ...; load average 1.1, 1 compute thread)``: per-job CPU-seconds, the load
+    average and the thread count say whether a slow demo was the host's doing."""
     steps = ", ".join(f"{step} {wall:.1f} s" for step, wall, _ in timings)
+    cpus = ", ".join(f"{step} {cpu:.1f}" for step, _, cpu in timings)
     wall, cpu = sum(t[1] for t in timings), sum(t[2] for t in timings)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"time per job: {steps}; total {wall:.1f} s (CPU {cpu:.1f} s, load average {load:.1f})"
+    tail = "" if threads is None else f", {threads} compute thread{'s' if threads != 1 else ''}"
+    return (
+        f"time per job: {steps}; total {wall:.1f} s (CPU {cpu:.1f} s: {cpus}; load average {load:.1f}{tail})"
+    )
 
 
 def _note_replaced(spec: JobSpec, console: Console) -> None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         StructuredOutputs,
         describe_model,
         inspect_model,
+        set_cpu_threads,
         structured_outputs_error,
     )
 
@@ -35,6 +36,7 @@ __all__ = [
     "Tokenizer",
     "describe_model",
     "inspect_model",
+    "set_cpu_threads",
     "structured_outputs_error",
 ]
 
@@ -51,6 +53,7 @@ FACADE = (
     "inspect_model",
     "NgramIndex",
     "SpeculationReplay",
+    "set_cpu_threads",
 )
 
 

@@ -91,7 +91,9 @@ class LLMEngine:
         loc = self.source.location
         # What describe_model(model, dtype, device, quantization) reports for this model: the same function.
         self.model_identity = (
-            identity_of(loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type)
+            identity_of(
+                loc, dtype, cfg.quantization, cfg.sparsity, self.runner.shard.device.type, cfg.cpu_int8
+            )
             if loc is not None
             else memory_identity(
                 self.source.name,
@@ -101,6 +103,7 @@ class LLMEngine:
                 cfg.quantization,
                 cfg.sparsity,
                 self.runner.shard.device.type,
+                cfg.cpu_int8,
             )
         )
         self._open_disk_tier(cost, dtype)
@@ -288,6 +291,10 @@ class LLMEngine:
                 scheduled = self.scheduler.schedule()
                 if not scheduled:
                     raise RuntimeError("scheduler made no progress (no request fits the KV pool)")
+                if self.speculator is not None:  # last prompt chunks verify drafts of the first tokens too
+                    drafts = self.speculator.prefill_drafts(scheduled)
+                    if drafts:
+                        scheduled = self.scheduler.attach_drafts(scheduled, drafts)
                 self._run_copies()
                 features = self.speculator.features(scheduled) if self.speculator is not None else None
                 self.structured.start_fill(sampling_requests(scheduled))  # on a worker while the model runs
@@ -296,7 +303,8 @@ class LLMEngine:
             host += self.runner.last_prepare_s
             update_start = time.perf_counter()
             self._count_prompt_work(scheduled)
-            outputs_before = sum(c.request.num_output_tokens for c in scheduled)
+            # real outputs only: a verified run's drafts sit in token_ids until update_from_output settles them
+            outputs_before = sum(c.request.num_output_tokens - c.request.num_draft_tokens for c in scheduled)
             finished = {
                 req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)
             }

@@ -103,6 +103,26 @@ class Scheduler:
             budget = self._admit(out, budget, lane)
         return SchedulerOutput(out)
 
+    def attach_drafts(self, scheduled: SchedulerOutput, drafts: dict[int, list[int]]) -> SchedulerOutput:
+        """The step with ``drafts`` (by request key) appended to chunks that end their request's tokens
+        (the speculator's ``prefill_drafts``), each cut to what the step's token budget and the free
+        blocks still take: drafting never preempts anyone. The chunk then ends in a verified run."""
+        budget = self.limits.max_num_batched_tokens - sum(c.num_tokens for c in scheduled)
+        chunks: list[ScheduledChunk] = []
+        for chunk in scheduled:
+            req = chunk.request
+            draft = drafts.get(req.key, [])[: max(budget, 0)]
+            while draft and not self.kv.can_append(req, chunk.num_tokens + len(draft)):
+                draft = draft[:-1]
+            if draft and req.num_draft_tokens == 0:
+                req.token_ids.extend(draft)
+                req.num_draft_tokens = len(draft)
+                self.kv.append(req, chunk.num_tokens + len(draft))
+                budget -= len(draft)
+                chunk = ScheduledChunk(req, chunk.num_tokens + len(draft), self.kv.block_table(req))
+            chunks.append(chunk)
+        return SchedulerOutput(chunks)
+
     def _admit(self, out: list[ScheduledChunk], budget: int, lane: int) -> int:
         """Admit waiting requests in queue order, but hold back one whose next uncached block is
         being computed right now by another request: it will hit the cache a step later instead of

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader
 
 from prefixflow.engine.gguf.files import find_gguf_file
 from prefixflow.engine.gguf.metadata import build_hf_config
+from prefixflow.engine.gguf.reader import GGUFFile
 from prefixflow.engine.gguf.tensors import check_tensors, iter_hf_weights, tensor_types
 from prefixflow.engine.gguf.tokenizer import build_tokenizer, chat_template, eos_token_ids
 from prefixflow.engine.loading.model_identity import ModelLocation, gguf_digests
@@ -25,7 +25,7 @@ def load_gguf_source(
     """
     file = find_gguf_file(path)
     location = location or ModelLocation(str(path), "gguf", file)
-    reader = GGUFReader(file)
+    reader = GGUFFile(file)
     hf_config = build_hf_config(reader, dtype)
     check_tensors(reader)
     # the file's block types decide which layers stay packed (engine/quantization/gguf_blocks.py)

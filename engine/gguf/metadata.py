@@ -6,7 +6,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+
+from prefixflow.engine.gguf.reader import GGUFFile
 
 if TYPE_CHECKING:  # torch-free at run time: the advisor reads GGUF metadata without loading torch
     import torch
@@ -16,29 +17,17 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 _MISSING = object()
 
 
-def field_value(reader: GGUFReader, key: str, default: Any = _MISSING) -> Any:
-    """One metadata value as a plain Python value (str, int, float, bool or list).
-
-    Decoded from the field's raw parts rather than a newer reader helper, so any ``gguf`` release works.
-    """
+def field_value(reader: GGUFFile, key: str, default: Any = _MISSING) -> Any:
+    """One metadata value as a plain Python value (str, int, float, bool or list)."""
     field = reader.fields.get(key)
     if field is None:
         if default is _MISSING:
             raise ValueError(f"GGUF file lacks required metadata key {key!r}")
         return default
-
-    def decode(part: np.ndarray, kind: GGUFValueType) -> Any:
-        if kind == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        value = part.tolist()[0]
-        return bool(value) if kind == GGUFValueType.BOOL else value
-
-    if field.types[0] == GGUFValueType.ARRAY:
-        return [decode(field.parts[i], field.types[-1]) for i in field.data]
-    return decode(field.parts[field.data[0]], field.types[0])
+    return field.value()
 
 
-def architecture(reader: GGUFReader) -> str:
+def architecture(reader: GGUFFile) -> str:
     """The ``general.architecture`` key; anything but ``llama`` is refused here, before any tensor is read."""
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -49,7 +38,7 @@ def architecture(reader: GGUFReader) -> str:
     return str(arch)
 
 
-def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict[str, Any]:
+def build_hf_config(reader: GGUFFile, dtype: torch.dtype | str) -> dict[str, Any]:
     """Map the ``llama.*`` hyperparameters and tokenizer ids onto HF ``config.json`` field names."""
     arch = architecture(reader)
 
@@ -72,7 +61,7 @@ def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict[str, A
         )
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    vocab = get("vocab_size", None) or (len(tokens.data) if tokens is not None else None)
+    vocab = get("vocab_size", None) or (tokens.count if tokens is not None else None)
     if vocab is None and embed is not None:
         vocab = int(embed.shape[-1])
     if vocab is None:
@@ -115,7 +104,7 @@ def build_hf_config(reader: GGUFReader, dtype: torch.dtype | str) -> dict[str, A
     return cfg
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
+def _rope_scaling(reader: GGUFFile, arch: str, head_dim: int, theta: float) -> dict[str, Any] | None:
     """HF ``rope_scaling`` from the ``rope.scaling.*`` keys, or from a Llama-3 ``rope_freqs`` tensor.
 
     llama.cpp stores Llama 3.1+ frequency scaling as per-frequency divisors, not as parameters; the

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, ReaderTensor
 from gguf.quants import dequantize
+
+from prefixflow.engine.gguf.reader import GGUFFile
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
@@ -71,7 +73,7 @@ def hf_name(gguf_name: str) -> str | None:
     )
 
 
-def check_tensors(reader: GGUFReader) -> None:
+def check_tensors(reader: GGUFFile) -> None:
     """Fail fast, before any dequantization, on tensor types or names this loader cannot turn into weights."""
     for t in reader.tensors:
         if t.tensor_type not in SUPPORTED_TYPES:
@@ -104,7 +106,7 @@ def keeps_packed(t: ReaderTensor, name: str) -> bool:
     return linear and t.tensor_type in PACKED_TYPES
 
 
-def tensor_types(reader: GGUFReader) -> dict[str, str]:
+def tensor_types(reader: GGUFFile) -> dict[str, str]:
     """HF name -> GGUF type name of every weight tensor (the engine's per-layer quantization choice)."""
     out = {}
     for t in reader.tensors:
@@ -131,7 +133,7 @@ def dequantized(t: ReaderTensor) -> np.ndarray:
 
 
 def iter_hf_weights(
-    reader: GGUFReader, hf_config: dict[str, Any], dtype: torch.dtype
+    reader: GGUFFile, hf_config: dict[str, Any], dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, tensor)`` one at a time, so peak memory stays about one dequantized tensor."""
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]

@@ -8,15 +8,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
-
 from prefixflow.engine.gguf.metadata import field_value
+from prefixflow.engine.gguf.reader import GGUFFile
 
 # llama.cpp keys for tokens that end a turn: plain EOS, end-of-turn (Llama 3 <|eot_id|>), end-of-message.
 _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
-def eos_token_ids(reader: GGUFReader) -> tuple[int, ...]:
+def eos_token_ids(reader: GGUFFile) -> tuple[int, ...]:
     """Every id the metadata marks as ending generation, first the plain EOS, without duplicates."""
     ids: list[int] = []
     for key in _EOS_KEYS:
@@ -26,14 +25,12 @@ def eos_token_ids(reader: GGUFReader) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def chat_template(reader: GGUFReader) -> str | None:
+def chat_template(reader: GGUFFile) -> str | None:
     value = field_value(reader, "tokenizer.chat_template", None)
     return None if value is None else str(value)
 
 
-def build_tokenizer(
-    reader: GGUFReader, path: Path, template: str | None, cache_key: str | None = None
-) -> Any:
+def build_tokenizer(reader: GGUFFile, path: Path, template: str | None, cache_key: str | None = None) -> Any:
     """The fast tokenizer transformers builds from the GGUF vocabulary and merges (no hub access).
 
     Building it re-parses the file and converts the vocabulary (about 5 s for a 49k vocabulary), so

@@ -127,12 +127,13 @@ def _gguf(path: Path) -> ModelCard:
 
 
 def _read_gguf(file: Path, key: str) -> tuple[dict[str, Any], Any]:
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
     from prefixflow.engine.gguf.metadata import build_hf_config, field_value
+    from prefixflow.engine.gguf.reader import GGUFFile
     from prefixflow.engine.gguf.tokenizer import build_tokenizer, chat_template
 
-    reader = GGUFReader(file)
+    reader = GGUFFile(file)
     template = chat_template(reader)
     kind = field_value(reader, "general.file_type", None)
     try:

@@ -137,9 +137,10 @@ def describe_model(
     device: str = "auto",
     quantization: str | None = None,
     sparsity: str | None = None,
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """Identity of ``model`` plus the dtype and quantization it would run with, without loading weights
-    (see module doc).
+    (see module doc). ``cpu_int8``: ``EngineConfig.cpu_int8`` (whether CPU matmuls run in int8).
 
     Returns a plain JSON-able dict (keys in docs/contracts.md). Raises ``ModelNotFoundError`` (a
     ValueError whose message says what is accepted or what to do) for a model that cannot load, and
@@ -147,7 +148,12 @@ def describe_model(
     """
     location = locate_model(model)
     return identity_of(
-        location, resolve_dtype(dtype, device, location), quantization, sparsity, resolve_device(device)
+        location,
+        resolve_dtype(dtype, device, location),
+        quantization,
+        sparsity,
+        resolve_device(device),
+        cpu_int8,
     )
 
 
@@ -163,11 +169,13 @@ def identity_of(
     quantization: str | None = None,
     sparsity: str | None = None,
     device: str = "cpu",
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """``quantization`` is the method's settings (part of the digest: it decides outputs), with the
     2:4 kernel ``device`` would run; ``weight_bytes`` what the weights take in that dtype and method,
     and for a GGUF file ``weight_path`` (packed or dense on ``device``, and why): informational, not
-    digested."""
+    digested. ``linear_kernel``: the CPU matmul and why (informational); where it is int8 (w8a8),
+    ``w8a8`` names the scheme and is digested (it changes outputs)."""
     out: dict[str, Any] = {"model": location.argument, "format": location.kind, "dtype": dtype}
     if location.kind == "hf":
         assert location.path is not None
@@ -182,7 +190,7 @@ def identity_of(
         out.update(_preset_digests(location.preset))
     out.update(_weights(location, dtype, quantization, sparsity, device))
     _add_sparse_kernel(out, device, dtype)
-    out.update(_linear_kernel(device, dtype))
+    out.update(_linear_kernel(device, dtype, cpu_int8, out))
     out["digest"] = _digest(
         {k: v for k, v in out.items() if k not in ("model", "weight_bytes", "weight_path", "linear_kernel")}
     )
@@ -197,6 +205,7 @@ def memory_identity(
     quantization: str | None = None,
     sparsity: str | None = None,
     device: str = "cpu",
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """An in-memory ``ModelSource`` names itself (its ``identity``); dtype and quantization are added as for files."""
     out: dict[str, Any] = {"model": name, "format": "memory", "dtype": dtype, **identity}
@@ -205,7 +214,11 @@ def memory_identity(
 
         out.update(describe_weights(hf_config, dtype, quantization, sparsity))
         _add_sparse_kernel(out, device, dtype)
-    out["digest"] = _digest({k: v for k, v in out.items() if k not in ("model", "weight_bytes")})
+    if cpu_int8 == "on" and device == "cpu":
+        out.update(_linear_kernel(device, dtype, cpu_int8, out))
+    out["digest"] = _digest(
+        {k: v for k, v in out.items() if k not in ("model", "weight_bytes", "linear_kernel")}
+    )
     return out
 
 
@@ -304,10 +317,19 @@ def _digest(value: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _linear_kernel(device: str, dtype: str) -> dict[str, Any]:
-    """The dense CPU matmul (oneDNN-prepacked bf16 or torch's F.linear) and why: informational, not
-    digested (the same math up to the summation order; kernels/cpu_linear.py)."""
+def _linear_kernel(device: str, dtype: str, cpu_int8: str, out: dict[str, Any]) -> dict[str, Any]:
+    """The dense CPU matmul and why. int8 (w8a8, engine/quantization/int8_path.py) adds the digested
+    ``w8a8``; oneDNN-prepacked bf16 or torch's F.linear are not digested (the same math up to the
+    summation order; kernels/cpu_linear.py)."""
+    from prefixflow.engine.quantization.int8_path import choose_cpu_int8
     from prefixflow.kernels.cpu_linear import linear_kernel
 
     chosen = linear_kernel(device, dtype)
-    return {} if chosen is None else {"linear_kernel": chosen.describe()}
+    if chosen is None:
+        return {}
+    method = out.get("quantization", {}).get("method")
+    int8 = choose_cpu_int8(cpu_int8, device, dtype, out.get("weight_path"), method)
+    if int8.int8:
+        return {"linear_kernel": int8.linear_kernel(), "w8a8": int8.digest_entry()}
+    described = chosen.describe()
+    return {"linear_kernel": {**described, "reason": f"{described['reason']}; int8: {int8.reason}"}}

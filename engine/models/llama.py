@@ -25,6 +25,7 @@ from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gath
 from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
 from prefixflow.engine.runner.attention import AttentionBackend
 from prefixflow.kernels import KernelBackend
+from prefixflow.kernels.cpu_int8 import Int8Weight, int8_linear, pack_int8
 from prefixflow.kernels.cpu_linear import dense_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -204,6 +205,13 @@ class LlamaForCausalLM(nn.Module):
         )
 
         self.min_rows = 0
+        self.int8_head: Int8Weight | None = None  # the tied LM head in int8 (cpu_int8; use_int8_head)
+
+    def use_int8_head(self) -> None:
+        """The tied LM head multiplies an int8 copy of the embedding (the embedding itself stays as
+        loaded for the lookup); an untied head is a ``Linear`` and follows its method."""
+        if self.lm_head is None and self.embed_tokens is not None:
+            self.int8_head = pack_int8(self.embed_tokens.weight)
 
     def make_batch_invariant(self) -> None:
         """Every matmul of the model, the tied LM head included, runs on at least ``INVARIANT_MIN_ROWS``
@@ -239,7 +247,11 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
             n = hidden.shape[0]  # tied: the embedding is the head
-            local = dense_linear(pad_rows(hidden, self.min_rows), self.embed_tokens.weight)[:n]
+            rows = pad_rows(hidden, self.min_rows)
+            if self.int8_head is not None:
+                local = int8_linear(rows, self.int8_head)[:n]
+            else:
+                local = dense_linear(rows, self.embed_tokens.weight)[:n]
         else:
             local = self.lm_head(hidden)
         return gather_logits(local, self.tp.layout.vocab, self.tp.group)

@@ -24,6 +24,7 @@ from prefixflow.engine.quantization.params import (
     load_shard,
     missing,
 )
+from prefixflow.kernels.cpu_int8 import INT8, Int8Weight, int8_linear, pack_int8
 from prefixflow.kernels.cpu_linear import (
     PREPACKED,
     PrepackedWeight,
@@ -44,6 +45,7 @@ class KernelContext:
     device: torch.device
     dtype: torch.dtype
     backend: str = "auto"  # the engine's kernel backend: "triton" or "torch" ("auto": by device)
+    int8: bool = False  # CPU dense layers in int8 w8a8 (engine/quantization/int8_path.py decides)
 
 
 class LinearMethod:
@@ -147,12 +149,18 @@ class DenseMethod(LinearMethod):
         super().__init__()
         self.prepack = prepack
         self.prepacked: PrepackedWeight | None = None
+        self.int8: Int8Weight | None = None
 
     def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
-        """On a CPU whose oneDNN prepacks bf16 (kernels/cpu_linear.py), the weight is reordered once
-        here and the dense buffer freed; everywhere else it stays as loaded."""
+        """On the CPU with ``ctx.int8`` the weight is quantized to int8 and prepacked for FBGEMM
+        (kernels/cpu_int8.py); on a CPU whose oneDNN prepacks bf16 (kernels/cpu_linear.py), it is
+        reordered once. Either frees the dense buffer; everywhere else it stays as loaded."""
         self.check_complete()
         if not self.prepack or ctx.device.type != "cpu":
+            return
+        if ctx.int8:
+            self.int8 = pack_int8(buffer(layer, "weight"))
+            delattr(layer, "weight")
             return
         chosen = linear_kernel("cpu", str(ctx.dtype).removeprefix("torch."))
         weight = buffer(layer, "weight")
@@ -162,9 +170,13 @@ class DenseMethod(LinearMethod):
 
     @property
     def kernel_name(self) -> str:
+        if self.int8 is not None:
+            return INT8
         return PREPACKED if self.prepacked is not None else "torch-linear"
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.int8 is not None:
+            return int8_linear(x, self.int8, bias)
         if self.prepacked is not None:
             return prepacked_linear(x, self.prepacked, bias)
         return dense_linear(x, buffer(layer, "weight"), bias)

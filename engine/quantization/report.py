@@ -24,9 +24,12 @@ def weight_bytes(model: nn.Module) -> int:
             continue
         seen.add(key)
         total += t.numel() * t.element_size()
-    for module in model.modules():  # oneDNN-prepacked weights are held by the method, not as buffers
-        prepacked = getattr(getattr(module, "method", None), "prepacked", None)
-        total += prepacked.nbytes if prepacked is not None else 0
+    for module in model.modules():  # prepacked weights are held by the method (or model), not as buffers
+        method = getattr(module, "method", None)
+        for held in (getattr(method, "prepacked", None), getattr(method, "int8", None)):
+            total += held.nbytes if held is not None else 0
+        head = getattr(module, "int8_head", None)
+        total += head.nbytes if head is not None else 0
     return total
 
 
@@ -37,7 +40,7 @@ def linear_kernels(model: nn.Module) -> dict[str, int]:
         method = getattr(module, "method", None)
         if isinstance(method, KernelMethod):
             counts[f"{method.name}/{method.kernel_name}"] += 1
-        elif isinstance(method, DenseMethod) and method.prepacked is not None:
+        elif isinstance(method, DenseMethod) and (method.prepacked is not None or method.int8 is not None):
             counts[f"{method.name}/{method.kernel_name}"] += 1
         elif method is not None:
             counts[str(getattr(method, "name", "dense"))] += 1

@@ -34,6 +34,7 @@ from prefixflow.engine.loading.model_source import ModelSource
 from prefixflow.engine.models.llama import KVCache, LlamaForCausalLM, StepContext
 from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
+from prefixflow.engine.quantization.int8_path import choose_cpu_int8
 from prefixflow.engine.quantization.report import weight_bytes
 from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
 from prefixflow.engine.runner.attention import make_attention_backend
@@ -90,7 +91,18 @@ class ModelShard:
             self.model = LlamaForCausalLM(
                 model_cfg, self.dtype, self.ops, self.attention, tp, self.quantization, pp
             )
-        load_weights(self.model, source.weights(), KernelContext(device, self.dtype, base_ops.name))
+        self.int8 = choose_cpu_int8(
+            cfg.cpu_int8,
+            device.type,
+            dtype_name,
+            self.weight_path.describe() if self.weight_path is not None else None,
+            self.quantization.method,
+        )
+        load_weights(
+            self.model, source.weights(), KernelContext(device, self.dtype, base_ops.name, self.int8.int8)
+        )
+        if self.int8.lm_head:
+            self.model.use_int8_head()
         if cfg.batch_invariant:
             self.model.make_batch_invariant()
         self.weight_bytes = weight_bytes(self.model)

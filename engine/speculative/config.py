@@ -22,6 +22,8 @@ class SpeculativeConfig:
     directory or a .gguf path) for ``method="draft_model"``; it must share the target's tokenizer.
     ``jump_forward`` (n-gram only): a structured-output request drafts what its grammar forces (keys,
     quotes, separators), with the lookup continuing after it; verified like any draft (forced.py).
+    ``prefill_drafts`` (n-gram only): the step that computes a request's last prompt chunk also
+    verifies drafts of its first output tokens (decoder.py ``prefill_drafts``).
     """
 
     method: SpecMethod = "ngram"
@@ -32,6 +34,7 @@ class SpeculativeConfig:
     max_speculative_tokens: int = 8
     draft_kv_blocks: int | None = None  # the draft's own pool; None: sized like the target's
     jump_forward: bool = True
+    prefill_drafts: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -57,8 +60,9 @@ class SpeculativeConfig:
             )
         if self.method == "ngram" and self.model is not None:
             raise bad("model", "None for method='ngram' (only a draft model loads weights)")
-        if not isinstance(self.jump_forward, bool):
-            raise bad("jump_forward", "true or false")
+        for name in ("jump_forward", "prefill_drafts"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "true or false")
         if self.draft_kv_blocks is not None and self.draft_kv_blocks < 2:
             raise bad("draft_kv_blocks", "None or at least 2")
 

@@ -128,49 +128,90 @@ class Speculator:
             base_tokens += left
             if req.generates and left == 1 and req.num_draft_tokens == 0 and req.num_output_tokens > 0:
                 base_rows += 1
-                limit = min(
-                    self.cfg.max_k,
-                    req.max_tokens - req.num_output_tokens - 1,
-                    self.max_model_len - req.num_tokens - 1,
-                )
+                limit = self._limit(req)
                 if limit > 0:
                     decoding.append(req)
                     limits.append(limit)
         if not decoding:
             return
-        base_tokens = min(base_tokens, token_budget)
-        for req in decoding:
+        for req, draft in zip(
+            decoding, self._drafts(decoding, limits, min(base_tokens, token_budget), base_rows)
+        ):
+            if draft:
+                req.token_ids.extend(draft)
+                req.num_draft_tokens = len(draft)
+
+    def prefill_drafts(self, scheduled: SchedulerOutput) -> dict[int, list[int]]:
+        """Drafts for the requests whose last prompt chunk (or recompute after preemption) runs this
+        step, by request key: the tokens that chunk's sample should be followed by, so the step that
+        samples a request's first token also verifies the next ones (one step fewer per request).
+
+        Lookup methods only: the n-gram index and the grammar need no model, while a draft model would
+        first have to prefill the prompt itself. Requests that score prompt positions are left out
+        (their chunk's rows are prompt log-probs, which a verified run does not collect). The scheduler
+        attaches what fits the step's budget and the free blocks (``Scheduler.attach_drafts``)."""
+        if not (self.cfg.prefill_drafts and self.proposer.lookahead):
+            return {}
+        tokens, rows = self.features(scheduled)
+        ending: list[Request] = []
+        limits: list[int] = []
+        for chunk in scheduled:
+            req = chunk.request
+            if (
+                req.generates
+                and (req.num_output_tokens == 0 or chunk.num_tokens > 1)  # not a decode the policy passed
+                and req.num_draft_tokens == 0
+                and req.num_computed_tokens + chunk.num_tokens == req.num_tokens
+                and req.first_scored is None
+            ):
+                limit = self._limit(req)
+                if limit > 0:
+                    ending.append(req)
+                    limits.append(limit)
+        if not ending:
+            return {}
+        drafts = self._drafts(ending, limits, int(tokens), int(rows))
+        return {req.key: draft for req, draft in zip(ending, drafts) if draft}
+
+    def _limit(self, req: Request) -> int:
+        """The most drafts ``req`` can take now (its k, max_tokens and the model length)."""
+        return min(
+            self.cfg.max_k,
+            req.max_tokens - req.num_output_tokens - 1,
+            self.max_model_len - req.num_tokens - 1,
+        )
+
+    def _drafts(
+        self, requests: list[Request], limits: list[int], base_tokens: int, base_rows: int
+    ) -> list[list[int]]:
+        """Each request's drafts (maybe none): proposed, then cut to the k the policy picks."""
+        for req in requests:
             self.state(req)
         masks = [[False] * lim for lim in limits]  # per draft: forced by the grammar
         if self.proposer.lookahead:  # the proposal's own length bounds k
-            proposals, masks = self._look_ahead(decoding, limits)
+            proposals, masks = self._look_ahead(requests, limits)
             limits = [len(p) for p in proposals]
         if self.cfg.auto:
             prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
             forced = self.jump_forward_acceptance.rate(PRIOR_FORCED)
             candidates = []
-            for req, mask in zip(decoding, masks):
+            for req, mask in zip(requests, masks):
                 own = self.state(req).acceptance.rate(prior)
                 candidates.append(Candidate(tuple(forced if f else own for f in mask)))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
         else:
             ks = limits
         if not any(ks):
-            return
-        for req, mask, k in zip(decoding, masks, ks):
+            return [[] for _ in requests]
+        for req, mask, k in zip(requests, masks, ks):
             self.state(req).forced = mask[:k]
-        if self.proposer.lookahead:
-            drafts = [p[:k] for p, k in zip(proposals, ks)]
-        else:
-            chosen = [(r, k) for r, k in zip(decoding, ks) if k]
-            made = self.proposer.propose([r for r, _ in chosen], [k for _, k in chosen])
-            by_key = {r.key: d for (r, _), d in zip(chosen, made)}
-            drafts = [by_key.get(r.key, []) for r in decoding]
         self.planned_steps += 1
-        for req, draft in zip(decoding, drafts):
-            if draft:
-                req.token_ids.extend(draft)
-                req.num_draft_tokens = len(draft)
+        if self.proposer.lookahead:
+            return [p[:k] for p, k in zip(proposals, ks)]
+        chosen = [(r, k) for r, k in zip(requests, ks) if k]
+        made = self.proposer.propose([r for r, _ in chosen], [k for _, k in chosen])
+        by_key = {r.key: d for (r, _), d in zip(chosen, made)}
+        return [by_key.get(r.key, []) for r in requests]
 
     def _look_ahead(
         self, requests: list[Request], limits: list[int]

@@ -8,7 +8,8 @@ output tokens gives the drafts and acceptance a run with ``speculative: {method:
 num_speculative_tokens: k}`` would measure on these rows. The output must be the model's token ids, not
 a re-encoding of its text: the model often splits forced literals differently from the tokenizer, and a
 re-encoding would make every forced draft look accepted. Forced splits are learned across the requests
-in the order they are added, as the engine learns them across a job's rows.
+in the order they are added, as the engine learns them across a job's rows. With ``prefill_drafts``
+(the engine's default) the step that samples the first token verifies drafts as well.
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ class SpeculationReplay:
     """Replays requests one at a time; ``llm`` (an ``LLM``) supplies the grammar and tokenizer for
     structured requests (without it they are replayed as plain lookups)."""
 
-    def __init__(self, llm: Any = None, k: int = REPLAY_K, lookup_min: int = 2, lookup_max: int = 5) -> None:
+    def __init__(
+        self,
+        llm: Any = None,
+        k: int = REPLAY_K,
+        lookup_min: int = 2,
+        lookup_max: int = 5,
+        prefill_drafts: bool = True,
+    ) -> None:
         self.k, self.lookup_min, self.lookup_max = k, lookup_min, lookup_max
+        self.prefill_drafts = prefill_drafts  # the prefill step verifies drafts too (as the engine does)
         self.structured = llm.engine.structured if llm is not None else None
         self.forced = (
             ForcedDrafts(llm.engine.tokenizer, self.structured.token_bytes)
@@ -58,11 +67,14 @@ class SpeculationReplay:
             matcher = self.structured.new_matcher(structured)
         index = NgramIndex(self.lookup_min, self.lookup_max)
         pending: list[Pending] = []
-        tokens = [*prompt, output[0]]  # the first token comes from the prefill step
-        if matcher is not None and not matcher.accept_token(output[0]):
-            matcher = None  # not this grammar's output (a stop token): replay the lookup alone
-        c.steps += 1
-        i = 1
+        tokens = list(prompt)
+        i = 0
+        if not self.prefill_drafts:  # the first token comes from the prefill step alone
+            tokens.append(output[0])
+            if matcher is not None and not matcher.accept_token(output[0]):
+                matcher = None  # not this grammar's output (a stop token): replay the lookup alone
+            c.steps += 1
+            i = 1
         while i < len(output):
             limit = min(self.k, len(output) - i - 1)
             if matcher is not None and self.forced is not None:

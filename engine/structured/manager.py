@@ -10,7 +10,6 @@ batch-invariant.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from prefixflow.engine.core.request import Request
+from prefixflow.engine.cpu_threads import grammar_threads
 from prefixflow.engine.structured.backend import (
     GrammarError,
     StructuredOutputsUnavailable,
@@ -63,7 +63,7 @@ class StructuredOutputManager:
         if self._compiler is None:
             xgr = xgrammar()
             info = self._info = tokenizer_info(self.tokenizer, self.vocab_size, self.eos_ids)
-            threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+            threads = grammar_threads()  # the cores torch's compute pool leaves free
             self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
             self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
 

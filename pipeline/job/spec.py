@@ -119,6 +119,7 @@ class JobSpec:
             str(engine.get("dtype") or "auto"),
             str(engine.get("device") or "auto"),
             engine.get("quantization"),
+            str(engine.get("cpu_int8") or "auto"),
         )
 
     def fingerprint_hash(self) -> str:
@@ -127,12 +128,16 @@ class JobSpec:
 
 
 def model_identity(
-    model: str, dtype: str = "auto", device: str = "auto", quantization: str | None = None
+    model: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    quantization: str | None = None,
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """``engine.describe_model``, memoized per model files' sizes and mtimes (a replaced checkpoint is
     described again); a bad model argument (or quantization) becomes a JobConfigError with the engine's
     message."""
-    return copy.deepcopy(_describe(model, dtype, device, quantization, _stat_key(model)))
+    return copy.deepcopy(_describe(model, dtype, device, quantization, cpu_int8, _stat_key(model)))
 
 
 def open_engine(spec: JobSpec) -> Engine:
@@ -160,12 +165,14 @@ StatKey = tuple[tuple[str, int, int], ...]
 
 @functools.lru_cache(maxsize=32)
 def _describe(
-    model: str, dtype: str, device: str, quantization: str | None, stat_key: StatKey
+    model: str, dtype: str, device: str, quantization: str | None, cpu_int8: str, stat_key: StatKey
 ) -> dict[str, Any]:
     from prefixflow.pipeline.engine_access import describe_model
 
     try:
-        return dict(describe_model(model, dtype=dtype, device=device, quantization=quantization))
+        return dict(
+            describe_model(model, dtype=dtype, device=device, quantization=quantization, cpu_int8=cpu_int8)
+        )
     except ValueError as exc:  # engine.loading.model_identity.ModelNotFoundError names what is accepted
         text = str(exc)
         raise JobConfigError(text if text.startswith("model") else f"model {model!r}: {text}") from exc

@@ -147,6 +147,12 @@ def test_status_of_a_finished_and_an_unfinished_run(tmp_path: Path, tiny_llm) ->
     assert res.returncode == 0 and "not finished" in res.stdout and "1 / 2" in res.stdout  # a report: stdout
 
 
+def test_threads_flag_refuses_zero(tmp_path: Path) -> None:
+    res = _cli("demo", "--model", "tiny", "--threads", "0", "--workdir", str(tmp_path / "demo"))
+    assert res.returncode == 2 and "--threads: must be at least 1, got 0" in res.stderr
+    assert not (tmp_path / "demo").exists()  # refused before anything is written
+
+
 def test_status_of_a_non_run_folder(tmp_path: Path) -> None:
     assert main(["status", str(tmp_path)]) == 2
 
@@ -158,6 +164,9 @@ def test_demo_with_the_tiny_model(tmp_path: Path) -> None:
     assert "sample rows" in res.stdout and "sample rows" not in res.stderr
     timing = r"time per job: load model [\d.]+ s, summarize [\d.]+ s, label [\d.]+ s, extract [\d.]+ s; total [\d.]+ s \(CPU [\d.]+ s"
     assert re.search(timing, res.stdout), res.stdout[-500:]  # issue 24: the time per job, at the end
+    # per-job CPU-seconds and the compute threads (OMP_NUM_THREADS=1 from conftest is kept)
+    cpu = r"\(CPU [\d.]+ s: load model [\d.]+, summarize [\d.]+, label [\d.]+, extract [\d.]+; load average [\d.]+, 1 compute thread\)"
+    assert re.search(cpu, res.stdout), res.stdout[-500:]
     import polars as pl
 
     results = tmp_path / "demo" / "tiny-6rows"

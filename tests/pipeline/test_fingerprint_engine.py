@@ -26,6 +26,7 @@ CHANGE_OUTPUTS = {
     "sparsity",
     "logprobs_mode",
     "batch_invariant",  # the last bits of scores and log-probs
+    "cpu_int8",  # int8 matmuls on the CPU
 }
 
 
@@ -54,6 +55,7 @@ def test_output_settings_change_the_fingerprint_and_others_do_not(tmp_path: Path
         fp(max_num_seqs=3) == base and fp(kv_cache_memory_bytes=2**22) == base and fp(ordering="fifo") == base
     )
     assert fp(kernel_backend="torch") != base
+    assert fp(cpu_int8="on") != base and fp(cpu_int8="on") != fp(cpu_int8="off")
     with pytest.warns(FutureWarning):  # the deprecated spelling is the same setting
         assert fp(attention_backend="torch") == fp(kernel_backend="torch")
 
