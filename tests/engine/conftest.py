@@ -1,5 +1,7 @@
 import pytest
+from gguf import GGMLQuantizationType as Q
 
+from tests.engine.gguf.test_gguf_loader import tiny_hf_model, write_gguf
 from tests.engine.hf_models import ARCHITECTURES, make_model_dir
 
 
@@ -22,3 +24,18 @@ def llama_dir(model_root):
 def quant_root(tmp_path_factory):
     """One folder for the quantized-checkpoint tests: the random bases are built once per session."""
     return tmp_path_factory.mktemp("quantized")
+
+
+@pytest.fixture(scope="module")
+def private_cache(tmp_path_factory):
+    """Tokenizers built from throwaway GGUF files are cached in a temporary folder, not the user's
+    (a module applies it with ``pytestmark = pytest.mark.usefixtures("private_cache")``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFIXFLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory):
+    """The tiny random Llama written as a Q4_1 GGUF file."""
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", tiny_hf_model(), qtype=Q.Q4_1)

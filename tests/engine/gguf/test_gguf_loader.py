@@ -161,12 +161,7 @@ def write_gguf(
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    """Tokenizers built from these throwaway files are cached in a temporary folder, not the user's."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFIXFLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("private_cache")  # tests/engine/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -4,32 +4,19 @@ builds, what ``describe_model`` reports and digests, batch invariance, and outpu
 from __future__ import annotations
 
 import pytest
-from gguf import GGMLQuantizationType as Q
 
 from prefixflow.engine import LLM, EngineConfig, SamplingParams, describe_model
 from prefixflow.engine.quantization import int8_path
 from prefixflow.engine.quantization.int8_path import Int8Unavailable, choose_cpu_int8
 from prefixflow.engine.quantization.report import linear_kernels, weight_bytes
 from prefixflow.kernels import cpu_int8
-from tests.engine.gguf.test_gguf_loader import tiny_hf_model, write_gguf
 
-pytestmark = pytest.mark.skipif(
-    cpu_int8.int8_unsupported() is not None, reason=str(cpu_int8.int8_unsupported())
-)
+pytestmark = [
+    pytest.mark.skipif(cpu_int8.int8_unsupported() is not None, reason=str(cpu_int8.int8_unsupported())),
+    pytest.mark.usefixtures("private_cache"),
+]
 DENSE = {"path": "dense", "reason": "Q4_1 dequantized at load"}
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27], [30, 31]]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFIXFLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
-
-
-@pytest.fixture(scope="module")
-def q4_file(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", tiny_hf_model(), qtype=Q.Q4_1)
 
 
 def test_the_rule() -> None:

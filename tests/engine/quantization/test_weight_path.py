@@ -29,18 +29,7 @@ GGUF_Q4_1 = {
     },
 }
 MIB = 2**20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFIXFLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
-
-
-@pytest.fixture(scope="module")
-def q4_file(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", tiny_hf_model(), qtype=Q.Q4_1)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def choose(
