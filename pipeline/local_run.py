@@ -60,7 +60,7 @@ def _run_local(
     progress_interval: float | None,
 ) -> tuple[RunSummary, list[ShardError]]:
     shards = plan_shards(spec, new_run=new_run)
-    check_output(spec, new_run)
+    checked = check_output(spec, new_run)  # fail fast, before the engine loads; prepare reuses it
     owned = llm is None
     if llm is None and (new_run or _left_to_run(spec, shards)):
         llm = open_engine(spec)
@@ -70,7 +70,7 @@ def _run_local(
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
         with hold_output(spec, driver=CLI_DRIVER):
-            run = prepare_run(spec, new_run=new_run, shards=shards)
+            run = prepare_run(spec, new_run=new_run, shards=shards, checked=checked)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(
                 f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "

@@ -258,9 +258,14 @@ def open_run(
     return run
 
 
-def prepare_run(spec: JobSpec, new_run: bool = False, shards: list[Any] | None = None) -> Run:
+def prepare_run(
+    spec: JobSpec,
+    new_run: bool = False,
+    shards: list[Any] | None = None,
+    checked: RunRecord | None = None,
+) -> Run:
     """``prepare_output`` (write or check the run record, repair what a kill left), then ``open_run``
     with the markers that repair read. Hold the output's lease around it and the shards (``hold_output``),
-    so the Run's commits need no re-read of the record."""
-    _, markers = prepare(spec, new_run)
+    so the Run's commits need no re-read of the record. ``checked``: as in ``prepare``."""
+    _, markers = prepare(spec, new_run, checked)
     return open_run(spec, shards=shards, markers=markers)

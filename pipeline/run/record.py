@@ -260,7 +260,9 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
     return prepare(spec, new_run)[0]
 
 
-def prepare(spec: JobSpec, new_run: bool = False) -> tuple[RunRecord, list[commits.CommitMarker]]:
+def prepare(
+    spec: JobSpec, new_run: bool = False, checked: RunRecord | None = None
+) -> tuple[RunRecord, list[commits.CommitMarker]]:
     """Write this job's run record (or check the existing one), remove what replaced runs left, index
     duplicate ids; return the record.
 
@@ -271,8 +273,10 @@ def prepare(spec: JobSpec, new_run: bool = False) -> tuple[RunRecord, list[commi
     A run with the same fingerprint is resumed unless its input files changed (InputChanged); ``new_run``
     always starts over. A resume first publishes what a kill left committed but unpublished.
     Also returns the run's markers (read for that repair), so a Run opened next need not read them.
+    ``checked``: what ``check_output(spec, new_run)`` returned moments ago (`prefixflow run` checks
+    before loading the engine), so the input's schemas and identities are not planned a second time.
     """
-    fresh = check_output(spec, new_run)
+    fresh = checked if checked is not None else check_output(spec, new_run)
     layout = output_layout(spec)
     with lease.hold(layout) as held:
         record = read_run_record(layout) or _create(spec, layout, fresh)
