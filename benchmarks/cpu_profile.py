@@ -23,11 +23,13 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common import environment, write_json
 
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+# the prepacked oneDNN linear (kernels/cpu_linear.py) and FBGEMM's int8 linear (kernels/cpu_int8.py)
+MATMUL_PREFIXES = ("mkldnn::_linear_pointwise", "quantized::linear")
 ATTENTION = ("scaled_dot_product", "softmax", "_softmax", "aten::index_select", "aten::gather")
 
 
 def group(name: str) -> str:
-    if name in MATMUL:
+    if name in MATMUL or name.startswith(MATMUL_PREFIXES):
         return "matmul"
     if any(key in name for key in ATTENTION):
         return "attention (softmax, gathers)"
