@@ -15,6 +15,8 @@ Engines (``--engines``):
 - ``pf-bf16``: ``dtype="bfloat16"`` (dense on a CPU with native bf16, else packed);
 - ``pf-packed-bf16``: ``dtype="bfloat16", quantization="gguf"`` (torch's int4 pack matmul);
 - ``pf-unchunked``: the default with kernels/cpu_linear.py's column chunks of wide layers turned off;
+- ``pf-sdpa-decode``: the default with every attention chunk on torch's SDPA (before the single-query
+  path of kernels/cpu_attention.py);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -66,23 +68,27 @@ ENGINES = {
     "pf-int8": {"cpu_int8": "on"},  # int8 w8a8 layers (kernels/cpu_int8.py), LM head float32
     "pf-int8-head": {"cpu_int8": "on"},  # the same with the tied LM head in int8 too
     "pf-fp32mm": {"cpu_int8": "off"},  # float32 matmuls whatever the default
+    "pf-sdpa-decode": {},  # the default with decode attention on SDPA (kernels/cpu_attention.py's _MATH_MIN off)
 }
 
 
 @contextlib.contextmanager
 def chunking(engine: str) -> Iterator[None]:
-    """``pf-unchunked``: every float32 layer one F.linear for the duration of its run."""
+    """``pf-unchunked``: every float32 layer one F.linear for the duration of its run; ``pf-sdpa-decode``:
+    every attention chunk on SDPA."""
     from prefixflow.engine.quantization import int8_path
-    from prefixflow.kernels import cpu_linear
+    from prefixflow.kernels import cpu_attention, cpu_linear
 
-    saved, head = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD
+    saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
     if engine == "pf-unchunked":
         cpu_linear.CHUNK_MIN_OUT = 1 << 62
+    if engine == "pf-sdpa-decode":
+        cpu_attention._MATH_MIN = 1 << 62
     int8_path.INT8_LM_HEAD = engine == "pf-int8-head" or head
     try:
         yield
     finally:
-        cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD = saved, head
+        cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -14,6 +14,16 @@ the same tensors in place gets a new plan). Before: ~25 small tensor ops per lay
 gather + permute copy + two bmm + mask + softmax passes, 3-8x slower at 144-1024-token contexts
 (benchmarks/RESULTS.md, issue 24).
 
+Single-query chunks (decode) in a reduced-precision cache (bf16, fp16) take ``_single_query`` instead
+of SDPA: two batched matmuls with float32 scores. Why: torch's CPU flash kernel packs K and V per query
+head and query block, which at one query row costs far more than the math. Measured on a 2-core Zen 4
+(native bf16), 1 thread, SmolLM2's heads, process CPU ms per call: 64 decodes over 160 tokens 12.2 vs
+2.6 (4.8x), 16 over 1,024 29.2 vs 6.0, 64 over 1,024 96 vs 45; only a lone request over 32 tokens
+(0.07 vs 0.15 ms) was faster with SDPA, hence the ``_MATH_MIN`` floor on requests x context. Float32
+SDPA was level with the math (0.9-1.2x), and at 2+ query rows SDPA won as often as it lost, so both
+stay on SDPA (benchmarks/RESULTS.md issue 24, "Fifth round"). The scores are float32 (q and K upcast),
+so the error is SDPA's own order (max 0.003 against a float32 oracle, SDPA 0.002).
+
 Padded K and V positions are zeroed, so stale cache contents (even NaN) cannot leak through a masked
 position (a masked score is ``-inf`` added, and ``NaN - inf`` is NaN). Computes in the cache dtype.
 """
@@ -30,6 +40,7 @@ from prefixflow.kernels.scratch import scratch
 
 _KV_BUDGET = 8 << 20  # bytes of gathered K plus V per chunk
 _MASK_BUDGET = 1 << 22  # mask elements per chunk (n x Qmax x L)
+_MATH_MIN = 128  # requests x gathered context from which a reduced-precision decode chunk skips SDPA
 
 
 @dataclass(frozen=True)
@@ -173,14 +184,33 @@ def _attend(
     qc = q.index_select(0, c.rows).view(c.n, c.q_max, num_q_heads, head_dim).transpose(1, 2)
     if qc.dtype != k.dtype:
         qc = qc.to(k.dtype)
-    o = F.scaled_dot_product_attention(
-        qc, k, v, attn_mask=c.mask, is_causal=c.causal, scale=scale, enable_gqa=num_q_heads != k.shape[1]
-    )
+    if c.q_max == 1 and k.dtype != torch.float32 and c.n * c.length >= _MATH_MIN:
+        o = _single_query(qc, k, v, c.mask, scale)
+    else:
+        o = F.scaled_dot_product_attention(
+            qc, k, v, attn_mask=c.mask, is_causal=c.causal, scale=scale, enable_gqa=num_q_heads != k.shape[1]
+        )
     flat = o.transpose(1, 2).reshape(c.n * c.q_max, num_q_heads, head_dim).to(out.dtype)
     if c.keep is None:
         out.index_copy_(0, c.rows, flat)
     else:
         out[c.rows[c.keep]] = flat[c.keep]
+
+
+def _single_query(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """SDPA's result for one query row per request (``q`` ``[n, Hq, 1, D]``, K/V ``[n, Hkv, L, D]``,
+    ``mask`` ``[n, 1, 1, L]`` True = attend): the query heads of one KV head as the rows of one matmul,
+    float32 scores and softmax, probabilities rounded to V's dtype for the second matmul."""
+    n, num_q_heads, _, dim = q.shape
+    num_kv_heads = k.shape[1]
+    grouped = q.reshape(n, num_kv_heads, num_q_heads // num_kv_heads, dim).float()
+    scores = torch.matmul(grouped, k.float().transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(n, num_q_heads, 1, dim)
 
 
 def paged_attention(

@@ -82,3 +82,42 @@ def test_plan_is_reused_for_equal_metadata_and_rebuilt_after_an_in_place_refill(
     )  # shorter contexts, same tensors
     got = cpu_attention.paged_attention(*_args(batch), 0.2)
     assert relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5
+
+
+DECODES = [(1, 40), (1, 300), (1, 150), (1, 1), (1, 80), (1, 129), (1, 200)]
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 1, 64), (6, 6, 16)], ids=["gqa", "mqa", "mha"])
+def test_bf16_decodes_skip_sdpa_and_match_it(heads, monkeypatch):
+    """A decode-only bf16 step takes the two-matmul path (SDPA is never called), equals the reference
+    on a NaN-poisoned cache and agrees with what SDPA gives for the same step."""
+    hq, hkv, d = heads
+    batch = build_paged_batch(
+        DECODES, hq, hkv, d, block_size=16, dtype=torch.bfloat16, device=torch.device("cpu"), seed=d
+    )
+    default = cpu_attention.paged_attention(*_args(batch), d**-0.5)
+    with monkeypatch.context() as mp:
+        mp.setattr(cpu_attention, "_MATH_MIN", 1 << 40)  # every chunk on SDPA
+        sdpa = cpu_attention.paged_attention(*_args(batch), d**-0.5)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("SDPA called for a bf16 decode chunk")
+
+    monkeypatch.setattr(cpu_attention.F, "scaled_dot_product_attention", refuse)
+    got = cpu_attention.paged_attention(*_args(batch), d**-0.5)
+    want = reference.paged_attention(*_args(batch), d**-0.5)
+    assert not torch.isnan(got).any()
+    assert relative_error(got, want) < 1e-2
+    assert relative_error(got, sdpa) < 1e-2
+    assert torch.equal(got, default)
+
+
+def test_float32_decodes_stay_on_sdpa(monkeypatch):
+    batch = build_paged_batch(DECODES, 8, 2, 32, block_size=16, device=torch.device("cpu"), seed=3)
+    calls = []
+    real = cpu_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        cpu_attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    got = cpu_attention.paged_attention(*_args(batch), 0.2)
+    assert calls and relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5
