@@ -55,3 +55,15 @@ def test_rotary_positions_refilled_in_place_are_seen() -> None:
 def test_silu_and_mul_equals_reference(dtype: torch.dtype) -> None:
     x = rand(19, 2 * 48, seed=9, dtype=dtype)
     assert torch.equal(cpu_ops.silu_and_mul(x), reference.silu_and_mul(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [cpu_ops.SILU_BLOCK_ROWS + 1, 3 * cpu_ops.SILU_BLOCK_ROWS + 17])
+def test_silu_and_mul_in_row_blocks_is_the_same_bits(dtype: torch.dtype, rows: int) -> None:
+    """Past the block size a bf16/fp16 input goes block by block (a prefill chunk); the last block is
+    partial, and a 3-D input keeps its leading shape."""
+    x = rand(rows, 2 * 40, seed=rows, dtype=dtype)
+    got = cpu_ops.silu_and_mul(x)
+    assert got.dtype == dtype and torch.equal(got, reference.silu_and_mul(x))
+    x3 = x[: 2 * (rows // 2)].reshape(2, rows // 2, 2 * 40)
+    assert torch.equal(cpu_ops.silu_and_mul(x3), reference.silu_and_mul(x3))
