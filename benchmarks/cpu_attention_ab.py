@@ -42,6 +42,7 @@ def old_module(rev: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("cpu_attention_old", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
