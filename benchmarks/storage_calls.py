@@ -242,9 +242,12 @@ def main() -> None:
     server = None
     endpoint = None
     if "s3" in args.storage:
+        import logging
         import os
 
         from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
 
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             os.environ.setdefault(name, "testing")

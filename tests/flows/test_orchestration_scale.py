@@ -56,7 +56,7 @@ def test_a_shard_costs_its_own_round_trips_and_nothing_per_shard_else(counts: di
     # lanes' markers (no read per shard), and a lane reads the input file once (its rows stay decoded)
     assert calls.get("read _commits", 0) <= LANES, calls
     assert calls.get("read input", 0) <= 3 * LANES + 10, calls
-    assert counts["storage_calls"] <= 3 * SHARDS + 150, counts["storage_calls_by_kind"]
+    assert counts["storage_calls"] <= 2 * SHARDS + 150, counts["storage_calls_by_kind"]  # copy: >= 3 x SHARDS
     assert counts["storage_calls_by_kind"].get("list", 0) <= 60, counts["storage_calls_by_kind"]
 
 
