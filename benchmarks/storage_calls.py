@@ -4,15 +4,28 @@ round-trip regression test (tests/pipeline/run/test_round_trips.py) and of orche
 ``counted_calls`` wraps the pipeline's ``Store`` methods and the fsspec filesystem's own methods and
 counts each call once at its outermost level; ``counted_requests`` counts every HTTP request botocore
 sends (the S3 client's ``before-send`` event), so it sees exactly what S3 is asked.
+
+Run as a script it measures what one more shard costs the output: a whole `prefixflow run` (plan,
+prepare, the shard loop, finalize) of N and of 2N one-row shards, ``--model tiny``, ``max_tokens`` 1,
+locally (every call) and on moto's S3 server (every request); per extra shard = (calls(2N) - calls(N)) / N.
+The input side is left out (the advisor samples rows shard by shard at plan time). ``--publish`` sets
+``output.publish`` (leave it out on a checkout that predates the option):
+
+    python -m benchmarks.storage_calls --shards 100 --publish direct copy
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import tempfile
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prefixflow.pipeline.storage.store import Store
@@ -140,3 +153,121 @@ def counted_requests(out_root: str, store: Store) -> Iterator[Counter[tuple[str,
         yield calls
     finally:
         store.fs.s3.meta.events.unregister("before-send.s3", on_send)
+
+
+# -- the script: one more shard's cost on the output ----------------------------------------------------
+def _write_input(folder: Path, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(2):  # two files of one-row row groups: one shard per row
+        table = pa.table(
+            {"id": [f"r{f}-{i}" for i in range(rows // 2)], "text": [f"item {i}" for i in range(rows // 2)]}
+        )
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=1)
+
+
+def _run_calls(
+    root: Path, shards: int, llm: Any, publish: str | None, endpoint: str | None
+) -> Counter[tuple[str, str]]:
+    from prefixflow.pipeline import load_job
+    from prefixflow.pipeline.local_run import run_local
+
+    output: dict[str, Any] = {"shard_rows": 1, "flush_rows": 4, **({"publish": publish} if publish else {})}
+    job = {
+        "task": "generate",
+        "id_column": "id",
+        "template": "Say {{ text }}",
+        "engine": {"max_model_len": 160, "max_num_seqs": 32},
+        "sampling": {"max_tokens": 1},
+        "output": output,
+    }
+    _write_input(root / "in", shards)
+    if endpoint is None:
+        inp, out, extra = str(root / "in"), str(root / "out"), {}
+    else:
+        import s3fs
+
+        bucket = f"calls-{uuid.uuid4().hex[:8]}"
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+        fs.mkdir(bucket)
+        fs.put(str(root / "in") + "/", f"{bucket}/in/", recursive=True)
+        inp, out, extra = f"s3://{bucket}/in", f"s3://{bucket}/out", {"endpoint_url": endpoint}
+    spec = load_job(inp, out, "tiny", job, **extra)
+    count = counted_calls if endpoint is None else counted_requests
+    with count(out, Store.open(out, spec.config.storage)) as calls:
+        summary, failures = run_local(spec, llm=llm, progress=False)
+    assert not failures and summary.complete and summary.rows == shards, (failures, summary)
+    calls.pop(("write", "_leases"), None)  # renewals depend on time, not shards
+    return calls
+
+
+def measure(shards: int, publish: str | None, endpoint: str | None, llm: Any) -> dict[str, Any]:
+    """Output calls per extra shard between runs of ``shards`` and ``2 * shards`` shards, by kind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        small = _run_calls(Path(tmp, "small"), shards, llm, publish, endpoint)
+        large = _run_calls(Path(tmp, "large"), 2 * shards, llm, publish, endpoint)
+    keys = {k for k in set(small) | set(large) if k[1] != "input"}
+    extra = {
+        f"{k} {w}": (large[(k, w)] - small[(k, w)]) / shards
+        for k, w in sorted(keys)
+        if large[(k, w)] != small[(k, w)]
+    }
+    return {
+        "storage": "local" if endpoint is None else "moto-s3",
+        "publish": publish or "(checkout default)",
+        "shards": [shards, 2 * shards],
+        "output_calls": [
+            sum(v for k, v in small.items() if k[1] != "input"),
+            sum(v for k, v in large.items() if k[1] != "input"),
+        ],
+        "per_extra_shard": round(sum(extra.values()), 3),
+        "per_extra_shard_by_kind": {k: round(v, 3) for k, v in extra.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", type=int, default=100, help="N: runs of N and 2N one-row shards")
+    ap.add_argument(
+        "--publish", nargs="*", default=[], help="output.publish values to measure (default: none set)"
+    )
+    ap.add_argument("--storage", nargs="+", choices=("local", "s3"), default=["local", "s3"])
+    ap.add_argument("--json", help="append the results here (one JSON object a line)")
+    args = ap.parse_args()
+    from prefixflow.engine import LLM
+
+    llm = LLM(model="tiny", max_model_len=160, max_num_seqs=32)
+    server = None
+    endpoint = None
+    if "s3" in args.storage:
+        import logging
+        import os
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
+
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(name, "testing")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+    try:
+        for storage in args.storage:
+            for publish in args.publish or [None]:
+                result = measure(args.shards, publish, endpoint if storage == "s3" else None, llm)
+                print(json.dumps(result))
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(result) + "\n")
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

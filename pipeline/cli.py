@@ -410,7 +410,8 @@ def cmd_status(args: argparse.Namespace, out: Console, err: Console) -> int:
     if summary.orphan_parts:
         err.print(
             f"[yellow]note:[/] data/ holds {len(summary.orphan_parts)} part(s) no commit marker lists "
-            f"({', '.join(summary.orphan_parts[:3])}; a marker was deleted): the next `prefixflow run` "
+            f"({', '.join(summary.orphan_parts[:3])}; a marker was deleted, or a run stopped between "
+            "writing a shard and committing it, or is committing it now): the next `prefixflow run` "
             "replaces them",
             soft_wrap=True,
         )

@@ -15,9 +15,9 @@ import time
 SHARD_POINTS = (
     "flush_begin",  # a part is about to be written
     "flush_mid",  # the part's bytes are encoded, not yet visible
-    "flush_end",  # the part is visible in staging
+    "flush_end",  # the part is visible in staging (publish: direct, a whole shard: in data/, uncommitted)
     "commit_begin",  # all rows flushed, marker not yet created
-    "commit_marker",  # marker created, parts not yet published
+    "commit_marker",  # marker created, parts not yet published (a direct part: already in data/)
     "publish_mid",  # some parts published under data/
     "commit_end",  # published, staging not yet cleaned
 )

@@ -189,14 +189,15 @@ def job_labels(job: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else ()
 
 
-_OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")
+_OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")  # part-<attempt>-N (copies) and part-direct-00000 (direct)
 
 
 @dataclass(frozen=True)
 class DataState:
     """What the run's data/ folder holds beside its markers, from one listing (``files``). The listing is
-    taken before the markers are read: a part is published only after its marker exists, so a concurrent
-    commit never looks unlisted."""
+    taken before the markers are read: a copied part is published only after its marker exists, so a
+    concurrent commit of it never looks unlisted. A direct part (``publish: direct``) exists just before its
+    marker, so a shard being committed right now may show its part among the orphans for a moment."""
 
     layout: Layout
     files: RunFiles
@@ -236,15 +237,29 @@ def data_state(layout: Layout, files: RunFiles, markers: list[commits.CommitMark
     return DataState(layout, files, markers, sorted(orphans), sorted(foreign))
 
 
+def _removable(layout: Layout, state: DataState, held: lease.OutputLease) -> list[str]:
+    """The orphans finalize removes: all of them, except a direct part of an uncommitted shard while
+    another process writes the output (that may be the shard's commit in progress, its marker next; a
+    later finalize removes it if not). Asks the store about other writers only when there is such a part."""
+    committed = {m.shard_id for m in state.markers}
+    waiting = {
+        o for o in state.orphans if layout.is_direct(layout.path(o)) and o.split("/")[2] not in committed
+    }
+    if waiting and not held.others():
+        waiting = set()
+    return [o for o in state.orphans if o not in waiting]
+
+
 def finalize(run: Run) -> RunSummary:
     """Publish any committed part a crash left unpublished (and regenerate nothing: a shard whose part was
     deleted is uncommitted, so it shows as pending), drop markers of shards the plan no longer has, remove
-    parts left by deleted markers and what replaced runs and finished attempts left, then write
+    parts left by deleted markers or by attempts killed between a direct part and its marker, and what
+    replaced runs and finished attempts left, then write
     _manifest.json with the totals. Raises OutputStateError when data/ holds files no run wrote (readers
     would take their rows for results). Lists the output once (lanes elsewhere committed too); reads only
     the markers the Run does not hold yet."""
     spec, layout = run.spec, run.layout
-    with lease.hold(run.root):
+    with lease.hold(run.root) as held:
         run.refresh()
         sweep(run.root, run.record, run.files.folders)
         planned = list(run.planned) if run.planned is not None else [s.shard_id for s in plan_shards(spec)]
@@ -260,7 +275,7 @@ def finalize(run: Run) -> RunSummary:
                 markers.append(marker)
             else:
                 run.dropped(marker.shard_id)
-        for orphan in state.orphans:
+        for orphan in _removable(layout, state, held):
             layout.store.remove(layout.path(orphan))
         # leftovers of attempts that lost a commit race, or of a cleanup cut short or batched
         done = {m.shard_id for m in markers}

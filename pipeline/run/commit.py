@@ -1,11 +1,20 @@
 """Staging, commit and publication of one shard's part files (the exactly-once core).
 
-Order of events for a shard (all paths inside the run's own folders, see layout.py): parts are written
-(atomically) under _staging/<run>/<shard>/<attempt>/; when every row of the shard is in some staged part,
-the marker _commits/<run>/<shard>.json is created exclusively (the commit point) listing the chosen
-parts; then each listed part is copied to its data/<run>/ name; then staging is removed. A crash at any
-point is repaired by re-running: before the marker nothing is visible; after it, ``publish`` is
-idempotent. A marker counts only for the run whose id it carries.
+Order of events for a shard (all paths inside the run's own folders, see layout.py), ``publish: copy``:
+parts are written (atomically) under _staging/<run>/<shard>/<attempt>/; when every row of the shard is in
+some staged part, the marker _commits/<run>/<shard>.json is created exclusively (the commit point) listing
+the chosen parts; then each listed part is copied to its data/<run>/ name; then staging is removed.
+
+``publish: direct`` (the default), for a shard whose rows this attempt holds as one buffer (nothing kept
+from an earlier attempt, nothing flushed yet): the part is created exclusively at the shard's one
+attempt-independent data/ name (``write_direct``), then the marker lists it as both staged and published,
+so publishing has nothing to copy: 3 round trips instead of 4. If that name exists (an earlier attempt died
+between part and marker, or another attempt commits the shard now), the shard takes the copy path, and
+its publish removes the file unless the winning marker lists it, before copying anything.
+
+A crash at any point is repaired by re-running: before the marker nothing is visible but, in direct mode,
+the one uncommitted copy of the shard (removed by the next commit of the shard or by finalize); after it,
+``publish`` is idempotent. A marker counts only for the run whose id it carries.
 """
 
 from __future__ import annotations
@@ -80,10 +89,14 @@ def _summarize_part(
 def part_info(layout: Layout, shard_id: str, staged: str, data: bytes) -> PartInfo:
     attempt, name = staged.rsplit("/", 2)[-2:]
     n = int(name.removeprefix("part-").removesuffix(".parquet"))
+    return _info(staged, layout.data_part(shard_id, attempt, n), data)
+
+
+def _info(staged: str, published: str, data: bytes) -> PartInfo:
     keys, errors, classes, tokens, labels, quality = _summarize_part(data)
     return PartInfo(
         staged,
-        layout.data_part(shard_id, attempt, n),
+        published,
         len(keys),
         errors,
         classes,
@@ -123,9 +136,22 @@ def write_part(layout: Layout, shard_id: str, attempt: str, n: int, data: bytes)
     return part_info(layout, shard_id, path, data)
 
 
+def write_direct(layout: Layout, shard_id: str, data: bytes) -> PartInfo | None:
+    """``publish: direct``: create the whole shard's one part at its data/ name (``Layout.direct_part``),
+    exclusively, so at most one attempt's copy of the shard's rows is there; ``staged`` and ``data`` of the
+    result are that one path. None when the name is taken (the caller stages the part instead)."""
+    path = layout.direct_part(shard_id)
+    hook("flush_mid")
+    if not layout.store.create_exclusive(path, data):
+        return None
+    hook("flush_end")
+    return _info(path, path, data)
+
+
 @dataclass(frozen=True)
 class MarkerPart:
-    """One part a marker commits: its staged path and its data/ name (both relative to the output root)."""
+    """One part a marker commits: its staged path and its data/ name (both relative to the output root;
+    the same path for a part ``write_direct`` created in data/)."""
 
     staged: str
     data: str
@@ -219,7 +245,8 @@ def commit(
     present: Collection[str] | None = None,
     clean: bool = True,
 ) -> CommitMarker:
-    """Create the marker exclusively; if another attempt won, its marker is the truth. Then publish
+    """Create the marker exclusively; if another attempt won, its marker is the truth (and our own direct
+    part, unless that marker lists it, leaves data/ as its publish begins). Then publish
     (after ``before_publish``, which raises to stop; ``present`` as in ``publish``) and, with ``clean``,
     remove the shard's staging (best effort: a concurrent attempt may still write there; ``finalize``
     removes what stays). A Run passes ``clean=False`` and deletes staged parts in batches instead."""
@@ -243,8 +270,9 @@ class PartLost(Exception):
 
 def publish(layout: Layout, marker: CommitMarker, present: Collection[str] | None = None) -> None:
     """Copy every listed part to its data/ name, after removing any other file in the shard's data/
-    folder (parts of an earlier commit of this shard whose marker was deleted: publishing them beside
-    the new ones would show their rows twice). Idempotent; safe to repeat after a crash. Raises PartLost
+    folder (parts of an earlier commit of this shard whose marker was deleted, or another attempt's direct
+    part: publishing beside them would show their rows twice). A part written in data/ directly (staged
+    and data/ names equal) is only checked. Idempotent; safe to repeat after a crash. Raises PartLost
     when a part is neither staged nor published (``repair`` then regenerates the shard).
 
     ``present``: the shard's staged and data/ files known to exist (a Run's listing plus its own writes);
@@ -263,13 +291,13 @@ def publish(layout: Layout, marker: CommitMarker, present: Collection[str] | Non
             hook("publish_mid")
         if dst in known:
             continue
-        if src in known:
+        if src in known and src != dst:
             try:
                 store.copy(src, dst)
                 continue
             except FileNotFoundError:  # gone since the listing: ask the store below
                 pass
-        if not store.exists(src):
+        if src == dst or not store.exists(src):  # (src == dst: written in data/ directly, nothing to copy)
             if store.exists(dst):  # a concurrent publisher copied it, then cleaned staging up
                 continue
             raise PartLost(

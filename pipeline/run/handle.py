@@ -3,8 +3,9 @@
 ``open_run`` lists the whole output root once (the run record, markers, staged parts, data/) and reads the
 run record; every shard, commit, ``finalize``, ``status`` and summary then asks the Run instead of the
 store. A commit updates it in place, so a shard costs the storage only what it must: read its input, write
-its part(s), create its marker, copy the part(s) into data/. What another process may have changed since
-the listing is never trusted where it matters:
+its part(s), create its marker, and with ``publish: copy`` (or several parts) copy the part(s) into data/;
+a shard written directly into data/ as one part (``publish: direct``) needs no copy. What another process
+may have changed since the listing is never trusted where it matters:
 
 - a shard the Run thinks uncommitted may have been committed elsewhere meanwhile: the exclusive marker
   create still decides (the loser takes the winner's marker, as before), so staleness costs work, never rows;
@@ -175,10 +176,15 @@ class Run:
         with self._lock:
             self._committed.add(marker.shard_id)
             self._markers[marker.shard_id] = marker
-            self._written.setdefault(marker.shard_id, set()).update(
-                self.layout.path(p.data) for p in marker.parts
-            )
+            listed = {self.layout.path(p.data) for p in marker.parts}
+            written = self._written.setdefault(marker.shard_id, set())
+            direct = self.layout.direct_part(marker.shard_id)
+            if direct not in listed:  # our direct part lost the marker race: its publish removed it
+                written.discard(direct)
+            written |= listed
+            staging = self.layout.staging(marker.shard_id) + "/"
             ours = [self.layout.path(p.staged) for p in marker.parts]
+            ours = [p for p in ours if p.startswith(staging)]  # a direct part is in data/: never retired
             self._retire += ours + [p for p in self.staged_parts(marker.shard_id) if p not in ours]
             due = len(self._retire) >= RETIRE_BATCH
         if due:
@@ -194,6 +200,8 @@ class Run:
         Best effort: what stays is removed by finalize."""
         with self._lock:
             paths, self._retire = self._retire, []
+        if not paths:  # (publish: direct stages nothing)
+            return
         try:  # (the emptied folders of a local store go at finalize)
             self.store.remove_files(paths)
         except Exception:  # noqa: BLE001 - leftovers of committed shards are harmless

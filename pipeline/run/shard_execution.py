@@ -1,4 +1,5 @@
-"""run_shard: read a shard's rows, skip what is already flushed, generate the rest, flush, commit."""
+"""run_shard: read a shard's rows, skip what is already flushed, generate the rest, flush, commit (a shard
+written as one part goes straight to data/ with ``publish: direct``, see commit.py)."""
 
 from __future__ import annotations
 
@@ -105,9 +106,11 @@ class _Flusher:
     def __init__(self, run: Run, shard_id: str, schema: pa.Schema, cfg: OutputConfig) -> None:
         self.run, self.shard_id, self.schema = run, shard_id, schema
         self.rows, self.seconds = cfg.flush_rows, cfg.flush_seconds
+        self.direct = cfg.publish == "direct"
         self.attempt = f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
         self.buffer: list[dict[str, Any]] = []
         self.parts: list[commits.PartInfo] = []
+        self.taken: str | None = None  # the shard's direct name, found taken by another attempt's file
         self.last = time.monotonic()
 
     def add(self, record: dict[str, Any]) -> None:
@@ -120,7 +123,30 @@ class _Flusher:
         if not self.buffer:
             return
         hook("flush_begin")
+        self._stage(encode_part(self.buffer, self.schema))
+
+    def finish(self, kept: bool, check: Callable[[], None]) -> None:
+        """The last flush. With ``publish: direct``, when this buffer is the whole shard (``kept``: no parts
+        of an earlier attempt are kept; nothing flushed yet), the part goes straight to the shard's data/
+        name, after ``check`` (the run is still the output's: never write into a replaced run's data/). If
+        another attempt's file holds that name, the part is staged as usual (``taken`` names the file, so
+        the commit's publish removes it)."""
+        if not (self.direct and not kept and not self.parts and self.buffer):
+            self.flush()
+            return
+        check()
+        hook("flush_begin")
         data = encode_part(self.buffer, self.schema)
+        part = commits.write_direct(self.run.layout, self.shard_id, data)
+        if part is None:
+            self.taken = self.run.layout.direct_part(self.shard_id)
+            self._stage(data)
+            return
+        self.run.wrote(self.shard_id, part.data)
+        self.parts.append(part)
+        self.buffer = []
+
+    def _stage(self, data: bytes) -> None:
         part = commits.write_part(self.run.layout, self.shard_id, self.attempt, len(self.parts), data)
         self.run.wrote(self.shard_id, part.staged)
         self.parts.append(part)
@@ -203,11 +229,11 @@ def _run_shard(
             emit(rec)
     except CalibrationError as exc:  # rows flushed so far stay staged; a rerun resumes after them
         raise ShardError(shard.shard_id, str(exc)) from exc
-    flusher.flush()
-    parts = kept_parts + flusher.parts
-    covered = sum(p.rows for p in parts)
-    if covered != shard.num_rows:
+    covered = sum(p.rows for p in kept_parts + flusher.parts) + len(flusher.buffer)
+    if covered != shard.num_rows:  # (checked before the last flush, which may go straight to data/)
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
+    flusher.finish(kept=bool(kept_parts), check=run.ensure_current)
+    parts = kept_parts + flusher.parts
     marker = commits.build_marker(
         layout,
         shard.shard_id,
@@ -221,6 +247,8 @@ def _run_shard(
     )
     run.ensure_current()
     present = run.present(shard.shard_id) | {p.staged for p in parts}
+    if flusher.taken is not None:  # another attempt's direct part is there: publish removes it first
+        present |= {flusher.taken}
     marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=present, clean=False)
     run.committed(marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))

@@ -6,7 +6,9 @@
     OUTPUT/_ids/<run>/duplicates.parquet             rows whose id repeats an earlier row's id
     OUTPUT/_staging/<run>/<shard>/<attempt>/part-N.parquet   flushed, not yet committed
     OUTPUT/_commits/<run>/<shard>.json               commit marker, created exclusively: the commit point
-    OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts only
+    OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts (publish: copy,
+                                                     and any shard of more than one part)
+    OUTPUT/data/<run>/<shard>/part-direct-00000.parquet     a shard written whole as one part (publish: direct)
     OUTPUT/_predictions/<run>/prediction.json        what the advisor predicted for the run (advisor/compare.py)
     OUTPUT/_calibration/<run>/label_prior.json       batch label calibration's estimate (label_batch.py)
     OUTPUT/_manifest.json                            totals, written by finalize
@@ -16,9 +18,17 @@
 
 Everything a run writes sits below a folder named by its run id, so a marker, a staged part or a data file
 of another run can never be taken for this run's, and a replaced run is removed folder by folder.
-Readers glob ``OUTPUT/data/**/*.parquet``: data/ only ever receives parts listed in a marker of the
-current run, under names fixed by that marker, so every input row appears there at most once, and
-exactly once after finalize.
+Readers glob ``OUTPUT/data/**/*.parquet``. data/ receives two kinds of file, and a shard's folder holds
+at most one version of each row at a time, so every input row appears there at most once, and exactly
+once after finalize:
+
+- copies of staged parts listed in a marker of the current run, under names fixed by that marker, made
+  only after the marker exists (``publish: copy``, and shards flushed as several parts);
+- ``publish: direct``: a shard whose rows this attempt holds as one buffer is created exclusively at its
+  one attempt-independent name ``part-direct-00000.parquet`` before its marker. Until the marker exists
+  the file is uncommitted but holds the whole shard, once; any later commit of the shard removes it
+  (unless its marker lists it) before publishing, and finalize removes it from an uncommitted shard.
+  (One limit, for two attempts of one shard at once: docs/pipeline.md, "Publishing".)
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from dataclasses import dataclass, replace
 from prefixflow.pipeline.storage.store import Store
 
 RECORD_FILE = "_prefixflow.json"
+DIRECT_ATTEMPT = "direct"  # data/ name of a directly written shard (publish: direct): part-direct-00000
 MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
@@ -115,6 +126,15 @@ class Layout:
 
     def data_part(self, shard_id: str, attempt: str, n: int) -> str:
         return self._run(DATA_DIR, shard_id, f"part-{attempt}-{n:05d}.parquet")
+
+    def direct_part(self, shard_id: str) -> str:
+        """Where ``publish: direct`` creates a shard written as one part: the same name for every attempt,
+        so the exclusive create lets one attempt's file exist at a time (an attempt id is never "direct")."""
+        return self._run(DATA_DIR, shard_id, f"part-{DIRECT_ATTEMPT}-00000.parquet")
+
+    def is_direct(self, path: str) -> bool:
+        """True for a ``direct_part`` path (of any shard of this run)."""
+        return path.startswith(self.data + "/") and path.endswith(f"/part-{DIRECT_ATTEMPT}-00000.parquet")
 
     def rel(self, path: str) -> str:
         return path[len(self.store.root) :].lstrip("/")

@@ -14,13 +14,15 @@ import polars as pl
 import pytest
 import yaml
 
-from prefixflow.pipeline import load_job
+from prefixflow.pipeline import load_job, status
 from prefixflow.pipeline.hooks import SHARD_POINTS
 from prefixflow.pipeline.local_run import run_local
 from tests.pipeline.support import job, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = job("generate", output={"shard_rows": 6, "flush_rows": 2})
+# every shard (6 or 3 rows) in one part: publish: direct writes it into data/ before its marker
+DIRECT_JOB = job("generate", output={"shard_rows": 6, "flush_rows": 64})
 
 
 def _command(inp: Path, out: str, job_file: Path, endpoint: str | None) -> list[str]:
@@ -86,10 +88,11 @@ def _check_kills(
     trials: list[tuple[str, int]],
     out: str | None = None,
     endpoint: str | None = None,
+    config: dict | None = None,
 ) -> int:
     ids = write_dataset(tmp_path / "in", files=2, rows_per_file=9, row_group_size=3)
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(JOB))
+    job_file.write_text(yaml.safe_dump(config or JOB))
     reference, _ = run_local(
         load_job(str(tmp_path / "in"), str(tmp_path / "ref"), "tiny", str(job_file)),
         llm=tiny_llm,
@@ -116,6 +119,20 @@ def test_kill_during_flush_and_commit_then_resume(tmp_path: Path, tiny_llm) -> N
     assert _check_kills(tmp_path, tiny_llm, [("flush_mid", 2), ("publish_mid", 1)]) == 2
 
 
+def test_kill_between_direct_parts_and_their_markers_then_resume(tmp_path: Path, tiny_llm) -> None:
+    """publish: direct: a kill right after a shard's part appeared in data/ (before its marker), then one
+    right after the next attempt's marker (the copy path: the name was taken), then one after the next
+    direct part: data/ never shows a row twice, and the final run leaves one file per shard, no orphans."""
+    trials = [("flush_end", 2), ("commit_marker", 1), ("commit_begin", 2)]
+    assert _check_kills(tmp_path, tiny_llm, trials, config=DIRECT_JOB) == 3
+    out = tmp_path / "out"
+    names = sorted(p.name for p in (out / "data").rglob("*.parquet"))
+    assert len(names) == 4 and names.count("part-direct-00000.parquet") == 2  # two shards took the copy path
+    assert not [p for p in (out / "_staging").rglob("*") if p.is_file()]
+    summary, _ = status(str(out))
+    assert summary.complete and summary.orphan_parts == [] and summary.foreign_files == []
+
+
 @pytest.mark.slow
 def test_kill_at_random_points_then_resume(tmp_path: Path, tiny_llm) -> None:
     rng = random.Random(int(os.environ.get("PREFIXFLOW_KILL_SEED", "7")))
@@ -131,3 +148,16 @@ def test_kill_with_s3_output_then_resume(tmp_path: Path, tiny_llm, s3_endpoint: 
     s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("kill-bucket")
     trials = [("flush_mid", 2), ("commit_marker", 1), ("publish_mid", 1)]
     assert _check_kills(tmp_path, tiny_llm, trials, out="s3://kill-bucket/out", endpoint=s3_endpoint) == 3
+
+
+@pytest.mark.slow
+def test_kill_between_direct_parts_and_their_markers_on_s3(
+    tmp_path: Path, tiny_llm, s3_endpoint: str
+) -> None:
+    """The same on S3: the direct part is one conditional PUT (If-None-Match) into data/."""
+    import s3fs
+
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}).mkdir("kill-direct")
+    trials = [("flush_end", 2), ("commit_marker", 1), ("commit_begin", 2)]
+    out = "s3://kill-direct/out"
+    assert _check_kills(tmp_path, tiny_llm, trials, out=out, endpoint=s3_endpoint, config=DIRECT_JOB) == 3

@@ -45,6 +45,7 @@ def test_a_new_run_in_this_process_stops_an_open_run_before_it_commits(tmp_path:
         with pytest.raises(RunSuperseded, match=f"taken over by another run \\({new.run_id}\\)"):
             run_shard(run, shards[1], tiny_llm)
     assert _markers(tmp_path / "out", run.run_id) == []  # the old run's folders were swept, nothing added
+    assert not (tmp_path / "out" / "data" / run.run_id).exists()  # not even a direct part (publish: direct)
 
 
 def test_a_lapsed_lease_makes_the_commit_read_the_record(tmp_path: Path, tiny_llm, monkeypatch) -> None:
@@ -71,6 +72,7 @@ def test_a_lapsed_lease_makes_the_commit_read_the_record(tmp_path: Path, tiny_ll
         with pytest.raises(RunSuperseded, match="20990101T000000-other"):
             run_shard(run, shards[0], tiny_llm)
     assert _markers(tmp_path / "out", run.run_id) == []
+    assert not (tmp_path / "out" / "data").exists()  # the direct part is checked before it is written
     assert (
         json.loads((tmp_path / "out" / "_prefixflow.json").read_text())["run_id"] == "20990101T000000-other"
     )
