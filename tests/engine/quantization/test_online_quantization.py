@@ -26,6 +26,7 @@ from prefixflow.engine.models.llama import DecoderLayer
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
 from prefixflow.engine.quantization.report import linear_kernels
 from prefixflow.engine.runner.attention import make_attention_backend
+from prefixflow.kernels import cpu_linear
 from tests.engine.hf_models import random_prompts
 from tests.engine.quant_models import hf_twin_greedy, make_base
 
@@ -86,7 +87,9 @@ def test_bfloat16_on_cpu_uses_torch_pack_kernels(quant_root, kind, kernel):
     choices = [["a b", "c"]] * 3
     exact = LLM(str(base), dtype="float32", device="cpu", quantization=kind).score_choices(prompts, choices)
     llm = LLM(str(base), dtype="bfloat16", device="cpu", quantization=kind)
-    assert linear_kernels(llm.engine.runner.shard.model) == {f"online-{kind}/{kernel}": 8, "dense": 1}
+    # the dense LM head: prepacked for oneDNN where this CPU's oneDNN reorders bf16 (kernels/cpu_linear.py)
+    head = "dense" if cpu_linear.prepack_unsupported(torch.bfloat16) else f"dense/{cpu_linear.PREPACKED}"
+    assert linear_kernels(llm.engine.runner.shard.model) == {f"online-{kind}/{kernel}": 8, head: 1}
     fast = llm.score_choices(prompts, choices)
     diff = np.abs(np.array(fast) - np.array(exact)).max()
     assert diff < 0.05 * np.abs(np.array(exact)).max(), (fast, exact)
@@ -120,6 +123,8 @@ def _layer_linear_bytes(kind: str | None, ctx: KernelContext, narrow: int = 1) -
             linear.load("weight", w, shard)
         linear.process_after_loading(ctx)
         total += sum(t.numel() * t.element_size() for t in linear.buffers())
+        prepacked = getattr(linear.method, "prepacked", None)  # bf16 held in oneDNN's layout, not a buffer
+        total += prepacked.nbytes if prepacked is not None else 0
     return total
 
 
