@@ -159,6 +159,11 @@ def main() -> None:
         "--draft", default=None, help="also run draft_model (k=4) and draft_model auto with this draft"
     )
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every engine with batch_invariant=True (bf16 hosts: verification rows then round as decode rows)",
+    )
     ap.add_argument("--modes", default="off,ngram,auto", help=f"of {', '.join(MODES)}; off always runs first")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -168,6 +173,8 @@ def main() -> None:
         modes["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
         modes["draft-auto"] = {"method": "draft_model", "model": args.draft}
     memory = {"kv_cache_memory_bytes": 256 << 20, "quantization": "none"} if args.device == "cpu" else {}
+    if args.batch_invariant:
+        memory["batch_invariant"] = True
     engines = {
         m: LLM(
             args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec, **memory

@@ -98,3 +98,16 @@ def test_processed_logprobs_mode_holds_inside_verified_runs():
         for token, p, q in zip(x.token_ids, x.logprobs, y.logprobs):
             assert p[token].logprob == pytest.approx(q[token].logprob, abs=1e-4)
     assert llm_on.stats().speculation["ngram"]["accepted"] > 0
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_bf16_with_batch_invariant_kernels_identical_to_spec_off(batch):
+    """In bf16 a verification step's 5 query rows round differently from a 1-row decode unless every row
+    attends on its own (batch_invariant): then speculation changes no token in bf16 either."""
+    items = prompts(batch, seed=100 + batch)
+    bf16 = dict(ENGINE, dtype="bfloat16", batch_invariant=True)
+    off, _, _ = run("tiny", items, GREEDY, None, **bf16)
+    on, stats, _ = run("tiny", items, GREEDY, NGRAM4, **bf16)
+    assert on == off
+    ngram = stats.speculation["ngram"]
+    assert 0 < ngram["accepted"] < ngram["proposed"]

@@ -75,3 +75,17 @@ def test_json_extraction_identical_with_speculation_on_and_off(engines):
     for o in b:
         assert set(json.loads(o.text)) == {"sentiment", "product", "issues"}
     assert on.stats().speculation["jump_forward"]["accepted"] > 0  # the keys and quotes the grammar forces
+
+
+def test_bf16_summaries_identical_with_batch_invariant_kernels():
+    """bf16 (the default on a CPU with native bf16): with batch_invariant, verification rows attend one by
+    one as decode rows do and the linear layers are row-independent, so the tokens are off's exactly."""
+    bf16 = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, dtype="bfloat16", batch_invariant=True)
+    off = LLM("smollm2-135m-instruct", **bf16)
+    on = LLM("smollm2-135m-instruct", speculative_config=NGRAM, **bf16)
+    prompts = [chat(off, f"Summarize this review, quoting it: {t}") for t in reviews(3)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=32)
+    a, b = off.generate(prompts, greedy), on.generate(prompts, greedy)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    spec = on.stats().speculation["ngram"]
+    assert 0 < spec["accepted"] < spec["proposed"]
