@@ -275,13 +275,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for t in threads:
         torch.set_num_threads(t)
         # the CPU's own ceiling is its fastest matmul dtype: bf16 doubles it on a native-bf16 CPU
-        by_dtype = {d: measure_ceilings("cpu", d) for d in (torch.float32, torch.bfloat16)}
-        best = max(by_dtype.values(), key=lambda c: c.flops_per_s)
+        by_dtype = [measure_ceilings("cpu", d) for d in (torch.float32, torch.bfloat16)]
+        best = max(by_dtype, key=lambda c: c.flops_per_s)
         ceilings[t] = {
             "flops_per_s": best.flops_per_s,
             "bytes_per_s": best.bytes_per_s,
             "dtype": best.dtype,
-            "flops_per_s_by_dtype": {c.dtype: c.flops_per_s for c in by_dtype.values()},
+            "flops_per_s_by_dtype": {c.dtype: c.flops_per_s for c in by_dtype},
         }
         if "llama.cpp" in loaded:
             overhead[t] = run_llama_cpp(loaded["llama.cpp"], t, 1, 1, 1)["cpu_s"]

@@ -173,11 +173,10 @@ def main() -> None:
         modes["draft"] = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
         modes["draft-auto"] = {"method": "draft_model", "model": args.draft}
     memory = {"kv_cache_memory_bytes": 256 << 20, "quantization": "none"} if args.device == "cpu" else {}
-    if args.batch_invariant:
-        memory["batch_invariant"] = True
+    options = {**memory, "batch_invariant": True} if args.batch_invariant else memory
     engines = {
         m: LLM(
-            args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec, **memory
+            args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec, **options
         )
         for m, spec in modes.items()
     }

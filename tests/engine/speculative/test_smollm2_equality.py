@@ -35,23 +35,25 @@ def reviews(n: int) -> list[str]:
     return [json.loads(line)["text"] for line in lines[:n]]
 
 
-@pytest.fixture(scope="module")
-def engines():
-    torch.set_num_threads(1)
-    # the default pool takes seconds to build; float32: token equality is exact there (auto may be bf16)
-    small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, dtype="float32")
+def engine_pair(**engine) -> tuple[LLM, LLM]:
+    """Speculation off and on, with a small pool (the default one takes seconds to build)."""
+    small = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, **engine)
     return LLM("smollm2-135m-instruct", **small), LLM(
         "smollm2-135m-instruct", speculative_config=NGRAM, **small
     )
+
+
+@pytest.fixture(scope="module")
+def engines():
+    torch.set_num_threads(1)
+    return engine_pair(dtype="float32")  # token equality is exact in float32 (auto may be bf16)
 
 
 def chat(llm: LLM, text: str) -> str:
     return llm.apply_chat_template([{"role": "user", "content": text}])
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_summaries_identical_with_speculation_on_and_off(engines, batch):
-    off, on = engines
+def assert_summaries_identical(off: LLM, on: LLM, batch: int) -> None:
     prompts = [chat(off, f"Summarize this review, quoting it: {t}") for t in reviews(batch)]
     greedy = SamplingParams(temperature=0.0, max_tokens=32)
     before = dict(on.stats().speculation.get("ngram", {"accepted": 0, "proposed": 0}))
@@ -61,6 +63,11 @@ def test_summaries_identical_with_speculation_on_and_off(engines, batch):
     spec = on.stats().speculation["ngram"]
     accepted, proposed = spec["accepted"] - before["accepted"], spec["proposed"] - before["proposed"]
     assert 0 < accepted < proposed  # drafts accepted, and some rejected (rolled back)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_summaries_identical_with_speculation_on_and_off(engines, batch):
+    assert_summaries_identical(*engines, batch)
 
 
 def test_json_extraction_identical_with_speculation_on_and_off(engines):
@@ -80,12 +87,4 @@ def test_json_extraction_identical_with_speculation_on_and_off(engines):
 def test_bf16_summaries_identical_with_batch_invariant_kernels():
     """bf16 (the default on a CPU with native bf16): with batch_invariant, verification rows attend one by
     one as decode rows do and the linear layers are row-independent, so the tokens are off's exactly."""
-    bf16 = dict(kv_cache_memory_bytes=32 << 20, max_num_seqs=8, dtype="bfloat16", batch_invariant=True)
-    off = LLM("smollm2-135m-instruct", **bf16)
-    on = LLM("smollm2-135m-instruct", speculative_config=NGRAM, **bf16)
-    prompts = [chat(off, f"Summarize this review, quoting it: {t}") for t in reviews(3)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=32)
-    a, b = off.generate(prompts, greedy), on.generate(prompts, greedy)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    spec = on.stats().speculation["ngram"]
-    assert 0 < spec["accepted"] < spec["proposed"]
+    assert_summaries_identical(*engine_pair(dtype="bfloat16", batch_invariant=True), 3)
