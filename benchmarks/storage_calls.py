@@ -8,10 +8,12 @@ sends (the S3 client's ``before-send`` event), so it sees exactly what S3 is ask
 Run as a script it measures what one more shard costs the output: a whole `prefixflow run` (plan,
 prepare, the shard loop, finalize) of N and of 2N one-row shards, ``--model tiny``, ``max_tokens`` 1,
 locally (every call) and on moto's S3 server (every request); per extra shard = (calls(2N) - calls(N)) / N.
+``--parts P`` makes each shard P rows flushed one row at a time, so a shard is P parts.
 The input side is left out (the advisor samples rows shard by shard at plan time). ``--publish`` sets
 ``output.publish`` (leave it out on a checkout that predates the option):
 
     python -m benchmarks.storage_calls --shards 100 --publish direct copy
+    python -m benchmarks.storage_calls --shards 50 --parts 4 --publish direct copy
 """
 
 from __future__ import annotations
@@ -156,25 +158,26 @@ def counted_requests(out_root: str, store: Store) -> Iterator[Counter[tuple[str,
 
 
 # -- the script: one more shard's cost on the output ----------------------------------------------------
-def _write_input(folder: Path, rows: int) -> None:
+def _write_input(folder: Path, rows: int, parts: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
-    for f in range(2):  # two files of one-row row groups: one shard per row
+    for f in range(2):  # two files of row groups of `parts` rows: one shard per row group
         table = pa.table(
             {"id": [f"r{f}-{i}" for i in range(rows // 2)], "text": [f"item {i}" for i in range(rows // 2)]}
         )
-        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=1)
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=parts)
 
 
 def _run_calls(
-    root: Path, shards: int, llm: Any, publish: str | None, endpoint: str | None
+    root: Path, shards: int, parts: int, llm: Any, publish: str | None, endpoint: str | None
 ) -> Counter[tuple[str, str]]:
     from prefixflow.pipeline import load_job
     from prefixflow.pipeline.local_run import run_local
 
-    output: dict[str, Any] = {"shard_rows": 1, "flush_rows": 4, **({"publish": publish} if publish else {})}
+    flush = {"flush_rows": 4} if parts == 1 else {"flush_rows": 1}
+    output: dict[str, Any] = {"shard_rows": parts, **flush, **({"publish": publish} if publish else {})}
     job = {
         "task": "generate",
         "id_column": "id",
@@ -183,7 +186,7 @@ def _run_calls(
         "sampling": {"max_tokens": 1},
         "output": output,
     }
-    _write_input(root / "in", shards)
+    _write_input(root / "in", shards * parts, parts)
     if endpoint is None:
         inp, out, extra = str(root / "in"), str(root / "out"), {}
     else:
@@ -198,16 +201,18 @@ def _run_calls(
     count = counted_calls if endpoint is None else counted_requests
     with count(out, Store.open(out, spec.config.storage)) as calls:
         summary, failures = run_local(spec, llm=llm, progress=False)
-    assert not failures and summary.complete and summary.rows == shards, (failures, summary)
+    assert not failures and summary.complete and summary.rows == shards * parts, (failures, summary)
     calls.pop(("write", "_leases"), None)  # renewals depend on time, not shards
     return calls
 
 
-def measure(shards: int, publish: str | None, endpoint: str | None, llm: Any) -> dict[str, Any]:
+def measure(
+    shards: int, publish: str | None, endpoint: str | None, llm: Any, parts: int = 1
+) -> dict[str, Any]:
     """Output calls per extra shard between runs of ``shards`` and ``2 * shards`` shards, by kind."""
     with tempfile.TemporaryDirectory() as tmp:
-        small = _run_calls(Path(tmp, "small"), shards, llm, publish, endpoint)
-        large = _run_calls(Path(tmp, "large"), 2 * shards, llm, publish, endpoint)
+        small = _run_calls(Path(tmp, "small"), shards, parts, llm, publish, endpoint)
+        large = _run_calls(Path(tmp, "large"), 2 * shards, parts, llm, publish, endpoint)
     keys = {k for k in set(small) | set(large) if k[1] != "input"}
     extra = {
         f"{k} {w}": (large[(k, w)] - small[(k, w)]) / shards
@@ -218,6 +223,7 @@ def measure(shards: int, publish: str | None, endpoint: str | None, llm: Any) ->
         "storage": "local" if endpoint is None else "moto-s3",
         "publish": publish or "(checkout default)",
         "shards": [shards, 2 * shards],
+        "parts_per_shard": parts,
         "output_calls": [
             sum(v for k, v in small.items() if k[1] != "input"),
             sum(v for k, v in large.items() if k[1] != "input"),
@@ -233,6 +239,7 @@ def main() -> None:
     ap.add_argument(
         "--publish", nargs="*", default=[], help="output.publish values to measure (default: none set)"
     )
+    ap.add_argument("--parts", type=int, default=1, help="rows (= flushed parts) per shard")
     ap.add_argument("--storage", nargs="+", choices=("local", "s3"), default=["local", "s3"])
     ap.add_argument("--json", help="append the results here (one JSON object a line)")
     args = ap.parse_args()
@@ -259,7 +266,7 @@ def main() -> None:
     try:
         for storage in args.storage:
             for publish in args.publish or [None]:
-                result = measure(args.shards, publish, endpoint if storage == "s3" else None, llm)
+                result = measure(args.shards, publish, endpoint if storage == "s3" else None, llm, args.parts)
                 print(json.dumps(result))
                 if args.json:
                     with open(args.json, "a") as f:

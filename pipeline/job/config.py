@@ -232,10 +232,9 @@ class OutputConfig(Section):
     shard_rows: Annotated[PosInt, Option("rows per shard (part of the job fingerprint)")] = 10_000
     flush_rows: Annotated[PosInt, Option("write a part file every N finished rows")] = 256
     flush_seconds: Annotated[Seconds, Option("... or every T seconds")] = 30.0
-    # how a committed shard reaches data/ (docs/pipeline.md "Publishing"): ``direct`` creates a shard written
-    # as one part at its data/ name before the marker (3 round trips: read, part, marker), ``copy`` stages
-    # every part and copies it into data/ after the marker (4). Shards of several parts are always copied.
-    # Not in the fingerprint: a resume may switch.
+    # how a committed shard reaches data/ (docs/pipeline.md "Publishing"): ``direct`` creates every part at
+    # its data/ name before the marker (3 round trips for one part: read, part, marker), ``copy`` stages
+    # every part and copies it into data/ after the marker (4). Not in the fingerprint: a resume may switch.
     publish: Annotated[Literal["direct", "copy"], _choice("direct", "copy")] = "direct"
 
 

@@ -129,6 +129,8 @@ def summarize_layout(
         for k, v in m.label_counts.items():
             labels[k] = labels.get(k, 0) + v
     staged = set(files.staged) if files is not None else set(layout.store.list_dir(layout.staging()))
+    if files is not None:  # publish: direct flushes into data/ before the marker
+        staged |= {s for s, found in files.data.items() if any(layout.is_direct(f) for f in found)}
     pending = [s for s in planned if s not in done] if planned is not None else []
     unpublished = data.unpublished(markers) if data is not None else []
     lost = data.lost(markers) if data is not None else []
@@ -189,15 +191,15 @@ def job_labels(job: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(job.get("label", {}).get("labels", ())) if job.get("task") == "label" else ()
 
 
-_OWN_PART = re.compile(r"part-.+-\d{5}\.parquet")  # part-<attempt>-N (copies) and part-direct-00000 (direct)
+_OWN_PART = re.compile(r"part-.+-\d{5,}\.parquet")  # part-<attempt>-N (copies) and part-direct-N (direct)
 
 
 @dataclass(frozen=True)
 class DataState:
     """What the run's data/ folder holds beside its markers, from one listing (``files``). The listing is
     taken before the markers are read: a copied part is published only after its marker exists, so a
-    concurrent commit of it never looks unlisted. A direct part (``publish: direct``) exists just before its
-    marker, so a shard being committed right now may show its part among the orphans for a moment."""
+    concurrent commit of it never looks unlisted. Direct parts (``publish: direct``) exist before their
+    marker, so a shard being written right now shows its parts among the orphans until it commits."""
 
     layout: Layout
     files: RunFiles
@@ -237,24 +239,26 @@ def data_state(layout: Layout, files: RunFiles, markers: list[commits.CommitMark
     return DataState(layout, files, markers, sorted(orphans), sorted(foreign))
 
 
-def _removable(layout: Layout, state: DataState, held: lease.OutputLease) -> list[str]:
-    """The orphans finalize removes: all of them, except a direct part of an uncommitted shard while
-    another process writes the output (that may be the shard's commit in progress, its marker next; a
-    later finalize removes it if not). Asks the store about other writers only when there is such a part."""
+def _removable(layout: Layout, state: DataState, held: lease.OutputLease) -> tuple[list[str], list[str]]:
+    """The orphans finalize removes, and the direct parts of uncommitted shards it moves back into staging
+    (their rows are done work a later attempt keeps; data/ then holds committed rows only). While another
+    process writes the output, no direct part of an uncommitted shard is touched (it may be that shard's
+    attempt in progress, its marker next; a later finalize handles it). Asks the store about other
+    writers only when there is such a part."""
     committed = {m.shard_id for m in state.markers}
     waiting = {
         o for o in state.orphans if layout.is_direct(layout.path(o)) and o.split("/")[2] not in committed
     }
-    if waiting and not held.others():
-        waiting = set()
-    return [o for o in state.orphans if o not in waiting]
+    if waiting and held.others():
+        return [o for o in state.orphans if o not in waiting], []
+    return [o for o in state.orphans if o not in waiting], sorted(waiting)
 
 
 def finalize(run: Run) -> RunSummary:
     """Publish any committed part a crash left unpublished (and regenerate nothing: a shard whose part was
     deleted is uncommitted, so it shows as pending), drop markers of shards the plan no longer has, remove
-    parts left by deleted markers or by attempts killed between a direct part and its marker, and what
-    replaced runs and finished attempts left, then write
+    parts left by deleted markers and what replaced runs and finished attempts left, move the direct parts
+    of shards that stay uncommitted back into staging (kept for the next attempt), then write
     _manifest.json with the totals. Raises OutputStateError when data/ holds files no run wrote (readers
     would take their rows for results). Lists the output once (lanes elsewhere committed too); reads only
     the markers the Run does not hold yet."""
@@ -275,8 +279,11 @@ def finalize(run: Run) -> RunSummary:
                 markers.append(marker)
             else:
                 run.dropped(marker.shard_id)
-        for orphan in _removable(layout, state, held):
+        removed, withdrawn = _removable(layout, state, held)
+        for orphan in removed:
             layout.store.remove(layout.path(orphan))
+        for part in withdrawn:
+            commits.withdraw(layout, part.split("/")[2], layout.path(part))
         # leftovers of attempts that lost a commit race, or of a cleanup cut short or batched
         done = {m.shard_id for m in markers}
         layout.store.remove_files([p for s in done for p in run.staged_parts(s)])

@@ -5,16 +5,18 @@ parts are written (atomically) under _staging/<run>/<shard>/<attempt>/; when eve
 some staged part, the marker _commits/<run>/<shard>.json is created exclusively (the commit point) listing
 the chosen parts; then each listed part is copied to its data/<run>/ name; then staging is removed.
 
-``publish: direct`` (the default), for a shard whose rows this attempt holds as one buffer (nothing kept
-from an earlier attempt, nothing flushed yet): the part is created exclusively at the shard's one
-attempt-independent data/ name (``write_direct``), then the marker lists it as both staged and published,
-so publishing has nothing to copy: 3 round trips instead of 4. If that name exists (an earlier attempt died
-between part and marker, or another attempt commits the shard now), the shard takes the copy path, and
-its publish removes the file unless the winning marker lists it, before copying anything.
+``publish: direct`` (the default): each part an attempt flushes is created exclusively at the shard's next
+attempt-independent data/ name (``write_direct``, ``Layout.direct_part``), and the marker lists it as both
+staged and published, so publishing has nothing to copy: 3 round trips for a shard of one part (read,
+part, marker), and no copy per part for a shard of many. If a name exists (another attempt of the shard
+is writing, or this attempt's listing was stale), the attempt stages its remaining parts, and its commit
+asks the store what data/ holds, so its publish removes every file its marker does not list before
+copying anything. A later attempt keeps an uncommitted shard's direct parts as done rows (``scan_kept``).
 
 A crash at any point is repaired by re-running: before the marker nothing is visible but, in direct mode,
-the one uncommitted copy of the shard (removed by the next commit of the shard or by finalize); after it,
-``publish`` is idempotent. A marker counts only for the run whose id it carries.
+the shard's uncommitted direct parts, each row in at most one of them (kept by the next attempt, removed
+by a commit that does not list them, moved back to staging by finalize); after it, ``publish`` is
+idempotent. A marker counts only for the run whose id it carries.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import io
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -107,25 +110,34 @@ def _info(staged: str, published: str, data: bytes) -> PartInfo:
     )
 
 
-def scan_staged(layout: Layout, shard_id: str, staged: tuple[str, ...] | None = None) -> list[PartInfo]:
-    """Staged parts of earlier attempts that can be kept: in attempt/part order, skipping any part that
-    overlaps rows already covered (possible only if two attempts of one shard ran at once).
-    Unreadable leftovers are ignored; their rows are simply generated again. ``staged``: the shard's
-    staged part paths when known (a Run's listing), else listed here."""
+def scan_kept(
+    layout: Layout, shard_id: str, staged: tuple[str, ...] | None = None, direct: Collection[str] = ()
+) -> list[PartInfo]:
+    """Parts of earlier attempts that can be kept: the shard's uncommitted ``direct`` parts in data/
+    (index order; kept first, as a reader sees them already), then its staged parts in attempt/part order,
+    skipping any part that overlaps rows already covered (possible only if two attempts of one shard ran
+    at once). Unreadable leftovers are ignored; their rows are simply generated again. ``staged``: the
+    shard's staged part paths when known (a Run's listing), else listed here."""
     store = layout.store
     chosen: list[PartInfo] = []
     covered: set[tuple[str, int]] = set()
-    for path in store.list_files(layout.staging(shard_id)) if staged is None else sorted(staged):
-        if not path.endswith(".parquet"):
-            continue
+    in_data = sorted(direct, key=lambda p: layout.direct_index(p) or 0)
+    in_staging = store.list_files(layout.staging(shard_id)) if staged is None else sorted(staged)
+    for path in [*in_data, *(p for p in in_staging if p.endswith(".parquet"))]:
         try:
-            info = part_info(layout, shard_id, path, store.read_bytes(path))
+            data = store.read_bytes(path)
+            info = _info(path, path, data) if path in in_data else part_info(layout, shard_id, path, data)
         except Exception:
             continue
         if covered.isdisjoint(info.row_keys):
             covered.update(info.row_keys)
             chosen.append(info)
     return chosen
+
+
+def new_attempt_id() -> str:
+    """A fresh attempt id (staging folder and data/ names of copied parts): time-ordered, never "direct"."""
+    return f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
 
 
 def write_part(layout: Layout, shard_id: str, attempt: str, n: int, data: bytes) -> PartInfo:
@@ -136,11 +148,11 @@ def write_part(layout: Layout, shard_id: str, attempt: str, n: int, data: bytes)
     return part_info(layout, shard_id, path, data)
 
 
-def write_direct(layout: Layout, shard_id: str, data: bytes) -> PartInfo | None:
-    """``publish: direct``: create the whole shard's one part at its data/ name (``Layout.direct_part``),
-    exclusively, so at most one attempt's copy of the shard's rows is there; ``staged`` and ``data`` of the
-    result are that one path. None when the name is taken (the caller stages the part instead)."""
-    path = layout.direct_part(shard_id)
+def write_direct(layout: Layout, shard_id: str, data: bytes, n: int = 0) -> PartInfo | None:
+    """``publish: direct``: create the shard's part ``n`` at its data/ name (``Layout.direct_part``),
+    exclusively, so one attempt's part is there; ``staged`` and ``data`` of the result are that one path.
+    None when the name is taken (the caller stages this part and the rest instead)."""
+    path = layout.direct_part(shard_id, n)
     hook("flush_mid")
     if not layout.store.create_exclusive(path, data):
         return None
@@ -262,6 +274,15 @@ def commit(
     if clean:
         layout.store.remove_tree(layout.staging(marker.shard_id), best_effort=True)
     return marker
+
+
+def withdraw(layout: Layout, shard_id: str, path: str) -> None:
+    """Move an uncommitted shard's direct part out of data/ into staging (a fresh attempt folder, so its
+    rows stay done work for the next attempt): copy first, then remove, so a kill in between leaves the
+    rows in both places, never in neither (the next attempt keeps one; the other goes at its commit)."""
+    n = layout.direct_index(path) or 0
+    layout.store.copy(path, layout.staged_part(shard_id, new_attempt_id(), n))
+    layout.store.remove(path)
 
 
 class PartLost(Exception):

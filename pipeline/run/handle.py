@@ -3,8 +3,8 @@
 ``open_run`` lists the whole output root once (the run record, markers, staged parts, data/) and reads the
 run record; every shard, commit, ``finalize``, ``status`` and summary then asks the Run instead of the
 store. A commit updates it in place, so a shard costs the storage only what it must: read its input, write
-its part(s), create its marker, and with ``publish: copy`` (or several parts) copy the part(s) into data/;
-a shard written directly into data/ as one part (``publish: direct``) needs no copy. What another process
+its part(s), create its marker, and with ``publish: copy`` copy the part(s) into data/; parts written
+directly into data/ (``publish: direct``) need no copy. What another process
 may have changed since the listing is never trusted where it matters:
 
 - a shard the Run thinks uncommitted may have been committed elsewhere meanwhile: the exclusive marker
@@ -178,9 +178,8 @@ class Run:
             self._markers[marker.shard_id] = marker
             listed = {self.layout.path(p.data) for p in marker.parts}
             written = self._written.setdefault(marker.shard_id, set())
-            direct = self.layout.direct_part(marker.shard_id)
-            if direct not in listed:  # our direct part lost the marker race: its publish removed it
-                written.discard(direct)
+            # our direct parts that lost the marker race: its publish removed them
+            written -= {p for p in written if self.layout.is_direct(p) and p not in listed}
             written |= listed
             staging = self.layout.staging(marker.shard_id) + "/"
             ours = [self.layout.path(p.staged) for p in marker.parts]

@@ -1,11 +1,10 @@
-"""run_shard: read a shard's rows, skip what is already flushed, generate the rest, flush, commit (a shard
-written as one part goes straight to data/ with ``publish: direct``, see commit.py)."""
+"""run_shard: read a shard's rows, skip what is already flushed, generate the rest, flush, commit (with
+``publish: direct`` every part goes straight to data/, see commit.py)."""
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,16 +100,23 @@ class ShardResult:
 
 
 class _Flusher:
-    """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``."""
+    """Buffers finished records; writes a closed part every ``flush_rows`` rows or ``flush_seconds``. With
+    ``publish: direct`` each part is created at the shard's next direct name in data/ (``next_direct``),
+    after checking that the run is still the output's (never write into a replaced run's data/); once a
+    name is found taken (another attempt's file: ``taken``, so the commit asks the store what data/
+    holds), this part and the rest are staged."""
 
-    def __init__(self, run: Run, shard_id: str, schema: pa.Schema, cfg: OutputConfig) -> None:
+    def __init__(
+        self, run: Run, shard_id: str, schema: pa.Schema, cfg: OutputConfig, next_direct: int = 0
+    ) -> None:
         self.run, self.shard_id, self.schema = run, shard_id, schema
         self.rows, self.seconds = cfg.flush_rows, cfg.flush_seconds
         self.direct = cfg.publish == "direct"
-        self.attempt = f"{int(time.time() * 1000):013x}-{uuid.uuid4().hex[:8]}"
+        self.next_direct = next_direct
+        self.attempt = commits.new_attempt_id()
         self.buffer: list[dict[str, Any]] = []
         self.parts: list[commits.PartInfo] = []
-        self.taken: str | None = None  # the shard's direct name, found taken by another attempt's file
+        self.taken: str | None = None
         self.last = time.monotonic()
 
     def add(self, record: dict[str, Any]) -> None:
@@ -123,32 +129,21 @@ class _Flusher:
         if not self.buffer:
             return
         hook("flush_begin")
-        self._stage(encode_part(self.buffer, self.schema))
-
-    def finish(self, kept: bool, check: Callable[[], None]) -> None:
-        """The last flush. With ``publish: direct``, when this buffer is the whole shard (``kept``: no parts
-        of an earlier attempt are kept; nothing flushed yet), the part goes straight to the shard's data/
-        name, after ``check`` (the run is still the output's: never write into a replaced run's data/). If
-        another attempt's file holds that name, the part is staged as usual (``taken`` names the file, so
-        the commit's publish removes it)."""
-        if not (self.direct and not kept and not self.parts and self.buffer):
-            self.flush()
-            return
-        check()
-        hook("flush_begin")
         data = encode_part(self.buffer, self.schema)
-        part = commits.write_direct(self.run.layout, self.shard_id, data)
-        if part is None:
-            self.taken = self.run.layout.direct_part(self.shard_id)
-            self._stage(data)
-            return
-        self.run.wrote(self.shard_id, part.data)
-        self.parts.append(part)
-        self.buffer = []
-
-    def _stage(self, data: bytes) -> None:
+        if self.direct and self.taken is None:
+            self.run.ensure_current()
+            part = commits.write_direct(self.run.layout, self.shard_id, data, self.next_direct)
+            if part is not None:
+                self.next_direct += 1
+                self.run.wrote(self.shard_id, part.data)
+                self._done(part)
+                return
+            self.taken = self.run.layout.direct_part(self.shard_id, self.next_direct)
         part = commits.write_part(self.run.layout, self.shard_id, self.attempt, len(self.parts), data)
         self.run.wrote(self.shard_id, part.staged)
+        self._done(part)
+
+    def _done(self, part: commits.PartInfo) -> None:
         self.parts.append(part)
         self.buffer = []
 
@@ -184,13 +179,17 @@ def _run_shard(
         run.dropped(shard.shard_id)  # a lost part uncommitted it: generate it again
     if shard.error:
         raise ShardError(shard.shard_id, shard.error)
-    kept_parts = commits.scan_staged(layout, shard.shard_id, run.staged_parts(shard.shard_id))
+    present = run.present(shard.shard_id)
+    direct = [p for p in present if layout.is_direct(p)]
+    kept_parts = commits.scan_kept(layout, shard.shard_id, run.staged_parts(shard.shard_id), direct)
     done = {k for p in kept_parts for k in p.row_keys}
     if progress is not None and done:
         progress.resumed(len(done))
     rows = _read_shard(run, shard)
     cfg = spec.config
-    flusher = _Flusher(run, shard.shard_id, run.cached("schema", lambda: run.record.schema), cfg.output)
+    next_direct = 1 + max((layout.direct_index(p) or 0 for p in direct), default=-1)
+    schema = run.cached("schema", lambda: run.record.schema)
+    flusher = _Flusher(run, shard.shard_id, schema, cfg.output, next_direct)
     task = spec.task
     relpaths = {p.relpath for p in shard.ranges()}
     prep = RowPreparer(cfg, llm, load_duplicates(run.id_index(), relpaths), task)
@@ -232,7 +231,7 @@ def _run_shard(
     covered = sum(p.rows for p in kept_parts + flusher.parts) + len(flusher.buffer)
     if covered != shard.num_rows:  # (checked before the last flush, which may go straight to data/)
         raise ShardError(shard.shard_id, f"internal: {covered} rows flushed for {shard.num_rows} input rows")
-    flusher.finish(kept=bool(kept_parts), check=run.ensure_current)
+    flusher.flush()
     parts = kept_parts + flusher.parts
     marker = commits.build_marker(
         layout,
@@ -246,10 +245,9 @@ def _run_shard(
         speculation_delta(speculated, speculation_counts(llm)),
     )
     run.ensure_current()
-    present = run.present(shard.shard_id) | {p.staged for p in parts}
-    if flusher.taken is not None:  # another attempt's direct part is there: publish removes it first
-        present |= {flusher.taken}
-    marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=present, clean=False)
+    # another attempt's direct parts may be in data/ beyond what the Run knows: publish asks the store
+    known = None if flusher.taken is not None else run.present(shard.shard_id) | {p.staged for p in parts}
+    marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=known, clean=False)
     run.committed(marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))
 

@@ -7,8 +7,8 @@
     OUTPUT/_staging/<run>/<shard>/<attempt>/part-N.parquet   flushed, not yet committed
     OUTPUT/_commits/<run>/<shard>.json               commit marker, created exclusively: the commit point
     OUTPUT/data/<run>/<shard>/part-<attempt>-N.parquet      published copies of committed parts (publish: copy,
-                                                     and any shard of more than one part)
-    OUTPUT/data/<run>/<shard>/part-direct-00000.parquet     a shard written whole as one part (publish: direct)
+                                                     and parts an attempt had to stage)
+    OUTPUT/data/<run>/<shard>/part-direct-N.parquet  parts written straight into data/ (publish: direct)
     OUTPUT/_predictions/<run>/prediction.json        what the advisor predicted for the run (advisor/compare.py)
     OUTPUT/_calibration/<run>/label_prior.json       batch label calibration's estimate (label_batch.py)
     OUTPUT/_manifest.json                            totals, written by finalize
@@ -24,21 +24,27 @@ once after finalize:
 
 - copies of staged parts listed in a marker of the current run, under names fixed by that marker, made
   only after the marker exists (``publish: copy``, and shards flushed as several parts);
-- ``publish: direct``: a shard whose rows this attempt holds as one buffer is created exclusively at its
-  one attempt-independent name ``part-direct-00000.parquet`` before its marker. Until the marker exists
-  the file is uncommitted but holds the whole shard, once; any later commit of the shard removes it
-  (unless its marker lists it) before publishing, and finalize removes it from an uncommitted shard.
-  (One limit, for two attempts of one shard at once: docs/pipeline.md, "Publishing".)
+- ``publish: direct``: each part an attempt flushes is created exclusively at the shard's next free
+  attempt-independent name ``part-direct-N.parquet`` (N = 1 + the highest such N the attempt knows of)
+  before the marker. An attempt that finds its name taken (another attempt of the shard is writing, or
+  its listing was stale) stages the rest of its parts. So each name has one writer, and the writer of N
+  knew every direct part below N and generated none of their rows: the direct parts of a shard never
+  share a row. Until the marker exists they are uncommitted; a later attempt keeps them as done (a
+  resume after a kill copies nothing); any commit of the shard removes those its marker does not list
+  before publishing, and finalize moves them out of data/ into staging when the shard stays
+  uncommitted. (One limit, for two attempts of one shard at once: docs/pipeline.md, "Publishing".)
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from prefixflow.pipeline.storage.store import Store
 
 RECORD_FILE = "_prefixflow.json"
-DIRECT_ATTEMPT = "direct"  # data/ name of a directly written shard (publish: direct): part-direct-00000
+DIRECT_ATTEMPT = "direct"  # data/ names of directly written parts (publish: direct): part-direct-N
+_DIRECT_NAME = re.compile(rf"part-{DIRECT_ATTEMPT}-(\d{{5,}})\.parquet")
 MANIFEST_FILE = "_manifest.json"
 LEASES_DIR = "_leases"
 DATA_DIR = "data"
@@ -127,14 +133,21 @@ class Layout:
     def data_part(self, shard_id: str, attempt: str, n: int) -> str:
         return self._run(DATA_DIR, shard_id, f"part-{attempt}-{n:05d}.parquet")
 
-    def direct_part(self, shard_id: str) -> str:
-        """Where ``publish: direct`` creates a shard written as one part: the same name for every attempt,
-        so the exclusive create lets one attempt's file exist at a time (an attempt id is never "direct")."""
-        return self._run(DATA_DIR, shard_id, f"part-{DIRECT_ATTEMPT}-00000.parquet")
+    def direct_part(self, shard_id: str, n: int = 0) -> str:
+        """Where ``publish: direct`` creates a shard's part ``n``: the same name for every attempt, so the
+        exclusive create lets one attempt's file exist there (an attempt id is never "direct")."""
+        return self.data_part(shard_id, DIRECT_ATTEMPT, n)
+
+    def direct_index(self, path: str) -> int | None:
+        """N of a ``direct_part`` path of this run (any shard), else None."""
+        if not path.startswith(self.data + "/"):
+            return None
+        found = _DIRECT_NAME.fullmatch(path.rsplit("/", 1)[-1])
+        return int(found.group(1)) if found else None
 
     def is_direct(self, path: str) -> bool:
         """True for a ``direct_part`` path (of any shard of this run)."""
-        return path.startswith(self.data + "/") and path.endswith(f"/part-{DIRECT_ATTEMPT}-00000.parquet")
+        return self.direct_index(path) is not None
 
     def rel(self, path: str) -> str:
         return path[len(self.store.root) :].lstrip("/")

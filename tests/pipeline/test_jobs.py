@@ -137,16 +137,21 @@ class _CrashAfter:
             raise _Crash
 
 
-def test_resume_inside_a_shard_keeps_flushed_rows(tmp_path: Path, tiny_llm) -> None:
+@pytest.mark.parametrize("publish", ["direct", "copy"])
+def test_resume_inside_a_shard_keeps_flushed_rows(tmp_path: Path, tiny_llm, publish: str) -> None:
     write_dataset(tmp_path / "in", files=1, rows_per_file=10, row_group_size=10)
-    cfg = job("generate", output={"shard_rows": 10, "flush_rows": 3})
+    cfg = job("generate", output={"shard_rows": 10, "flush_rows": 3, "publish": publish})
     _, _, clean = _run(tmp_path, tiny_llm, cfg, "clean")
     spec = load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
     run = prepare_run(spec)
     (shard,) = plan_shards(spec)
     with pytest.raises(_Crash):
         run_shard(run, shard, tiny_llm, progress=_CrashAfter(7))
-    assert not (tmp_path / "out" / "data").exists()  # nothing visible before the commit
+    if publish == "copy":
+        assert not (tmp_path / "out" / "data").exists()  # nothing visible before the commit
+    else:  # the 6 rows of the two full flushes are in data/ already, uncommitted, each once
+        flushed = pl.read_parquet(str(tmp_path / "out" / "data" / "**" / "*.parquet"))
+        assert flushed.height == 6 and flushed["id"].n_unique() == 6
     mid, _ = status(str(tmp_path / "out"))
     assert mid.shards_in_progress == [shard.shard_id] and mid.shards_committed == 0 and not mid.complete
     second = open_run(spec)  # a new process resumes from one listing

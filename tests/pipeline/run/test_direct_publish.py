@@ -1,6 +1,7 @@
-"""``output.publish: direct`` (issue 23 item 1): a shard written as one part goes straight to its data/
-name before its marker. An earlier attempt's file there (killed between part and marker), another attempt
-of the same shard, or a --new-run never let a row show twice in data/, and finalize leaves no stray file.
+"""``output.publish: direct`` (issue 23 item 1): every part a shard flushes goes straight to its next
+data/ name (part-direct-N) before the marker. An earlier attempt's parts there (killed before its marker),
+another attempt of the same shard, or a --new-run never let a row show twice in data/; a resume keeps
+the earlier parts and copies nothing; finalize leaves no stray file and loses no done row.
 
 Each test checks what a reader of OUTPUT/data/**/*.parquet sees at the states it can reach."""
 
@@ -30,12 +31,12 @@ from tests.pipeline.support import job, write_dataset
 DIRECT = "part-direct-00000.parquet"
 
 
-def _cfg(publish: str = "direct") -> dict:
-    return job("generate", output={"shard_rows": 10, "flush_rows": 64, "publish": publish})
+def _cfg(publish: str = "direct", flush_rows: int = 64) -> dict:
+    return job("generate", output={"shard_rows": 10, "flush_rows": flush_rows, "publish": publish})
 
 
-def _spec(tmp_path: Path, publish: str = "direct"):
-    return load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", _cfg(publish))
+def _spec(tmp_path: Path, publish: str = "direct", flush_rows: int = 64):
+    return load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", _cfg(publish, flush_rows))
 
 
 def _visible(tmp_path: Path) -> pl.DataFrame:
@@ -48,10 +49,12 @@ def _names(tmp_path: Path, top: str = "data") -> list[str]:
     return sorted(p.name for p in (tmp_path / "out" / top).rglob("*") if p.is_file())
 
 
-def _clean(tmp_path: Path, tiny_llm) -> pl.DataFrame:
+def _clean(tmp_path: Path, tiny_llm, flush_rows: int = 64) -> pl.DataFrame:
     ref = tmp_path / "ref"
     summary, _ = run_local(
-        load_job(str(tmp_path / "in"), str(ref), "tiny", _cfg()), llm=tiny_llm, progress=False
+        load_job(str(tmp_path / "in"), str(ref), "tiny", _cfg(flush_rows=flush_rows)),
+        llm=tiny_llm,
+        progress=False,
     )
     assert summary.complete
     return pl.read_parquet(summary.data_glob).sort("id").select("id", "output")
@@ -72,51 +75,63 @@ def test_a_shard_written_as_one_part_lands_in_data_and_nothing_is_staged(tmp_pat
     assert status(str(tmp_path / "out"))[0].complete  # no orphan, nothing unpublished
 
 
-def test_a_shard_of_several_parts_is_copied_as_before(tmp_path: Path, tiny_llm) -> None:
-    write_dataset(tmp_path / "in", files=1, rows_per_file=10, row_group_size=10)
+def test_a_shard_of_several_parts_goes_straight_to_data_part_by_part(tmp_path: Path, tiny_llm) -> None:
+    ids = _one_shard(tmp_path)
     spec = load_job(
         str(tmp_path / "in"), str(tmp_path / "out"), "tiny", job("generate", output={"flush_rows": 4})
     )
     summary, _ = run_local(spec, llm=tiny_llm, progress=False)
-    assert summary.complete and len(_names(tmp_path)) == 3 and DIRECT not in _names(tmp_path)
+    assert summary.complete and _names(tmp_path) == [_direct(0), _direct(1), _direct(2)]
+    assert _names(tmp_path, "_staging") == []
+    (marker,) = open_run(spec).markers()
+    assert [p.rows for p in marker.parts] == [4, 4, 2] and all(p.staged == p.data for p in marker.parts)
+    assert sorted(_visible(tmp_path)["id"].to_list()) == sorted(ids)
 
 
-def _leftover(tmp_path: Path, rows: int = 10) -> Path:
-    """What an attempt killed between its direct part and its marker leaves: the whole shard in data/,
-    no marker (the part's bytes as a real attempt encodes them)."""
+def _direct(n: int) -> str:
+    return f"part-direct-{n:05d}.parquet"
+
+
+def _leftover(tmp_path: Path, rows: int = 10, n: int = 0) -> Path:
+    """What an attempt killed before its marker leaves: its first ``rows`` rows of the shard in data/ as
+    direct part ``n``, no marker (the part's bytes as a real attempt encodes them)."""
     spec = _spec(tmp_path)
     run = prepare_run(spec)
     (shard,) = plan_shards(spec)
     schema = run.record.schema
     records = [base_record(k, f"doc-{k:04d}", "part-0.parquet", {}) | {"output": "old"} for k in range(rows)]
-    part = commits.write_direct(run.layout, shard.shard_id, encode_part(records, schema))
+    part = commits.write_direct(run.layout, shard.shard_id, encode_part(records, schema), n)
     assert part is not None and part.rows == rows
-    assert commits.write_direct(run.layout, shard.shard_id, b"other") is None  # the name is taken now
+    assert commits.write_direct(run.layout, shard.shard_id, b"other", n) is None  # the name is taken now
     return Path(part.data)
 
 
-def test_a_kill_between_the_direct_part_and_its_marker_resumes_to_exactly_once(
+def test_a_kill_before_the_marker_resumes_from_the_direct_part_and_generates_the_rest(
     tmp_path: Path, tiny_llm
 ) -> None:
     ids = _one_shard(tmp_path)
     clean = _clean(tmp_path, tiny_llm)
-    left = _leftover(tmp_path)
-    assert sorted(_visible(tmp_path)["id"].to_list()) == sorted(ids)  # uncommitted, but each row once
+    left = _leftover(tmp_path, rows=6)
+    assert sorted(_visible(tmp_path)["id"].to_list()) == sorted(ids)[:6]  # uncommitted, but each row once
     mid, _ = status(str(tmp_path / "out"))
     assert mid.orphan_parts == [str(left.relative_to(tmp_path / "out"))] and mid.foreign_files == []
     assert not mid.complete
     assert mid.shards_committed == 0 and mid.shards_pending == [plan_shards(_spec(tmp_path))[0].shard_id]
     summary, failures = run_local(_spec(tmp_path), llm=tiny_llm, progress=False)
     assert not failures and summary.complete and summary.rows == 10
-    # the name was taken, so the shard took the copy path; its publish removed the old file first
-    assert len(_names(tmp_path)) == 1 and _names(tmp_path) != [DIRECT] and not left.exists()
-    assert _visible(tmp_path).sort("id").select("id", "output").equals(clean)
+    # the killed attempt's part is kept as it is; the resume wrote only the 4 missing rows, as part 1
+    assert _names(tmp_path) == [_direct(0), _direct(1)] and left.exists()
+    seen = _visible(tmp_path).sort("id").select("id", "output")
+    assert seen["id"].to_list() == clean["id"].to_list()
+    assert seen["output"].to_list() == ["old"] * 6 + clean["output"].to_list()[6:]
     assert _names(tmp_path, "_staging") == []
     after, _ = status(str(tmp_path / "out"))
     assert after.complete and after.orphan_parts == []
 
 
-def test_finalize_removes_a_killed_attempts_direct_part_unless_another_writer_is_live(tmp_path: Path) -> None:
+def test_finalize_moves_a_killed_attempts_direct_part_to_staging_unless_another_writer_is_live(
+    tmp_path: Path, tiny_llm
+) -> None:
     _one_shard(tmp_path)
     left = _leftover(tmp_path)
     spec = _spec(tmp_path)
@@ -130,28 +145,60 @@ def test_finalize_removes_a_killed_attempts_direct_part_unless_another_writer_is
     summary = finalize(open_run(spec))
     assert not left.exists() and summary.shards_committed == 0 and not summary.complete
     assert _names(tmp_path) == [] and status(str(tmp_path / "out"))[0].orphan_parts == []
+    assert len(_names(tmp_path, "_staging")) == 1  # its rows are kept: the next attempt generates none
+    summary, failures = run_local(spec, llm=tiny_llm, progress=False)
+    assert not failures and summary.complete and summary.output_tokens == 0
+    assert _visible(tmp_path)["output"].to_list() == ["old"] * 10 and _names(tmp_path, "_staging") == []
 
 
-def test_a_second_attempt_of_the_same_shard_finds_the_name_taken_and_adopts_the_winner(
+def test_a_direct_name_taken_after_our_listing_mid_shard_never_shows_a_row_twice(
     tmp_path: Path, tiny_llm
 ) -> None:
-    """Two Runs opened before either committed (two processes on one shard): the first creates the direct
-    part and its marker; the second's direct create fails, it stages, loses the marker and takes the
-    winner's. data/ holds the direct part alone throughout; finalize removes the loser's staged part."""
+    """Our Run listed part 0 (6 rows of a killed attempt); another attempt then created part 1 with the
+    other 4 rows. Ours keeps part 0, generates the 4 rows, finds the name of part 1 taken, stages, and
+    its commit asks the store, so its publish removes their part 1 before copying ours."""
     _one_shard(tmp_path)
     clean = _clean(tmp_path, tiny_llm)
+    _leftover(tmp_path, rows=6)
     spec = _spec(tmp_path)
+    ours = open_run(spec)
+    (shard,) = plan_shards(spec)
+    records = [
+        base_record(k, f"doc-{k:04d}", "part-0.parquet", {}) | {"output": "theirs"} for k in range(6, 10)
+    ]
+    theirs = commits.write_direct(ours.layout, shard.shard_id, encode_part(records, ours.record.schema), 1)
+    assert theirs is not None and theirs.data not in ours.present(shard.shard_id)
+    assert _visible(tmp_path)["id"].n_unique() == 10
+    run_shard(ours, shard, tiny_llm)
+    names = _names(tmp_path)
+    assert len(names) == 2 and _direct(0) in names and _direct(1) not in names
+    seen = _visible(tmp_path).sort("id").select("id", "output")
+    assert seen["output"].to_list() == ["old"] * 6 + clean["output"].to_list()[6:]
+
+
+@pytest.mark.parametrize("flush_rows", [64, 4])
+def test_a_second_attempt_of_the_same_shard_finds_the_name_taken_and_adopts_the_winner(
+    tmp_path: Path, tiny_llm, flush_rows: int
+) -> None:
+    """Two Runs opened before either committed (two processes on one shard): the first creates its direct
+    part(s) and its marker; the second's first direct create fails, it stages every part, loses the marker
+    and takes the winner's. data/ holds the winner's parts alone throughout; finalize removes the loser's
+    staged parts."""
+    _one_shard(tmp_path)
+    clean = _clean(tmp_path, tiny_llm, flush_rows)
+    spec = _spec(tmp_path, flush_rows=flush_rows)
     first = prepare_run(spec)
     second = open_run(spec)
     (shard,) = plan_shards(spec)
     won = run_shard(first, shard, tiny_llm)
-    assert _names(tmp_path) == [DIRECT] and not won.skipped
+    direct = [_direct(n) for n in range(-(-10 // flush_rows))]
+    assert _names(tmp_path) == direct and not won.skipped
     late = run_shard(second, shard, tiny_llm)
     assert not late.skipped and second.marker(shard.shard_id) == first.marker(shard.shard_id)
-    assert _names(tmp_path) == [DIRECT] and len(_names(tmp_path, "_staging")) == 1  # the loser's part
+    assert _names(tmp_path) == direct and len(_names(tmp_path, "_staging")) == len(direct)  # the loser's
     assert _visible(tmp_path).sort("id").select("id", "output").equals(clean)
     summary = finalize(open_run(spec))
-    assert summary.complete and _names(tmp_path, "_staging") == [] and _names(tmp_path) == [DIRECT]
+    assert summary.complete and _names(tmp_path, "_staging") == [] and _names(tmp_path) == direct
 
 
 def test_a_direct_part_written_after_our_listing_is_removed_before_our_copy_is_published(

@@ -32,8 +32,9 @@ from tests.pipeline.support import docs, job, write_dataset, write_parquet
 CFG = job("generate", sampling={"max_tokens": 2}, output={"shard_rows": 3, "flush_rows": 2})
 
 
-def _spec(tmp_path: Path):
-    return load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", CFG)
+def _spec(tmp_path: Path, publish: str = "direct"):
+    cfg = {**CFG, "output": {**CFG["output"], "publish": publish}}
+    return load_job(str(tmp_path / "in"), str(tmp_path / "out"), "tiny", cfg)
 
 
 def _ids(tmp_path: Path, errors: bool = False) -> list[str]:
@@ -115,10 +116,10 @@ def test_a_changed_s3_object_is_refused(tmp_path: Path, s3_endpoint: str, tiny_l
         run_local(spec, llm=tiny_llm, progress=False)
 
 
-def _run_once(tmp_path: Path, tiny_llm) -> tuple[Path, Path]:
+def _run_once(tmp_path: Path, tiny_llm, publish: str = "direct") -> tuple[Path, Path]:
     """A complete run of 2 files x 6 rows (4 shards); returns the run's data/ and _commits/ folders."""
     write_dataset(tmp_path / "in", files=2, rows_per_file=6, row_group_size=3)
-    summary, _ = run_local(_spec(tmp_path), llm=tiny_llm, progress=False)
+    summary, _ = run_local(_spec(tmp_path, publish), llm=tiny_llm, progress=False)
     assert summary.complete and summary.rows == 12
     out = tmp_path / "out"
     return out / "data" / summary.run_id, out / "_commits" / summary.run_id
@@ -126,8 +127,9 @@ def _run_once(tmp_path: Path, tiny_llm) -> tuple[Path, Path]:
 
 def test_status_is_not_complete_while_a_committed_shard_is_unpublished(tmp_path: Path, tiny_llm) -> None:
     """Item 2: the state a SIGKILL between the marker and its publish leaves (marker and staged parts,
-    nothing in data/): status said complete with 12 rows while readers saw 9."""
-    data, commits = _run_once(tmp_path, tiny_llm)
+    nothing in data/): status said complete with 12 rows while readers saw 9. (publish: copy; a direct part
+    is in data/ before its marker, so it has no such state.)"""
+    data, commits = _run_once(tmp_path, tiny_llm, publish="copy")
     marker = json.loads(sorted(commits.glob("*.json"))[0].read_text())
     out = tmp_path / "out"
     for part in marker["parts"]:

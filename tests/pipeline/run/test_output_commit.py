@@ -101,8 +101,22 @@ def test_overlapping_staged_attempts_keep_each_row_once(tmp_path: Path) -> None:
     commits.write_part(layout, "s1", "a2", 0, _part(spec, [2, 4]))  # a concurrent attempt overlapping row 2
     commits.write_part(layout, "s1", "a2", 1, _part(spec, [5]))
     (tmp_path / "out" / "_staging" / layout.run_id / "s1" / "a2" / "part-00002.parquet").write_bytes(b"torn")
-    parts = commits.scan_staged(layout, "s1")
+    parts = commits.scan_kept(layout, "s1")
     assert sorted(k for p in parts for k in p.row_keys) == [("f.parquet", k) for k in (0, 1, 2, 3, 5)]
+
+
+def test_direct_parts_are_kept_before_an_overlapping_staged_part(tmp_path: Path) -> None:
+    """A reader already sees the direct parts, so they are kept and the staged overlap is dropped."""
+    spec = _spec(tmp_path)
+    layout = output_layout(spec).for_run(prepare_output(spec).run_id)
+    staged = commits.write_part(layout, "s1", "a1", 0, _part(spec, [1, 2]))
+    direct = [
+        commits.write_direct(layout, "s1", _part(spec, keys), n) for n, keys in enumerate([[0, 1], [3]])
+    ]
+    assert all(d is not None for d in direct)
+    parts = commits.scan_kept(layout, "s1", direct=[d.data for d in direct if d is not None][::-1])
+    assert [p.staged for p in parts] == [layout.direct_part("s1", 0), layout.direct_part("s1", 1)]
+    assert staged.staged not in [p.staged for p in parts]
 
 
 def test_commit_publish_is_idempotent_and_finalize_repairs(tmp_path: Path) -> None:
@@ -149,8 +163,10 @@ def test_flush_by_seconds_writes_closed_parts(tmp_path: Path) -> None:
     for k in range(3):
         time.sleep(0.06)
         flusher.add(base_record(k, f"id{k}", "f.parquet", {}))
-    assert [p.rows for p in flusher.parts] == [1, 1, 1]
-    assert [p.rows for p in commits.scan_staged(layout, "s1")] == [1, 1, 1]
+    assert [p.rows for p in flusher.parts] == [1, 1, 1]  # publish: direct, so in data/ as parts 0, 1, 2
+    assert [p.data for p in flusher.parts] == [layout.direct_part("s1", n) for n in range(3)]
+    kept = commits.scan_kept(layout, "s1", direct=[p.data for p in flusher.parts])
+    assert [p.rows for p in kept] == [1, 1, 1]
 
 
 def test_a_column_missing_from_every_file_fails_fast(tmp_path: Path) -> None:

@@ -197,7 +197,7 @@ class _Timed(io.StringIO):
 def test_slow_storage_is_reported_while_it_stalls_and_the_run_completes_once(
     tmp_path: Path, proxy: Proxy, s3_endpoint: str, tiny_llm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The proxy pauses at the shard's first flush (its part PUT then waits), resumes 2.5 s later: the
+    """The proxy pauses at the shard's first flush (its direct part PUT into data/ then waits), resumes 2.5 s later: the
     progress log names the slow call and its path while it waits, says storage answers again after, and
     the output holds every row exactly once."""
     monkeypatch.setenv(SLOW_ENV, "0.6")
@@ -232,8 +232,7 @@ def test_slow_storage_is_reported_while_it_stalls_and_the_run_completes_once(
     stalled = [text for t, text in slow if paused < t < resumed]  # (a loaded host may be slow elsewhere)
     assert stalled, out.getvalue()
     assert any(
-        "put_object" in text and f"s3://{bucket}/out/_staging/" in text and "retrying" in text
-        for text in stalled
+        "put_object" in text and f"s3://{bucket}/out/data/" in text and "retrying" in text for text in stalled
     )
     again = [t for t, text in out.lines if "storage answering again" in text]
     assert again, out.getvalue()
