@@ -79,7 +79,7 @@ def plan_job(
     with reads_cached():  # each input file's footer is read once for all of planning
         shards = plan_shards(with_keys, new_run=new_run)
         run = prepare_run(with_keys, new_run=new_run, shards=shards)
-        record_prediction(run, warn=logger.warning)  # compared with the measured totals at the end
+        record_prediction(run, shards, warn=logger.warning)  # compared with the measured totals at the end
         infos = describe_shards(with_keys, shards)
     rows, tokens = sum(i.shard.num_rows for i in infos), sum(i.est_tokens for i in infos)
     logger.info("planned %d shards, %d rows, ~%d tokens", len(infos), rows, tokens)

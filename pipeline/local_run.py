@@ -5,6 +5,7 @@ Scale-out belongs to flows/; this is the one-lane path, and it shares every step
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -19,9 +20,9 @@ from prefixflow.pipeline.job.spec import JobSpec, open_engine
 from prefixflow.pipeline.report.label_charts import report_lines
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
-from prefixflow.pipeline.run.handle import open_run, prepare_run
-from prefixflow.pipeline.run.planning import plan_shards
-from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output
+from prefixflow.pipeline.run.handle import open_run
+from prefixflow.pipeline.run.planning import plan_shards, read_input_facts
+from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output, prepare
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
@@ -60,7 +61,8 @@ def _run_local(
     progress_interval: float | None,
 ) -> tuple[RunSummary, list[ShardError]]:
     shards = plan_shards(spec, new_run=new_run)
-    checked = check_output(spec, new_run)  # fail fast, before the engine loads; prepare reuses it
+    inputs = read_input_facts(spec)  # the input's schemas and identities, read once for the command
+    checked = check_output(spec, new_run, inputs)  # fail fast, before the engine loads; prepare reuses it
     owned = llm is None
     if llm is None and (new_run or _left_to_run(spec, shards)):
         llm = open_engine(spec)
@@ -69,15 +71,19 @@ def _run_local(
             check_max_tokens(spec.config, llm.max_model_len)
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
-        with hold_output(spec, driver=CLI_DRIVER):
-            run = prepare_run(spec, new_run=new_run, shards=shards, checked=checked)
+        with hold_output(checked.layout, driver=CLI_DRIVER):
+            read_at = time.monotonic()  # the record prepare writes or checks is not read again
+            record, markers = prepare(spec, new_run, checked)
+            run = open_run(spec, checked.layout.store, shards, markers, record, read_at)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]
             console.print(
                 f"[bold]{len(shards)}[/] shards, {sum(s.num_rows for s in shards)} rows; "
                 f"{len(shards) - len(todo)} already committed"
             )
             if todo:
-                record_prediction(run, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True))
+                record_prediction(
+                    run, shards, warn=lambda text: console.print(f"[yellow]{text}[/]", soft_wrap=True)
+                )
                 llm = llm or open_engine(spec)
                 if spec.task.keeps_run_state(spec.config):  # a label prior: made at plan time, the sample's
                     run.cached(

@@ -32,9 +32,12 @@ from prefixflow.pipeline.advisor.sharing import Sharing, analyze
 from prefixflow.pipeline.advisor.template_order import OrderFlag, check_column, check_template
 from prefixflow.pipeline.advisor.workload import PilotResult, Workload, build_workload
 from prefixflow.pipeline.errors import JobConfigError
+from prefixflow.pipeline.job.config import JobConfig
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.run.planning import plan_shards
 from prefixflow.pipeline.storage.sample import Sample, sample_rows
+from prefixflow.pipeline.storage.shards import Shard
+from prefixflow.pipeline.tasks.base import Task
 
 DEFAULT_SAMPLE_ROWS = 2000
 
@@ -126,16 +129,17 @@ def _device(spec: JobSpec, gpu: str) -> Device:
     )
 
 
-def _order_flag(spec: JobSpec, sample: Sample, tokenizer: Any, block_size: int) -> OrderFlag | None:
-    cfg = spec.config
+def _order_flag(
+    cfg: JobConfig, task: Task, sample: Sample, tokenizer: Any, block_size: int
+) -> OrderFlag | None:
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     rows = [s.row for s in sample.rows]
-    template = spec.task.template(cfg)
+    template = task.template(cfg)
     if template:
-        document = spec.task.document_column(cfg)
+        document = task.document_column(cfg)
         aliases = {"document": document} if document else {}
         return check_template(template, rows, count, block_size, aliases)
     if cfg.prompt_column:
@@ -151,18 +155,20 @@ def advise(
     pilot_rows: int = 0,
     card: Any = None,
     pilot: PilotResult | None = None,
+    shards: list[Shard] | None = None,
 ) -> Advice:
-    """The whole report. ``card`` reuses an inspected model; ``pilot`` a pilot already run."""
+    """The whole report. ``card`` reuses an inspected model; ``pilot`` a pilot already run; ``shards``
+    the job's plan (a run's, planned already)."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    shards = plan_shards(spec)
+    device = _device(spec, gpu)  # a bad --gpu fails before the input is read
+    shards = shards if shards is not None else plan_shards(spec)
     sample = sample_rows(spec, shards, sample_size)
     timings["sample_s"] = time.perf_counter() - t0
     card = card or _card(spec.model)
     timings["model_s"] = time.perf_counter() - t0 - timings["sample_s"]
     cfg = spec.config
     shape = ModelShape.from_config(card.hf_config)
-    device = _device(spec, gpu)
     limits = EngineLimits.from_engine(cfg.engine)
     precision, tp = choose_precision(shape, card.hf_config, device, limits)  # the pool, before the sample
     pool = fit(shape, card.hf_config, device, limits, precision)
@@ -180,7 +186,7 @@ def advise(
         lambda ids: card.tokenizer.decode(ids),
         suffixes=rendered.suffixes,
     )
-    flag = _order_flag(spec, sample, card.tokenizer, limits.block_size)
+    flag = _order_flag(cfg, spec.task, sample, card.tokenizer, limits.block_size)
     timings["sharing_s"] = time.perf_counter() - t
     target_eff = None
     if pilot_rows and pilot is None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prefixflow.pipeline.advisor.memory import EngineLimits
 from prefixflow.pipeline.job.spec import JobSpec
 from prefixflow.pipeline.storage.layout import Layout
+from prefixflow.pipeline.storage.shards import Shard
 
 if TYPE_CHECKING:
     from prefixflow.pipeline.run.handle import Run
@@ -24,11 +25,14 @@ if TYPE_CHECKING:
 RUN_SAMPLE_ROWS = 256  # a run's prediction samples fewer rows than `plan --advise`: it costs the run time
 
 
-def predict_run(spec: JobSpec, sample_rows: int = RUN_SAMPLE_ROWS) -> dict[str, Any]:
-    """The figures a run is later compared with, for the local device (torch-free, like the advisor)."""
+def predict_run(
+    spec: JobSpec, sample_rows: int = RUN_SAMPLE_ROWS, shards: list[Shard] | None = None
+) -> dict[str, Any]:
+    """The figures a run is later compared with, for the local device (torch-free, like the advisor).
+    ``shards``: the run's plan (planned again when not given)."""
     from prefixflow.pipeline.advisor.advise import advise
 
-    advice = advise(spec, gpu="local", sample_size=sample_rows)
+    advice = advise(spec, gpu="local", sample_size=sample_rows, shards=shards)
     e = advice.estimates[0]
     fit = advice.fits[e.precision] if e.precision in advice.fits else next(iter(advice.fits.values()))
     requests = len(advice.workload.requests)
@@ -129,14 +133,17 @@ def compare(prediction: dict[str, Any], measured: dict[str, Any]) -> list[dict[s
     return rows
 
 
-def record_prediction(run: Run, warn: Callable[[str], None] | None = None) -> None:
+def record_prediction(
+    run: Run, shards: list[Shard] | None = None, warn: Callable[[str], None] | None = None
+) -> None:
     """Predict the run once (a resumed run keeps its first prediction). Never fails the run:
-    a prediction that cannot be made is reported through ``warn`` and the run goes on without it."""
+    a prediction that cannot be made is reported through ``warn`` and the run goes on without it.
+    ``shards``: the run's plan, so the advisor does not plan the input again."""
     try:
         layout = run.layout
         if layout.prediction in run.files.paths:
             return
-        prediction = predict_run(run.spec)
+        prediction = predict_run(run.spec, shards=shards)
         layout.store.write_atomic(
             layout.prediction, json.dumps(prediction, indent=1, sort_keys=True).encode()
         )

@@ -34,8 +34,10 @@ from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.files import RunFiles
 from prefixflow.pipeline.run.planning import check_plan_version
 from prefixflow.pipeline.run.record import (
+    CheckedOutput,
     RunRecord,
     check_fingerprint,
+    check_output,
     output_layout,
     prepare,
     read_run_record,
@@ -245,16 +247,21 @@ def open_run(
     store: Store | None = None,
     shards: list[Any] | None = None,
     markers: list[commits.CommitMarker] | None = None,
+    record: RunRecord | None = None,
+    read_at: float | None = None,
 ) -> Run:
     """The current run of ``spec`` on its output: one listing of the root and one read of the record.
 
     Raises OutputNotPrepared (no record) or FingerprintMismatch (a run of another job), like every
     function that takes the Run. ``store``: the output's store (default: opened from the spec);
-    ``shards``: the plan, so finalize need not plan again; ``markers``: ones already read."""
+    ``shards``: the plan, so finalize need not plan again; ``markers``: ones already read; ``record``:
+    this job's record as ``prepare`` wrote or checked it at ``read_at`` (``time.monotonic()``), not read
+    again (``ensure_current`` re-reads it when this process's lease does not cover that moment)."""
     root = Layout(store) if store is not None else output_layout(spec)
-    started = time.monotonic()
+    started = time.monotonic() if read_at is None else read_at
     listing = root.store.listing(root.store.root)
-    record = check_fingerprint(spec, root, read_run_record(root) if root.record in listing else None)
+    if record is None:
+        record = check_fingerprint(spec, root, read_run_record(root) if root.record in listing else None)
     layout = root.for_run(record.run_id)
     if shards is not None:
         check_plan_version(shards, record.plan_version, spec.config.output.shard_rows)
@@ -269,10 +276,14 @@ def prepare_run(
     spec: JobSpec,
     new_run: bool = False,
     shards: list[Any] | None = None,
-    checked: RunRecord | None = None,
+    checked: CheckedOutput | None = None,
 ) -> Run:
     """``prepare_output`` (write or check the run record, repair what a kill left), then ``open_run``
-    with the markers that repair read. Hold the output's lease around it and the shards (``hold_output``),
-    so the Run's commits need no re-read of the record. ``checked``: as in ``prepare``."""
-    _, markers = prepare(spec, new_run, checked)
-    return open_run(spec, shards=shards, markers=markers)
+    with the record and the markers prepare read. Hold the output's lease around it and the shards
+    (``hold_output``), so the Run's commits need no re-read of the record. ``checked``: as in ``prepare``."""
+    started = time.monotonic()
+    checked = checked if checked is not None else check_output(spec, new_run)
+    record, markers = prepare(spec, new_run, checked)
+    return open_run(
+        spec, checked.layout.store, shards=shards, markers=markers, record=record, read_at=started
+    )

@@ -287,6 +287,22 @@ def input_schemas(spec: JobSpec) -> list[tuple[str, pa.Schema]]:
     return out
 
 
+@dataclass(frozen=True)
+class InputFacts:
+    """What a run record fixes about the input: each file's schema (footers) and identity. Read once per
+    command, before the output is checked, so checking and preparing the output never plan again."""
+
+    schemas: list[tuple[str, pa.Schema]]
+    identities: dict[str, dict[str, Any]]
+
+
+def read_input_facts(spec: JobSpec) -> InputFacts:
+    """The input's schemas and identities; JobConfigError when a named column is in no input file."""
+    schemas = input_schemas(spec)
+    check_input_columns(spec, schemas)
+    return InputFacts(schemas, input_identities(spec))
+
+
 def input_identities(spec: JobSpec) -> dict[str, dict[str, Any]]:
     """relative path -> ``sources.file_identity`` of every input file (what a resume must find unchanged)."""
     store, files = list_inputs(spec.input, spec.config.storage)

@@ -33,13 +33,7 @@ from prefixflow.pipeline.run import commit as commits
 from prefixflow.pipeline.run import lease
 from prefixflow.pipeline.run.duplicates import duplicate_index
 from prefixflow.pipeline.run.files import RunFiles
-from prefixflow.pipeline.run.planning import (
-    PLAN_VERSION,
-    check_input_columns,
-    input_changes,
-    input_identities,
-    input_schemas,
-)
+from prefixflow.pipeline.run.planning import PLAN_VERSION, InputFacts, input_changes, read_input_facts
 from prefixflow.pipeline.storage.errors import REACH_HINT
 from prefixflow.pipeline.storage.layout import LEASES_DIR, PRE_RECORD, RECORD_FILE, RUN_SCOPED, Layout
 from prefixflow.pipeline.storage.store import Store
@@ -92,15 +86,16 @@ CLI_DRIVER = "prefixflow run"  # the driver lease of a `prefixflow run` (also an
 
 
 @contextmanager
-def hold_output(spec: JobSpec, driver: str = "", ref: str = "") -> Iterator[list[lease.Lease]]:
-    """Hold this process's lease on ``spec.output`` for the block (see lease.py): a --new-run elsewhere is
+def hold_output(output: JobSpec | Layout, driver: str = "", ref: str = "") -> Iterator[list[lease.Lease]]:
+    """Hold this process's lease on the job's output (or this output ``Layout``) for the block (see lease.py): a --new-run elsewhere is
     refused meanwhile. prepare_output, run_shard and finalize take it themselves; holding it around a
     whole run (as `prefixflow run` and each flow lane do) only saves renewing it per call.
 
     ``driver`` (the run's name; `prefixflow run`, the flow's process) makes it the run's driver lease: one run
     per output at a time, OutputBusy naming the other one otherwise. Yields the driver leases of runs that
     died without finishing (``ref`` says what each was to its orchestrator)."""
-    with lease.hold(output_layout(spec), driver, ref) as held:
+    layout = output if isinstance(output, Layout) else output_layout(output)
+    with lease.hold(layout, driver, ref) as held:
         yield list(held.dead_drivers)
 
 
@@ -200,13 +195,11 @@ def _check_output_root(spec: JobSpec, layout: Layout) -> None:
             raise OutputStateError(f"output {spec.output}: {parent} is not writable; pick another --output")
 
 
-def _fresh_record(spec: JobSpec) -> RunRecord:
-    """This job's record under a new run id. Everything that can fail on a bad job (the model, a column
-    missing everywhere, kept columns of irreconcilable types) fails here, before anything is written."""
+def _fresh_record(spec: JobSpec, inputs: InputFacts) -> RunRecord:
+    """This job's record under a new run id. Everything that can fail on a bad job (the model, kept
+    columns of irreconcilable types) fails here, before anything is written."""
     fingerprint = json.loads(json.dumps(spec.fingerprint(), default=str))
-    schemas = input_schemas(spec)
-    check_input_columns(spec, schemas)
-    schema = output_schema(spec.config, spec.task, kept_column_types(spec.config, schemas))
+    schema = output_schema(spec.config, spec.task, kept_column_types(spec.config, inputs.schemas))
     job = spec.config.as_record()
     job["storage"] = {"endpoint_url": spec.config.storage.endpoint_url, "options": {}}  # no secrets on disk
     return RunRecord(
@@ -217,17 +210,26 @@ def _fresh_record(spec: JobSpec) -> RunRecord:
         output_schema=schema_to_text(schema),
         created_at=time.time(),
         columns={f.name: str(f.type) for f in schema},
-        inputs=input_identities(spec),
+        inputs=inputs.identities,
         plan_version=PLAN_VERSION,
     )
 
 
-def check_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
+@dataclass(frozen=True)
+class CheckedOutput:
+    """What ``check_output`` found: the output root's layout and this job's fresh record."""
+
+    layout: Layout
+    fresh: RunRecord
+
+
+def check_output(spec: JobSpec, new_run: bool = False, inputs: InputFacts | None = None) -> CheckedOutput:
     """Everything prepare_output checks, without writing anything: the model, the columns, the output
-    root, and an existing run of another job (unless ``new_run``). Returns this job's fresh record."""
+    root, and an existing run of another job (unless ``new_run``). ``inputs``: the input's facts, when the
+    caller read them already (``planning.read_input_facts``)."""
     layout = output_layout(spec)
     _check_output_root(spec, layout)
-    fresh = _fresh_record(spec)
+    fresh = _fresh_record(spec, inputs if inputs is not None else read_input_facts(spec))
     existing = read_run_record(layout)
     if existing is None:
         _refuse_foreign_root(spec, layout)
@@ -235,7 +237,7 @@ def check_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
         check_fingerprint(spec, layout, existing)
     elif not new_run:
         check_inputs(spec, existing, fresh)
-    return fresh
+    return CheckedOutput(layout, fresh)
 
 
 def check_inputs(spec: JobSpec, existing: RunRecord, fresh: RunRecord) -> None:
@@ -261,7 +263,7 @@ def prepare_output(spec: JobSpec, new_run: bool = False) -> RunRecord:
 
 
 def prepare(
-    spec: JobSpec, new_run: bool = False, checked: RunRecord | None = None
+    spec: JobSpec, new_run: bool = False, checked: CheckedOutput | None = None
 ) -> tuple[RunRecord, list[commits.CommitMarker]]:
     """Write this job's run record (or check the existing one), remove what replaced runs left, index
     duplicate ids; return the record.
@@ -276,8 +278,8 @@ def prepare(
     ``checked``: what ``check_output(spec, new_run)`` returned moments ago (`prefixflow run` checks
     before loading the engine), so the input's schemas and identities are not planned a second time.
     """
-    fresh = checked if checked is not None else check_output(spec, new_run)
-    layout = output_layout(spec)
+    checked = checked if checked is not None else check_output(spec, new_run)
+    layout, fresh = checked.layout, checked.fresh
     with lease.hold(layout) as held:
         record = read_run_record(layout) or _create(spec, layout, fresh)
         if record.run_id != fresh.run_id:  # an existing run: resume it, or (new_run) start over
