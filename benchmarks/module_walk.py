@@ -14,7 +14,9 @@ Runs `local_run.run_local` for one small job (tiny model, 2 one-row-group files,
 Each walk also counts the same at the folder level (``pipeline/run``, ``pipeline/tasks``, a module at the
 root such as ``pipeline/local_run.py``): how often the walk goes back into a folder (a layer) it had left.
 
-    python -m benchmarks.module_walk [--json out.json]
+    python -m benchmarks.module_walk [--json out.json] [--load-engine]
+
+``--load-engine``: `run_local` loads the engine itself (as `prefixflow run` does) instead of being handed one.
 
 Run from a checkout's root (it imports that checkout's prefixflow).
 """
@@ -142,6 +144,7 @@ def trace(spec: Any, llm: Any) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--load-engine", action="store_true", help="run_local loads the engine (as the CLI does)")
     args = ap.parse_args()
     from prefixflow.engine import LLM
     from prefixflow.pipeline import load_job
@@ -152,7 +155,7 @@ def main() -> None:
             Path(tmp, "in").mkdir(exist_ok=True)
             pq.write_table(pa.table(rows), f"{tmp}/in/part-{f}.parquet", row_group_size=1)
         spec = load_job(f"{tmp}/in", f"{tmp}/out", "tiny", JOB)
-        llm = LLM(model="tiny", **JOB["engine"])  # type: ignore[arg-type]
+        llm = None if args.load_engine else LLM(model="tiny", **JOB["engine"])  # type: ignore[arg-type]
         result = trace(spec, llm)
     for name, r in result.items():
         top = ", ".join(f"{m} {n}" for m, n in list(r["returns_by_module"].items())[:6])

@@ -14,15 +14,16 @@ from rich.text import Text
 
 from prefixflow.pipeline.advisor.compare import record_prediction
 from prefixflow.pipeline.engine_access import Engine
-from prefixflow.pipeline.errors import PipelineError, ShardError
+from prefixflow.pipeline.errors import ShardError
 from prefixflow.pipeline.job.config import StorageConfig
 from prefixflow.pipeline.job.spec import JobSpec, open_engine
 from prefixflow.pipeline.report.label_charts import report_lines
 from prefixflow.pipeline.report.progress import ProgressDisplay
 from prefixflow.pipeline.report.summary import RunSummary, finalize
+from prefixflow.pipeline.run.commit import committed_ids
 from prefixflow.pipeline.run.handle import open_run
 from prefixflow.pipeline.run.planning import plan_shards, read_input_facts
-from prefixflow.pipeline.run.record import CLI_DRIVER, check_output, hold_output, prepare
+from prefixflow.pipeline.run.record import CLI_DRIVER, CheckedOutput, check_output, hold_output, prepare
 from prefixflow.pipeline.run.shard_execution import run_shards
 from prefixflow.pipeline.storage import slow
 from prefixflow.pipeline.storage.read_hint import polars_hint
@@ -64,7 +65,7 @@ def _run_local(
     inputs = read_input_facts(spec)  # the input's schemas and identities, read once for the command
     checked = check_output(spec, new_run, inputs)  # fail fast, before the engine loads; prepare reuses it
     owned = llm is None
-    if llm is None and (new_run or _left_to_run(spec, shards)):
+    if llm is None and (new_run or _left_to_run(checked, shards)):
         llm = open_engine(spec)
     try:
         if llm is not None:
@@ -116,14 +117,14 @@ def _run_local(
             close()  # tensor-parallel worker processes leave with the run
 
 
-def _left_to_run(spec: JobSpec, shards: list[Shard]) -> bool:
-    """Whether a shard of the plan is not committed yet (also when the output holds no run of this job:
-    one listing of the output, before the engine is loaded for nothing)."""
-    try:
-        run = open_run(spec)
-    except PipelineError:
+def _left_to_run(checked: CheckedOutput, shards: list[Shard]) -> bool:
+    """Whether a shard of the plan is not committed yet (also when the output holds no run of this job):
+    one listing of the run's markers, before the engine is loaded for nothing."""
+    existing = checked.existing
+    if existing is None or existing.fingerprint_hash != checked.fresh.fingerprint_hash:
         return True
-    return any(not run.is_committed(s.shard_id) for s in shards)
+    done = committed_ids(checked.layout.for_run(existing.run_id))
+    return any(s.shard_id not in done for s in shards)
 
 
 def print_summary(console: Console, summary: RunSummary, storage: StorageConfig | None = None) -> None:

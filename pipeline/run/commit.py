@@ -364,6 +364,12 @@ def committed_marker(layout: Layout, shard_id: str) -> CommitMarker | None:
         return None
 
 
+def committed_ids(layout: Layout) -> frozenset[str]:
+    """The shards ``layout``'s run has a marker for: one listing of its _commits/ folder, no marker read."""
+    names = (p.rsplit("/", 1)[-1] for p in layout.store.list_files(layout.commits))
+    return frozenset(n.removesuffix(".json") for n in names if n.endswith(".json"))
+
+
 def list_markers(layout: Layout) -> list[CommitMarker]:
     """Every marker of ``layout``'s run (a file that is not one of its markers is skipped)."""
     out = []

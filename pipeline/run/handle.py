@@ -219,8 +219,7 @@ class Run:
 
     def refresh_commits(self) -> None:
         """List the run's markers again (one listing of _commits/<run>/): what other lanes committed."""
-        names = (p.rsplit("/", 1)[-1] for p in self.store.list_files(self.layout.commits))
-        found = {n.removesuffix(".json") for n in names if n.endswith(".json")}
+        found = set(commits.committed_ids(self.layout))
         with self._lock:
             self._committed = found
             self._markers = {k: v for k, v in self._markers.items() if k in found}

@@ -217,10 +217,12 @@ def _fresh_record(spec: JobSpec, inputs: InputFacts) -> RunRecord:
 
 @dataclass(frozen=True)
 class CheckedOutput:
-    """What ``check_output`` found: the output root's layout and this job's fresh record."""
+    """What ``check_output`` found: the output root's layout, this job's fresh record, and the record
+    already there (None on a new output)."""
 
     layout: Layout
     fresh: RunRecord
+    existing: RunRecord | None = None
 
 
 def check_output(spec: JobSpec, new_run: bool = False, inputs: InputFacts | None = None) -> CheckedOutput:
@@ -237,7 +239,7 @@ def check_output(spec: JobSpec, new_run: bool = False, inputs: InputFacts | None
         check_fingerprint(spec, layout, existing)
     elif not new_run:
         check_inputs(spec, existing, fresh)
-    return CheckedOutput(layout, fresh)
+    return CheckedOutput(layout, fresh, existing)
 
 
 def check_inputs(spec: JobSpec, existing: RunRecord, fresh: RunRecord) -> None:
