@@ -18,6 +18,8 @@ Engines (``--engines``):
 - ``pf-unchunked``: the default with kernels/cpu_linear.py's column chunks of wide layers turned off;
 - ``pf-sdpa-decode``: the default with every attention chunk on torch's SDPA (before the single-query
   path of kernels/cpu_attention.py);
+- ``pf-all-heads``: the default with decode matmuls over all KV heads at once (before the per-head path
+  of kernels/cpu_attention.py, which reads K and V in place);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -70,17 +72,21 @@ ENGINES = {
     "pf-int8-head": {"cpu_int8": "on"},  # the same with the tied LM head in int8 too
     "pf-fp32mm": {"cpu_int8": "off"},  # float32 matmuls whatever the default
     "pf-sdpa-decode": {},  # the default with decode attention on SDPA (kernels/cpu_attention.py's _MATH_MIN off)
+    "pf-all-heads": {},  # the default with decode matmuls over all KV heads (cpu_attention._PER_HEAD_MIN off)
 }
 
 
 @contextlib.contextmanager
 def chunking(engine: str) -> Iterator[None]:
     """``pf-unchunked``: every float32 layer one F.linear for the duration of its run; ``pf-sdpa-decode``:
-    every attention chunk on SDPA."""
+    every attention chunk on SDPA; ``pf-all-heads``: decode matmuls over all KV heads at once."""
     from prefixflow.engine.quantization import int8_path
     from prefixflow.kernels import cpu_attention, cpu_linear
 
     saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
+    per_head = cpu_attention._PER_HEAD_MIN
+    if engine == "pf-all-heads":
+        cpu_attention._PER_HEAD_MIN = 1 << 62
     if engine == "pf-unchunked":
         cpu_linear.CHUNK_MIN_OUT = 1 << 62
     if engine == "pf-sdpa-decode":
@@ -90,6 +96,7 @@ def chunking(engine: str) -> Iterator[None]:
         yield
     finally:
         cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
+        cpu_attention._PER_HEAD_MIN = per_head
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -41,6 +41,7 @@ from prefixflow.kernels.scratch import scratch
 _KV_BUDGET = 8 << 20  # bytes of gathered K plus V per chunk
 _MASK_BUDGET = 1 << 22  # mask elements per chunk (n x Qmax x L)
 _MATH_MIN = 128  # requests x gathered context from which a reduced-precision decode chunk skips SDPA
+_PER_HEAD_MIN = 2048  # requests x context from which decode matmuls go one KV head at a time (no K/V copy)
 
 
 @dataclass(frozen=True)
@@ -200,17 +201,32 @@ def _attend(
 def _single_query(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """SDPA's result for one query row per request (``q`` ``[n, Hq, 1, D]``, K/V ``[n, Hkv, L, D]``,
-    ``mask`` ``[n, 1, 1, L]`` True = attend): the query heads of one KV head as the rows of one matmul,
-    float32 scores and softmax, probabilities rounded to V's dtype for the second matmul."""
+    """SDPA's result for one query row per request (``q`` ``[n, Hq, 1, D]``, K/V ``[n, Hkv, L, D]`` views
+    of ``[n, L, Hkv, D]`` gathers, ``mask`` ``[n, 1, 1, L]`` True = attend): per KV head, its query heads
+    are the rows of one batched matmul against that head's K, float32 scores and softmax, probabilities
+    rounded to V's dtype for the second matmul. One KV head at a time because its K and V are strided
+    views the batched matmul reads in place; all heads at once made the matmul copy K (float32) and V
+    into [n * Hkv] batches first, a quarter of a decode step's attention (benchmarks/RESULTS.md issue 24)."""
     n, num_q_heads, _, dim = q.shape
     num_kv_heads = k.shape[1]
     grouped = q.reshape(n, num_kv_heads, num_q_heads // num_kv_heads, dim).float()
-    scores = torch.matmul(grouped, k.float().transpose(-1, -2)).mul_(scale)
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).view(n, num_q_heads, 1, dim)
+    if n < 2 or n * k.shape[2] < _PER_HEAD_MIN:  # little to copy: one matmul over all heads saves the loop
+        scores = torch.matmul(grouped, k.float().transpose(-1, -2)).mul_(scale)
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v).view(n, num_q_heads, 1, dim)
+    keys = k.transpose(1, 2).float()  # [n, L, Hkv, D]: one conversion pass over the gathered K
+    values = v.transpose(1, 2)
+    hidden = None if mask is None else ~mask[:, 0]  # [n, 1, L]
+    out = torch.empty(n, num_kv_heads, grouped.shape[2], dim, dtype=v.dtype, device=v.device)
+    for h in range(num_kv_heads):
+        scores = torch.bmm(grouped[:, h], keys[:, :, h].transpose(1, 2)).mul_(scale)
+        if hidden is not None:
+            scores.masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        out[:, h] = torch.bmm(probs, values[:, :, h])
+    return out.view(n, num_q_heads, 1, dim)
 
 
 def paged_attention(
