@@ -73,7 +73,9 @@ def _run_local(
             check_sampling_vocabulary(spec.config, llm.vocab_size)
         failures: list[ShardError] = []
         with hold_output(checked.layout, driver=CLI_DRIVER):
-            read_at = time.monotonic()  # the record prepare writes or checks is not read again
+            # prepare_run's two steps, taken here so the spec goes record -> handle once, not back and
+            # forth (benchmarks/module_walk.py); the record prepare writes or checks is not read again
+            read_at = time.monotonic()
             record, markers = prepare(spec, new_run, checked)
             run = open_run(spec, checked.layout.store, shards, markers, record, read_at)
             todo = [s for s in shards if not run.is_committed(s.shard_id)]

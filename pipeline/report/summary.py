@@ -249,9 +249,10 @@ def _removable(layout: Layout, state: DataState, held: lease.OutputLease) -> tup
     waiting = {
         o for o in state.orphans if layout.is_direct(layout.path(o)) and o.split("/")[2] not in committed
     }
+    removed = [o for o in state.orphans if o not in waiting]
     if waiting and held.others():
-        return [o for o in state.orphans if o not in waiting], []
-    return [o for o in state.orphans if o not in waiting], sorted(waiting)
+        waiting = set()
+    return removed, sorted(waiting)
 
 
 def finalize(run: Run) -> RunSummary:

@@ -121,12 +121,13 @@ def scan_kept(
     store = layout.store
     chosen: list[PartInfo] = []
     covered: set[tuple[str, int]] = set()
-    in_data = sorted(direct, key=lambda p: layout.direct_index(p) or 0)
+    in_data = sorted(set(direct), key=lambda p: layout.direct_index(p) or 0)
+    from_data = set(in_data)
     in_staging = store.list_files(layout.staging(shard_id)) if staged is None else sorted(staged)
     for path in [*in_data, *(p for p in in_staging if p.endswith(".parquet"))]:
         try:
             data = store.read_bytes(path)
-            info = _info(path, path, data) if path in in_data else part_info(layout, shard_id, path, data)
+            info = _info(path, path, data) if path in from_data else part_info(layout, shard_id, path, data)
         except Exception:
             continue
         if covered.isdisjoint(info.row_keys):

@@ -116,7 +116,7 @@ class _Flusher:
         self.attempt = commits.new_attempt_id()
         self.buffer: list[dict[str, Any]] = []
         self.parts: list[commits.PartInfo] = []
-        self.taken: str | None = None
+        self.taken = False
         self.last = time.monotonic()
 
     def add(self, record: dict[str, Any]) -> None:
@@ -130,7 +130,7 @@ class _Flusher:
             return
         hook("flush_begin")
         data = encode_part(self.buffer, self.schema)
-        if self.direct and self.taken is None:
+        if self.direct and not self.taken:
             self.run.ensure_current()
             part = commits.write_direct(self.run.layout, self.shard_id, data, self.next_direct)
             if part is not None:
@@ -138,7 +138,7 @@ class _Flusher:
                 self.run.wrote(self.shard_id, part.data)
                 self._done(part)
                 return
-            self.taken = self.run.layout.direct_part(self.shard_id, self.next_direct)
+            self.taken = True
         part = commits.write_part(self.run.layout, self.shard_id, self.attempt, len(self.parts), data)
         self.run.wrote(self.shard_id, part.staged)
         self._done(part)
@@ -246,7 +246,7 @@ def _run_shard(
     )
     run.ensure_current()
     # another attempt's direct parts may be in data/ beyond what the Run knows: publish asks the store
-    known = None if flusher.taken is not None else run.present(shard.shard_id) | {p.staged for p in parts}
+    known = None if flusher.taken else run.present(shard.shard_id) | {p.staged for p in parts}
     marker = commits.commit(layout, marker, before_publish=run.ensure_current, present=known, clean=False)
     run.committed(marker)
     return ShardResult.from_marker(marker, skipped=False, resumed_rows=len(done))

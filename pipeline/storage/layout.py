@@ -23,7 +23,7 @@ at most one version of each row at a time, so every input row appears there at m
 once after finalize:
 
 - copies of staged parts listed in a marker of the current run, under names fixed by that marker, made
-  only after the marker exists (``publish: copy``, and shards flushed as several parts);
+  only after the marker exists (``publish: copy``, and the parts a direct attempt had to stage);
 - ``publish: direct``: each part an attempt flushes is created exclusively at the shard's next free
   attempt-independent name ``part-direct-N.parquet`` (N = 1 + the highest such N the attempt knows of)
   before the marker. An attempt that finds its name taken (another attempt of the shard is writing, or
