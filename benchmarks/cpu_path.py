@@ -18,6 +18,10 @@ Engines (``--engines``):
 - ``pf-unchunked``: the default with kernels/cpu_linear.py's column chunks of wide layers turned off;
 - ``pf-sdpa-decode``: the default with every attention chunk on torch's SDPA (before the single-query
   path of kernels/cpu_attention.py);
+- ``pf-math-decode``: the default with bf16 decodes on the two-matmul path even on a CPU with AMX tiles
+  (before kernels/cpu_attention.py ``_sdpa_decodes``);
+- ``pf-padded-chunks``: the default with attention chunks cut by the K/V and mask budgets only (before
+  the padding rule of kernels/cpu_attention.py ``_split``: decodes no longer pad to a prefill's query rows);
 - ``pf-all-heads``: the default with decode matmuls over all KV heads at once (before the per-head path
   of kernels/cpu_attention.py, which reads K and V in place);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
@@ -73,18 +77,54 @@ ENGINES = {
     "pf-fp32mm": {"cpu_int8": "off"},  # float32 matmuls whatever the default
     "pf-sdpa-decode": {},  # the default with decode attention on SDPA (kernels/cpu_attention.py's _MATH_MIN off)
     "pf-all-heads": {},  # the default with decode matmuls over all KV heads (cpu_attention._PER_HEAD_MIN off)
+    "pf-math-decode": {},  # the default with bf16 decodes on the two-matmul path even where the CPU has AMX
+    "pf-padded-chunks": {},  # the default with attention chunks cut by the K/V and mask budgets only
 }
+
+
+def _split_by_budgets_only(
+    order: list[int], qlens: list[int], lens: list[int], kv_token_bytes: int
+) -> list[list[int]]:
+    """kernels/cpu_attention.py's chunk planner before the padding rule (``pf-padded-chunks``): a request
+    joins the current chunk whenever the gathered K/V and the mask fit, whatever padding it adds."""
+    from prefixflow.kernels import cpu_attention
+
+    chunks: list[list[int]] = []
+    q_max = l_max = 0
+    for b in order:
+        if chunks:
+            n, qm, lm = len(chunks[-1]) + 1, max(q_max, qlens[b]), max(l_max, lens[b])
+            if (
+                n * lm * kv_token_bytes <= cpu_attention._KV_BUDGET
+                and n * qm * lm <= cpu_attention._MASK_BUDGET
+            ):
+                chunks[-1].append(b)
+                q_max, l_max = qm, lm
+                continue
+        chunks.append([b])
+        q_max, l_max = qlens[b], lens[b]
+    return chunks
 
 
 @contextlib.contextmanager
 def chunking(engine: str) -> Iterator[None]:
     """``pf-unchunked``: every float32 layer one F.linear for the duration of its run; ``pf-sdpa-decode``:
-    every attention chunk on SDPA; ``pf-all-heads``: decode matmuls over all KV heads at once."""
+    every attention chunk on SDPA; ``pf-all-heads``: decode matmuls over all KV heads at once;
+    ``pf-padded-chunks``: attention chunks cut by the budgets only (before the padding rule);
+    ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU."""
     from prefixflow.engine.quantization import int8_path
     from prefixflow.kernels import cpu_attention, cpu_linear
 
     saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
-    per_head = cpu_attention._PER_HEAD_MIN
+    per_head, split, sdpa_decodes = (
+        cpu_attention._PER_HEAD_MIN,
+        cpu_attention._split,
+        cpu_attention._SDPA_DECODES,
+    )
+    if engine == "pf-math-decode":
+        cpu_attention._SDPA_DECODES = False
+    if engine == "pf-padded-chunks":
+        cpu_attention._split = _split_by_budgets_only
     if engine == "pf-all-heads":
         cpu_attention._PER_HEAD_MIN = 1 << 62
     if engine == "pf-unchunked":
@@ -96,7 +136,8 @@ def chunking(engine: str) -> Iterator[None]:
         yield
     finally:
         cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
-        cpu_attention._PER_HEAD_MIN = per_head
+        cpu_attention._PER_HEAD_MIN, cpu_attention._split = per_head, split
+        cpu_attention._SDPA_DECODES = sdpa_decodes
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

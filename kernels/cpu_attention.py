@@ -14,8 +14,9 @@ the same tensors in place gets a new plan). Before: ~25 small tensor ops per lay
 gather + permute copy + two bmm + mask + softmax passes, 3-8x slower at 144-1024-token contexts
 (benchmarks/RESULTS.md, issue 24).
 
-Single-query chunks (decode) in a reduced-precision cache (bf16, fp16) take ``_single_query`` instead
-of SDPA: two batched matmuls with float32 scores. Why: torch's CPU flash kernel packs K and V per query
+Single-query chunks (decode) in a reduced-precision cache (bf16, fp16) on a CPU without AMX tiles take
+``_single_query`` instead of SDPA: two batched matmuls with float32 scores (with AMX, SDPA is faster:
+``_sdpa_decodes``). Why: torch's CPU flash kernel packs K and V per query
 head and query block, which at one query row costs far more than the math. Measured on a 2-core Zen 4
 (native bf16), 1 thread, SmolLM2's heads, process CPU ms per call: 64 decodes over 160 tokens 12.2 vs
 2.6 (4.8x), 16 over 1,024 29.2 vs 6.0, 64 over 1,024 96 vs 45; only a lone request over 32 tokens
@@ -42,6 +43,22 @@ _KV_BUDGET = 8 << 20  # bytes of gathered K plus V per chunk
 _MASK_BUDGET = 1 << 22  # mask elements per chunk (n x Qmax x L)
 _MATH_MIN = 128  # requests x gathered context from which a reduced-precision decode chunk skips SDPA
 _PER_HEAD_MIN = 2048  # requests x context from which decode matmuls go one KV head at a time (no K/V copy)
+_PAD_WASTE = 0.25  # padded query-key pairs a chunk may add, as a share of its real ones ...
+_PAD_FLOOR = 4096  # ... or this many, whichever is more (another chunk costs ~10 small ops per layer)
+
+
+_SDPA_DECODES: bool | None = None  # reduced-precision decodes on SDPA; None: where the CPU has AMX tiles
+
+
+def _sdpa_decodes() -> bool:
+    """Whether single-query chunks in a bf16/fp16 cache stay on SDPA. Where the CPU has AMX tiles,
+    torch's flash kernel multiplies bf16 on them and beat the two-matmul path 2.0-2.9x at every decode
+    shape measured (1-64 requests over 32-2,048 tokens; 1.2x end to end at batch 64: benchmarks/RESULTS.md
+    issue 24, "Eighth round"); on AVX512-BF16 without AMX (Zen 4) it lost 2.6-4.8x."""
+    global _SDPA_DECODES
+    if _SDPA_DECODES is None:
+        _SDPA_DECODES = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return _SDPA_DECODES
 
 
 @dataclass(frozen=True)
@@ -80,17 +97,32 @@ _local = threading.local()
 
 
 def _split(order: list[int], qlens: list[int], lens: list[int], kv_token_bytes: int) -> list[list[int]]:
+    """Consecutive requests of ``order`` (sorted by query, then context length) grouped into chunks.
+
+    A request joins the current chunk while the gathered K/V and the mask fit their budgets and the
+    padding stays small: a chunk computes ``n x q_max x L`` query-key pairs, and joining must not make
+    that more than ``_PAD_WASTE`` over the real ones (beyond ``_PAD_FLOOR``, under which another chunk's
+    calls cost more). Why: continuous batching puts decodes and prefill chunks in one step, and one
+    chunk padded every decode to the prefill's 32-128 query rows on SDPA (measured on the AMX host,
+    benchmarks/RESULTS.md issue 24, "Eighth round"). The floor keeps small mixed steps in one chunk as
+    before, so their rows round as they did (speculation on and off give the same prompt log-probs)."""
     chunks: list[list[int]] = []
-    q_max = l_max = 0
+    q_max = l_max = real = 0
     for b in order:
+        pairs = qlens[b] * lens[b]
         if chunks:
             n, qm, lm = len(chunks[-1]) + 1, max(q_max, qlens[b]), max(l_max, lens[b])
-            if n * lm * kv_token_bytes <= _KV_BUDGET and n * qm * lm <= _MASK_BUDGET:
+            waste = n * qm * lm - (real + pairs)
+            if (
+                n * lm * kv_token_bytes <= _KV_BUDGET
+                and n * qm * lm <= _MASK_BUDGET
+                and waste <= max(_PAD_WASTE * (real + pairs), _PAD_FLOOR)
+            ):
                 chunks[-1].append(b)
-                q_max, l_max = qm, lm
+                q_max, l_max, real = qm, lm, real + pairs
                 continue
         chunks.append([b])
-        q_max, l_max = qlens[b], lens[b]
+        q_max, l_max, real = qlens[b], lens[b], pairs
     return chunks
 
 
@@ -185,7 +217,7 @@ def _attend(
     qc = q.index_select(0, c.rows).view(c.n, c.q_max, num_q_heads, head_dim).transpose(1, 2)
     if qc.dtype != k.dtype:
         qc = qc.to(k.dtype)
-    if c.q_max == 1 and k.dtype != torch.float32 and c.n * c.length >= _MATH_MIN:
+    if c.q_max == 1 and k.dtype != torch.float32 and c.n * c.length >= _MATH_MIN and not _sdpa_decodes():
         o = _single_query(qc, k, v, c.mask, scale)
     else:
         o = F.scaled_dot_product_attention(

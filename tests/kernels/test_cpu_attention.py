@@ -92,6 +92,7 @@ def test_bf16_decodes_skip_sdpa_and_match_it(heads, monkeypatch):
     """A decode-only bf16 step takes the two-matmul path (SDPA is never called), equals the reference
     on a NaN-poisoned cache and agrees with what SDPA gives for the same step."""
     hq, hkv, d = heads
+    monkeypatch.setattr(cpu_attention, "_SDPA_DECODES", False)  # as on a CPU without AMX tiles
     batch = build_paged_batch(
         DECODES, hq, hkv, d, block_size=16, dtype=torch.bfloat16, device=torch.device("cpu"), seed=d
     )
@@ -112,6 +113,26 @@ def test_bf16_decodes_skip_sdpa_and_match_it(heads, monkeypatch):
     assert torch.equal(got, default)
 
 
+def test_bf16_decodes_stay_on_sdpa_where_the_cpu_has_amx(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "_SDPA_DECODES", None)
+    monkeypatch.setattr(cpu_attention.torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    batch = build_paged_batch(
+        DECODES, 9, 3, 64, block_size=16, dtype=torch.bfloat16, device=torch.device("cpu")
+    )
+    calls = []
+    real = cpu_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        cpu_attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    got = cpu_attention.paged_attention(*_args(batch), 0.125)
+    assert calls and relative_error(got, reference.paged_attention(*_args(batch), 0.125)) < 1e-2
+    monkeypatch.setattr(cpu_attention, "_SDPA_DECODES", None)
+    monkeypatch.setattr(cpu_attention.torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    calls.clear()
+    cpu_attention.paged_attention(*_args(batch), 0.125)
+    assert not calls
+
+
 def test_float32_decodes_stay_on_sdpa(monkeypatch):
     batch = build_paged_batch(DECODES, 8, 2, 32, block_size=16, device=torch.device("cpu"), seed=3)
     calls = []
@@ -121,3 +142,27 @@ def test_float32_decodes_stay_on_sdpa(monkeypatch):
     )
     got = cpu_attention.paged_attention(*_args(batch), 0.2)
     assert calls and relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5
+
+
+def test_decodes_do_not_pad_to_a_prefill_chunk_and_padding_stays_bounded():
+    """Continuous batching's usual step, 32 decodes beside one 96-row prefill chunk: the decodes keep
+    their own chunk (one query row each, not padded to 96), and the result still equals the reference."""
+    shapes = [(1, 144)] * 32 + [(96, 96)] + [(128, 128)] * 3
+    batch = build_paged_batch(
+        shapes, 9, 3, 64, block_size=16, dtype=torch.bfloat16, device=torch.device("cpu")
+    )
+    qlens = [q for q, _ in shapes]
+    lens = [s for _, s in shapes]
+    order = sorted(range(len(shapes)), key=lambda b: (qlens[b], lens[b]))
+    chunks = cpu_attention._split(order, qlens, lens, kv_token_bytes=2 * 3 * 64 * 2)
+    for chunk in chunks:
+        q_max, l_max = max(qlens[b] for b in chunk), max(lens[b] for b in chunk)
+        real = sum(qlens[b] * lens[b] for b in chunk)
+        assert q_max == 1 or min(qlens[b] for b in chunk) > 1, "decodes shared a chunk with longer queries"
+        assert len(chunk) * q_max * l_max - real <= max(
+            cpu_attention._PAD_WASTE * real, cpu_attention._PAD_FLOOR
+        )
+    assert sorted(b for chunk in chunks for b in chunk) == list(range(len(shapes)))
+    got = cpu_attention.paged_attention(*_args(batch), 0.125)
+    assert not torch.isnan(got).any()
+    assert relative_error(got, reference.paged_attention(*_args(batch), 0.125)) < 1e-2
