@@ -9,7 +9,7 @@ format. Merged projections (q|k|v, gate|up) load each checkpoint tensor into its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -17,7 +17,16 @@ from torch import nn
 from prefixflow.engine.quantization.method import DenseMethod, KernelContext, LinearMethod
 from prefixflow.engine.quantization.params import CheckpointError
 
-__all__ = ["INVARIANT_MIN_ROWS", "DenseMethod", "KernelContext", "Linear", "LinearMethod", "pad_rows"]
+__all__ = [
+    "INVARIANT_MAX_ROWS",
+    "INVARIANT_MIN_ROWS",
+    "DenseMethod",
+    "KernelContext",
+    "Linear",
+    "LinearMethod",
+    "invariant_rows",
+    "pad_rows",
+]
 
 # Batch-invariant mode (EngineConfig.batch_invariant): every matmul gets at least this many rows. On the
 # CPU BLAS torch ships, ``x @ W.T`` gives a row the same bits whatever the other rows are once the
@@ -25,6 +34,11 @@ __all__ = ["INVARIANT_MIN_ROWS", "DenseMethod", "KernelContext", "Linear", "Line
 # benchmarks/RESULTS.md, issue 26); 16 leaves a margin. Zero rows cost little: small-M matmuls are
 # bound by reading the weights, not by the rows.
 INVARIANT_MIN_ROWS = 16
+# ... and at most this many: a longer product runs in blocks of this many rows. oneDNN's bf16 matmul on AMX
+# tiles (and MKL's float32 one at some shapes) changes a row's bits from 33 rows on: at 64 rows every SmolLM2
+# layer differed in some rows, the 49,152-wide head in 60 of 64, while products of 16-32 rows always gave a
+# row its 16-row bits (benchmarks/RESULTS.md issue 24, "Eighth round").
+INVARIANT_MAX_ROWS = 32
 
 
 def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
@@ -33,6 +47,22 @@ def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
     if n >= min_rows:
         return x
     return torch.cat([x, x.new_zeros((min_rows - n, *x.shape[1:]))])
+
+
+def invariant_rows(
+    matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, min_rows: int
+) -> torch.Tensor:
+    """``matmul(x)`` with each row's bits independent of the other rows: ``min_rows`` 0 is one call;
+    otherwise blocks of ``INVARIANT_MAX_ROWS`` rows at most, each padded to ``min_rows``."""
+    n = x.shape[0]
+    if not min_rows or (min_rows <= n <= INVARIANT_MAX_ROWS):
+        return matmul(x)
+    if n < min_rows:
+        return matmul(pad_rows(x, min_rows))[:n]
+    step = INVARIANT_MAX_ROWS
+    return torch.cat(
+        [matmul(pad_rows(x[s : s + step], min_rows))[: min(step, n - s)] for s in range(0, n, step)]
+    )
 
 
 class Linear(nn.Module):
@@ -89,7 +119,4 @@ class Linear(nn.Module):
         self.method.process_after_loading(self, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        if n >= self.min_rows:
-            return self.method.apply(self, x, self.bias)
-        return self.method.apply(self, pad_rows(x, self.min_rows), self.bias)[:n]
+        return invariant_rows(lambda rows: self.method.apply(self, rows, self.bias), x, self.min_rows)

@@ -18,7 +18,7 @@ from prefixflow.engine.distributed.context import TensorParallel, single_rank
 from prefixflow.engine.distributed.pipeline import PipelineStage
 from prefixflow.engine.distributed.sharding import Partition
 from prefixflow.engine.loading.model_config import ModelConfig
-from prefixflow.engine.models.linear import INVARIANT_MIN_ROWS, Linear, pad_rows
+from prefixflow.engine.models.linear import INVARIANT_MIN_ROWS, Linear, invariant_rows
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
@@ -214,8 +214,8 @@ class LlamaForCausalLM(nn.Module):
             self.int8_head = pack_int8(self.embed_tokens.weight)
 
     def make_batch_invariant(self) -> None:
-        """Every matmul of the model, the tied LM head included, runs on at least ``INVARIANT_MIN_ROWS``
-        rows, so a row's bits never depend on how many other rows share the step."""
+        """Every matmul of the model, the tied LM head included, runs on ``INVARIANT_MIN_ROWS`` to
+        ``INVARIANT_MAX_ROWS`` rows at a time, so a row's bits never depend on how many other rows share the step."""
         self.min_rows = INVARIANT_MIN_ROWS
         for module in self.modules():
             if isinstance(module, Linear):
@@ -246,12 +246,11 @@ class LlamaForCausalLM(nn.Module):
         """float32 ``[rows, vocab]`` on rank 0; every rank must call it (it gathers)."""
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
-            n = hidden.shape[0]  # tied: the embedding is the head
-            rows = pad_rows(hidden, self.min_rows)
-            if self.int8_head is not None:
-                local = int8_linear(rows, self.int8_head)[:n]
+            weight, int8_head = self.embed_tokens.weight, self.int8_head  # tied: the embedding is the head
+            if int8_head is not None:
+                local = invariant_rows(lambda rows: int8_linear(rows, int8_head), hidden, self.min_rows)
             else:
-                local = dense_linear(rows, self.embed_tokens.weight)[:n]
+                local = invariant_rows(lambda rows: dense_linear(rows, weight), hidden, self.min_rows)
         else:
             local = self.lm_head(hidden)
         return gather_logits(local, self.tp.layout.vocab, self.tp.group)

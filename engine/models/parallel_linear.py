@@ -18,7 +18,7 @@ import torch
 from prefixflow.engine.distributed.group import ParallelGroup
 from prefixflow.engine.distributed.linear_shard import LinearShard
 from prefixflow.engine.distributed.sharding import Partition
-from prefixflow.engine.models.linear import Linear, LinearMethod, pad_rows
+from prefixflow.engine.models.linear import Linear, LinearMethod, invariant_rows
 
 _BIAS = (0, None, 1, 1)  # (output_dim, input_dim, output_pack, input_pack) of a bias: dense, [out]
 
@@ -90,6 +90,7 @@ class RowParallelLinear(Linear):
         super().load(param, _narrow(self, self.shard, param, tensor, shard), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        out = self.group.all_reduce(self.method.apply(self, pad_rows(x, self.min_rows), None))[:n]
+        out = self.group.all_reduce(
+            invariant_rows(lambda rows: self.method.apply(self, rows, None), x, self.min_rows)
+        )
         return out if self.bias is None else out + self.bias
