@@ -99,7 +99,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.stats = stats
         stats.method = cfg.method
-        self.cost = LinearCost(2)  # step seconds ~ tokens, sampled rows
+        self.cost = LinearCost(3)  # step seconds ~ tokens, sampled rows, distinct draft lengths (policy.py)
         self.method_acceptance = Acceptance()
         self.jump_forward_acceptance = Acceptance()
         self.forced = forced  # grammar-forced drafts for structured-output requests (lookup methods only)
@@ -152,7 +152,7 @@ class Speculator:
         attaches what fits the step's budget and the free blocks (``Scheduler.attach_drafts``)."""
         if not (self.cfg.prefill_drafts and self.proposer.lookahead):
             return {}
-        tokens, rows = self.features(scheduled)
+        tokens, rows, _ = self.features(scheduled)
         ending: list[Request] = []
         limits: list[int] = []
         for chunk in scheduled:
@@ -237,12 +237,15 @@ class Speculator:
     def features(scheduled: SchedulerOutput) -> list[float]:
         """What a step computes, for the cost model (read before the step settles its runs)."""
         tokens = rows = 0
+        lengths: set[int] = set()
         for chunk in scheduled:
             tokens += chunk.num_tokens
             req = chunk.request
             if req.generates and req.num_computed_tokens + chunk.num_tokens >= req.num_tokens:
                 rows += 1 + req.num_draft_tokens
-        return [float(tokens), float(rows)]
+                if req.num_draft_tokens:
+                    lengths.add(req.num_draft_tokens)
+        return [float(tokens), float(rows), float(len(lengths))]
 
     def observe(self, features: list[float], seconds: float, running: list[Request]) -> None:
         """After a step: its cost, for the policy; the proposer drops what finished or was preempted."""

@@ -2,7 +2,10 @@
 
 The expected tokens a request emits with k drafts of per-draft acceptance alpha are
 1 + alpha + ... + alpha^k; the j-th draft adds alpha^j. Drafts of different origins in one run (a
-grammar-forced stretch, then looked-up tokens) have their own alphas: the j-th adds their product. The step's cost comes from ``LinearCost``.
+grammar-forced stretch, then looked-up tokens) have their own alphas: the j-th adds their product. The step's cost comes from ``LinearCost``
+over (tokens, sampled rows, distinct draft lengths): requests verifying k+1 rows form attention chunks of
+their own per k, a fixed cost per layer that a per-token slope missed (batch 64 on an AMX CPU: auto 0.94x off
+on the `varied` chat prompts, benchmarks/RESULTS.md issue 24 "Eighth round").
 Drafts are added best-first (highest alpha^j) while the step's expected tokens per second rise; the
 plan is kept only when it beats plain decoding by ``MARGIN``, so an uncertain estimate decodes plainly.
 At batch 1 a step costs about its fixed part and drafts are nearly free; at a large batch every
@@ -11,6 +14,7 @@ token costs about the same and a draft pays only when it is nearly always accept
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from prefixflow.engine.speculative.cost_model import LinearCost
@@ -66,16 +70,24 @@ def plan_drafts(
     if not candidates or not cost.ready:
         return ks
     gains = sorted(((g, i) for i, c in enumerate(candidates) for g in c.gains() if g > 0), reverse=True)
-    base_time = cost.predict([base_tokens, base_rows])
+    base_time = cost.predict([base_tokens, base_rows, 0.0])
     if base_time <= 0:
         return ks
     emitted = float(max(base_rows, 1))
     best_rate = emitted / base_time
     plain_rate = best_rate
     best_count = 0
-    for count, (gain, _) in enumerate(gains, start=1):
+    planned = [0] * len(candidates)
+    lengths: Counter[int] = Counter()  # requests per draft count so far
+    for count, (gain, i) in enumerate(gains, start=1):
         emitted += gain
-        t = cost.predict([base_tokens + count, base_rows + count]) + draft_cost * count
+        if planned[i]:
+            lengths[planned[i]] -= 1
+            if not lengths[planned[i]]:
+                del lengths[planned[i]]
+        planned[i] += 1
+        lengths[planned[i]] += 1
+        t = cost.predict([base_tokens + count, base_rows + count, len(lengths)]) + draft_cost * count
         if emitted / t > best_rate:
             best_rate, best_count = emitted / t, count
     if best_rate < plain_rate * (1.0 + MARGIN):

@@ -104,10 +104,28 @@ def test_propose_leaves_the_matcher_where_it_was():
 def test_policy_takes_forced_drafts_a_lookup_would_not_get():
     """A step costing a fixed 10 ms + 1 ms per token (batch 1): near-certain forced drafts pay, the
     unlikely looked-up drafts after them do not, and the cut falls between them."""
-    cost = LinearCost(2)
+    cost = LinearCost(3)
     for tokens in range(1, 30):
-        cost.observe([float(tokens), 1.0 + tokens % 3], 0.010 + 0.001 * tokens)
+        cost.observe([float(tokens), 1.0 + tokens % 3, float(tokens % 2)], 0.010 + 0.001 * tokens)
     mixed = Candidate((0.95, 0.95, 0.95, 0.2, 0.2))
     assert plan_drafts([mixed], 1, 1, cost) == [3]
     assert plan_drafts([Candidate.uniform(5, 0.05)], 1, 1, cost) == [0]
     assert Candidate((0.5, 0.5)).gains() == [0.5, 0.25]
+
+
+def test_policy_prices_each_draft_length_a_step_adds():
+    """Batch 64, 1 ms per token over a 100 ms step: drafts of acceptance 0.6 pay while a new draft length
+    costs nothing, and not once the fit has seen that each one adds 50 ms (its own attention chunks)."""
+
+    def fitted(per_length: float) -> LinearCost:
+        cost = LinearCost(3)
+        for step in range(60):
+            tokens, lengths = 64 + 23 * (step % 7) + 9 * (step % 3), step % 3
+            cost.observe(
+                [float(tokens), float(tokens), float(lengths)], 0.1 + 0.001 * tokens + per_length * lengths
+            )
+        return cost
+
+    batch = [Candidate.uniform(4, 0.6) for _ in range(64)]
+    assert sum(plan_drafts(batch, 64, 64, fitted(0.0))) > 0
+    assert plan_drafts(batch, 64, 64, fitted(0.05)) == [0] * 64
