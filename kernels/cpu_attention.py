@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from prefixflow.kernels.cpu_features import amx_tiles
 from prefixflow.kernels.scratch import scratch
 
 _KV_BUDGET = 8 << 20  # bytes of gathered K plus V per chunk
@@ -57,7 +58,7 @@ def _sdpa_decodes() -> bool:
     issue 24, "Eighth round"); on AVX512-BF16 without AMX (Zen 4) it lost 2.6-4.8x."""
     global _SDPA_DECODES
     if _SDPA_DECODES is None:
-        _SDPA_DECODES = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+        _SDPA_DECODES = amx_tiles()
     return _SDPA_DECODES
 
 

@@ -152,10 +152,9 @@ def cpu_auto_dtype(gguf_file: Path | None, native: bool | None = None) -> str:
 
 def native_bf16() -> bool:
     """Whether this CPU has bf16 matmul instructions (AMX tiles or AVX512-BF16) that torch uses."""
-    import torch
+    from prefixflow.kernels.cpu_features import amx_tiles, avx512_bf16
 
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+    return amx_tiles() or avx512_bf16()
 
 
 def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> QuantizationConfig:

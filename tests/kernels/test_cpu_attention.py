@@ -113,17 +113,23 @@ def test_bf16_decodes_skip_sdpa_and_match_it(heads, monkeypatch):
     assert torch.equal(got, default)
 
 
+def _count_sdpa_calls(monkeypatch) -> list[int]:
+    """The real SDPA, noting each call in the returned list."""
+    calls: list[int] = []
+    real = cpu_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        cpu_attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    return calls
+
+
 def test_bf16_decodes_stay_on_sdpa_where_the_cpu_has_amx(monkeypatch):
     monkeypatch.setattr(cpu_attention, "_SDPA_DECODES", None)
     monkeypatch.setattr(cpu_attention.torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
     batch = build_paged_batch(
         DECODES, 9, 3, 64, block_size=16, dtype=torch.bfloat16, device=torch.device("cpu")
     )
-    calls = []
-    real = cpu_attention.F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        cpu_attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+    calls = _count_sdpa_calls(monkeypatch)
     got = cpu_attention.paged_attention(*_args(batch), 0.125)
     assert calls and relative_error(got, reference.paged_attention(*_args(batch), 0.125)) < 1e-2
     monkeypatch.setattr(cpu_attention, "_SDPA_DECODES", None)
@@ -135,11 +141,7 @@ def test_bf16_decodes_stay_on_sdpa_where_the_cpu_has_amx(monkeypatch):
 
 def test_float32_decodes_stay_on_sdpa(monkeypatch):
     batch = build_paged_batch(DECODES, 8, 2, 32, block_size=16, device=torch.device("cpu"), seed=3)
-    calls = []
-    real = cpu_attention.F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        cpu_attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+    calls = _count_sdpa_calls(monkeypatch)
     got = cpu_attention.paged_attention(*_args(batch), 0.2)
     assert calls and relative_error(got, reference.paged_attention(*_args(batch), 0.2)) < 1e-5
 
