@@ -5,18 +5,24 @@ profile), each its own pass over the activations and its own fresh tensor. These
 bit for bit to ``kernels/reference.py`` (the oracle; tests/kernels/test_cpu_ops.py checks ``torch.equal``)
 with fewer passes and temporaries:
 
-- ``rms_norm``: torch's fused ``F.rms_norm`` (one pass, float32 accumulate) for the normalisation;
-  in bf16/fp16 it normalises the float32 copy and rounds before the weight, as the reference and
-  transformers do;
-- ``rotary``: the cos/sin rows of a step's positions are gathered once and reused by every layer
-  (the positions are compared by value), and each half is written in place into one output, no
-  ``cat``;
+- ``rms_norm``: torch's fused ``F.rms_norm`` (one pass, float32 accumulate) in float32; a bf16/fp16
+  input goes in row blocks of ``NORM_BLOCK_ROWS`` (the residual sum written straight into its output,
+  each block's float32 copy normalised in cache and rounded once into the output, then the weight);
+- ``rotary``: the cos/sin rows of a step's positions are gathered once, each half repeated over the
+  whole head, and reused by every layer (the positions are compared by value); per row block of
+  ``ROTARY_BLOCK_ROWS``, ``x cos`` and ``x sin`` are two whole-head products and the two halves
+  ``u1 - t2``, ``u2 + t1`` are rounded straight into one output (no ``cat``, no float32 output);
 - ``silu_and_mul``: the gate's SiLU is multiplied by the up half in place; a bf16/fp16 input on the
   CPU with more than ``SILU_BLOCK_ROWS`` rows goes in row blocks, so each float32 temporary stays in
-  cache and is reused instead of a fresh tensor of the whole prefill chunk. Measured on a 2-core Zen 4,
-  1 thread, SmolLM2's 3072-wide gate|up in bf16: 4,096 rows 42 -> 7.6 ms, 512 rows 1.2 -> 1.0 ms,
-  64 rows unchanged; float32 gained nothing (0.8-1.1x), so it keeps one pass (benchmarks/RESULTS.md
-  issue 24, "Fifth round"). Same arithmetic per element, so the result is the same bits.
+  cache and is reused instead of a fresh tensor of the whole prefill chunk. Same arithmetic per
+  element, so the result is the same bits.
+
+Block sizes, measured 1 thread on SmolLM2's shapes at 4,096 rows (a batch-64 prefill chunk), bf16.
+AMX Xeon (2 MiB L2), RESULTS.md issue 24 "Ninth round": SiLU 8.9 ms in blocks of 128 -> 7.1 ms in
+blocks of 32 (16: 7.8, 64: 7.8); rotary of q and k 7.4 -> 4.9 ms; the norm with its residual
+4.1 -> 3.2 ms; a batch-64 prefill 3.27-3.35 -> 3.05-3.07 CPU-s. Zen 4 (1 MiB L2), "Fifth round":
+SiLU over 4,096 rows 42 -> 7.6 ms in blocks of 128; float32 gained nothing from blocks (0.8-1.1x),
+so float32 keeps one pass for the norm and the SiLU.
 """
 
 from __future__ import annotations
@@ -27,13 +33,18 @@ import torch
 import torch.nn.functional as F
 
 _local = threading.local()
-SILU_BLOCK_ROWS = 128
+SILU_BLOCK_ROWS = 32
+NORM_BLOCK_ROWS = 256
+ROTARY_BLOCK_ROWS = 128
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``reference.rms_norm``: with a residual, the sum (rounded to x.dtype) is normalised and returned."""
+    if x.dtype != torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.dtype == weight.dtype:
+        if residual is None or residual.dtype == x.dtype:
+            return _rms_norm_blocks(x, weight, eps, residual)
     new_residual = None
     if residual is not None:
         new_residual = (
@@ -48,30 +59,53 @@ def rms_norm(
     return out if new_residual is None else (out, new_residual)
 
 
+def _rms_norm_blocks(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A bf16/fp16 norm in row blocks of ``NORM_BLOCK_ROWS``: each block's float32 copy stays in cache,
+    and the normalised rows are rounded straight into the output (one rounding, as ``.to`` does)."""
+    rows = x.shape[0]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    new_residual = None if residual is None else torch.empty_like(out)
+    for start in range(0, rows, NORM_BLOCK_ROWS):
+        end = min(rows, start + NORM_BLOCK_ROWS)
+        block = x[start:end]
+        if new_residual is not None and residual is not None:
+            block = torch.add(block, residual[start:end], out=new_residual[start:end])
+        xf = block.float()
+        inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True).add_(eps))
+        torch.mul(xf, inv, out=out[start:end]).mul_(weight)
+    return out if new_residual is None else (out, new_residual)
+
+
 def _cos_sin(positions: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 ``[T, 1, D/2]`` cos and sin of ``positions``, reused while the positions are equal."""
+    """float32 ``[T, 1, D]`` cos and sin of ``positions``, each half repeated (so one multiply covers a
+    whole head), reused while the positions are equal."""
     last = getattr(_local, "rope", None)
     if last is not None and last[0] is cache and torch.equal(last[1], positions):
         return last[2], last[3]
     half = cache.shape[-1] // 2
     cs = cache.index_select(0, positions.long()).float()
-    cos, sin = cs[:, None, :half].contiguous(), cs[:, None, half:].contiguous()
-    _local.rope = (cache, positions.clone(), cos, sin)
-    return cos, sin
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    cos2, sin2 = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    _local.rope = (cache, positions.clone(), cos2, sin2)
+    return cos2, sin2
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox pairs (x[i], x[i + D/2]), the reference's float32 arithmetic, halves written in place."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    out = torch.empty(xf.shape, dtype=torch.float32, device=xf.device)
-    o1, o2 = out[..., :half], out[..., half:]
-    torch.mul(x1, cos, out=o1)
-    o1.sub_(x2 * sin)
-    torch.mul(x2, cos, out=o2)
-    o2.add_(x1 * sin)
-    return out.to(x.dtype)
+def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """Neox pairs (x[i], x[i + D/2]), the reference's float32 arithmetic, in row blocks of
+    ``ROTARY_BLOCK_ROWS``: ``u = x cos`` and ``t = x sin`` over whole heads, then ``u1 - t2`` and
+    ``u2 + t1`` rounded straight into the output's halves."""
+    rows, half = x.shape[0], x.shape[-1] // 2
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for start in range(0, rows, ROTARY_BLOCK_ROWS):
+        end = min(rows, start + ROTARY_BLOCK_ROWS)
+        xf = x[start:end].float()
+        t = xf * sin2[start:end]
+        u = xf * cos2[start:end]
+        torch.sub(u[..., :half], t[..., half:], out=out[start:end, ..., :half])
+        torch.add(u[..., half:], t[..., :half], out=out[start:end, ..., half:])
+    return out
 
 
 def rotary(
@@ -81,8 +115,8 @@ def rotary(
     head_dim = q.shape[-1]
     if cos_sin_cache.shape[-1] != head_dim:
         raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[-1]} != head_dim {head_dim}")
-    cos, sin = _cos_sin(positions, cos_sin_cache)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    cos2, sin2 = _cos_sin(positions, cos_sin_cache)
+    return _rotate(q, cos2, sin2), _rotate(k, cos2, sin2)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from prefixflow import kernels
 from prefixflow.engine.config import EngineConfig
+from prefixflow.engine.cpu_allocator import tune_cpu_allocator
 from prefixflow.engine.distributed.context import TensorParallel, for_group
 from prefixflow.engine.distributed.group import DistributedGroup, ParallelGroup
 from prefixflow.engine.distributed.pipeline import PipelineStage, stage_of
@@ -71,6 +72,7 @@ class ModelShard:
         self.pipeline_pending: list[tuple[Any, torch.Tensor]] = []  # posted sends not yet waited for
         self.max_model_len = max_model_len
         self.device = device
+        self.allocator = tune_cpu_allocator() if device.type == "cpu" else None
         self.dtype = torch_dtype(resolve_dtype(cfg.dtype, device.type, source.location))
         if cfg.batch_invariant and device.type != "cpu":
             raise ValueError(

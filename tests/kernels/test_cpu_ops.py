@@ -67,3 +67,33 @@ def test_silu_and_mul_in_row_blocks_is_the_same_bits(dtype: torch.dtype, rows: i
     assert got.dtype == dtype and torch.equal(got, reference.silu_and_mul(x))
     x3 = x[: 2 * (rows // 2)].reshape(2, rows // 2, 2 * 40)
     assert torch.equal(cpu_ops.silu_and_mul(x3), reference.silu_and_mul(x3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [cpu_ops.NORM_BLOCK_ROWS + 1, 2 * cpu_ops.NORM_BLOCK_ROWS + 37])
+def test_rms_norm_in_row_blocks_is_the_same_bits(dtype: torch.dtype, rows: int) -> None:
+    """A prefill chunk's norm goes block by block (the last one partial), with and without a residual."""
+    x, res, w = (
+        rand(rows, 96, seed=rows, dtype=dtype),
+        rand(rows, 96, seed=rows + 1, dtype=dtype),
+        rand(96, seed=3, dtype=dtype),
+    )
+    out, new_res = cpu_ops.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
+    want, want_res = reference.rms_norm(x, w, 1e-5, res)  # type: ignore[misc]
+    assert torch.equal(out, want) and torch.equal(new_res, want_res)
+    assert torch.equal(cpu_ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [cpu_ops.ROTARY_BLOCK_ROWS + 5, 3 * cpu_ops.ROTARY_BLOCK_ROWS + 1])
+def test_rotary_in_row_blocks_is_the_same_bits(dtype: torch.dtype, t: int) -> None:
+    hq, hkv, d = 6, 2, 32
+    qkv = rand(t, (hq + 2 * hkv) * d, seed=t, dtype=dtype)
+    q = qkv[:, : hq * d].reshape(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
+    before = qkv.clone()
+    cache = build_rope_cache(d, 2048, 10000.0)
+    positions = torch.randint(0, 2048, (t,), generator=torch.Generator().manual_seed(t))
+    got, want = cpu_ops.rotary(q, k, positions, cache), reference.rotary(q, k, positions, cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(qkv, before)  # the inputs (views into the qkv output) are left as they were
