@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixflow.pipeline.advisor.devices import Device, get_device
-from prefixflow.pipeline.advisor.engine_path import engine_path
+from prefixflow.pipeline.advisor.engine_path import cpu_auto_dtype, engine_path
 from prefixflow.pipeline.advisor.estimate import Estimate, estimate_all
 from prefixflow.pipeline.advisor.labels import label_advice
 from prefixflow.pipeline.advisor.memory import (
@@ -129,6 +129,15 @@ def _device(spec: JobSpec, gpu: str) -> Device:
     )
 
 
+def _cpu_dtype(device: Device, spec: JobSpec, card: Any) -> Device:
+    """On the CPU with ``dtype: auto``, the dtype the engine picks for this model on this host (bf16 for
+    the embedded GGUF on a CPU with native bf16), which sets the matmul ceiling and the KV bytes."""
+    if device.is_gpu or str(spec.config.engine.get("dtype") or "auto") != "auto":
+        return device
+    dtype = cpu_auto_dtype(spec.model, card.checkpoint_precision, "bf16" in device.flops)
+    return dataclasses.replace(device, dtype=dtype)
+
+
 def _order_flag(
     cfg: JobConfig, task: Task, sample: Sample, tokenizer: Any, block_size: int
 ) -> OrderFlag | None:
@@ -166,6 +175,7 @@ def advise(
     sample = sample_rows(spec, shards, sample_size)
     timings["sample_s"] = time.perf_counter() - t0
     card = card or _card(spec.model)
+    device = _cpu_dtype(device, spec, card)
     timings["model_s"] = time.perf_counter() - t0 - timings["sample_s"]
     cfg = spec.config
     shape = ModelShape.from_config(card.hf_config)

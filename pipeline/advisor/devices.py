@@ -2,8 +2,11 @@
 
 Figures are the vendors' datasheet peaks for dense math (no sparsity), so a bound computed from them is
 a true lower bound; measured ceilings are lower (the design brief's H200 figures, ~790 TFLOP/s bf16 and
-~4.3 TB/s copy, are 80-90 % of these). ``cpu`` is this project's 2-core CI host as measured in
-benchmarks/RESULTS.md (float32, the engine's CPU dtype), with the engine's CPU KV pool default.
+~4.3 TB/s copy, are 80-90 % of these). ``cpu`` is this host, priced by its class (``CPU_CLASSES``:
+AMX tiles, AVX512-BF16, or neither, read from /proc/cpuinfo's flags) with the ceilings measured on
+such a CPU at one compute thread (what the engine runs on a 2-core host), and the engine's CPU KV
+pool default. Its dtype is float32 until the advisor resolves the engine's own choice for the model
+(bf16 for the embedded GGUF on a CPU with native bf16).
 """
 
 from __future__ import annotations
@@ -49,7 +52,14 @@ class Device:
 
     def peak(self, precision: str) -> float:
         """Peak rate for a weight precision: fp8 W8A8 uses the fp8 rate where the chip has one; weight-only
-        int8/int4 dequantize into bf16 matrix products."""
+        int8/int4 dequantize into bf16 matrix products. A CPU multiplies in the engine's dtype there
+        (bf16 only where it has native bf16 and the engine picked it), whatever the weights are stored in."""
+        if not self.is_gpu:
+            return (
+                self.flops["bf16"]
+                if self.dtype == "bfloat16" and "bf16" in self.flops
+                else self.flops["fp32"]
+            )
         if precision == "fp8" and "fp8" in self.flops:
             return self.flops["fp8"]
         return self.flops.get("bf16") or self.flops["fp32"]
@@ -69,17 +79,70 @@ CHOICES = (*GPU_NAMES, "cpu", "local")
 _SMI_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100-80g"), ("L4", "l4"))
 
 
-def cpu_device() -> Device:
-    """This host: its RAM, the CI host's measured float32 ceilings, the engine's 512 MiB CPU KV pool."""
+@dataclass(frozen=True)
+class CpuClass:
+    """Measured ceilings of one kind of CPU at one compute thread: matmul FLOP/s per precision, copy B/s."""
+
+    name: str
+    flops: dict[str, float]
+    bytes_per_s: float
+    source: str
+
+
+# benchmarks/roofline.py's CPU ceilings as benchmarks/cpu_path.py measures them in each run (1 thread; the
+# highest of the runs in benchmarks/results/cpu_path_*.json, so that the bound stays a lower bound)
+CPU_CLASSES = {
+    "amx": CpuClass(
+        "amx",
+        {"fp32": 217e9, "bf16": 1572e9},
+        16.9e9,
+        "measured on a 2-core AMX Xeon, 1 thread (benchmarks/RESULTS.md issue 24, eighth and ninth rounds)",
+    ),
+    "avx512-bf16": CpuClass(
+        "avx512-bf16",
+        {"fp32": 97e9, "bf16": 209e9},
+        28.7e9,
+        "measured on a 2-core Zen 4, 1 thread (benchmarks/RESULTS.md issue 24, fifth and sixth rounds)",
+    ),
+    "avx2": CpuClass(
+        "avx2", {"fp32": 84e9}, 7e9, "measured on the 2-core AVX2 CI host (benchmarks/RESULTS.md)"
+    ),
+}
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The instruction-set flags of this host's first CPU (empty where /proc/cpuinfo is not readable)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_class(flags: frozenset[str]) -> CpuClass:
+    """AMX tiles (oneDNN multiplies bf16 on them), else AVX512-BF16, else the float32-only class."""
+    if "amx_bf16" in flags and "amx_tile" in flags:
+        return CPU_CLASSES["amx"]
+    if "avx512_bf16" in flags:
+        return CPU_CLASSES["avx512-bf16"]
+    return CPU_CLASSES["avx2"]
+
+
+def cpu_device(flags: frozenset[str] | None = None) -> Device:
+    """This host: its RAM, its class's measured ceilings, the engine's 512 MiB CPU KV pool."""
+    kind = cpu_class(cpu_flags() if flags is None else flags)
     return Device(
         "cpu",
         _host_memory_bytes(),
-        7e9,
-        {"fp32": 84e9},
+        kind.bytes_per_s,
+        dict(kind.flops),
         dtype="float32",
         is_gpu=False,
         kv_pool_bytes=CPU_DEFAULT_KV_BYTES,
-        source="measured on the 2-core CI host (benchmarks/RESULTS.md)",
+        source=f"{kind.name}: {kind.source}",
     )
 
 

@@ -116,3 +116,24 @@ def engine_path(
     except Exception:  # no torch here (ImportError), or a description that failed: the stored format's rules
         cpu32 = device == "cpu" and dtype == "float32"
         return from_checkpoint(checkpoint_precision, job_quantization, cpu32, dense_bytes, memory_bytes)
+
+
+# GGUF block kinds the engine runs dense in bf16 on a CPU with native bf16 (engine/quantization/weight_path.py
+# cpu_auto_dtype): their weights are 4-8-bit already
+CPU_BF16_GGUF = frozenset({"Q8_0", "Q4_0", "Q4_1"})
+
+
+def cpu_auto_dtype(model: str, checkpoint_precision: str, native_bf16: bool) -> str:
+    """The dtype ``dtype: auto`` gives ``model`` on this CPU: ``describe_model``'s; without torch, the
+    engine's rule from the stored format (bf16 for a GGUF file of Q8_0/Q4_0/Q4_1 blocks where the CPU
+    multiplies bf16 natively, float32 otherwise)."""
+    try:
+        from prefixflow.pipeline.engine_access import describe_model
+
+        return str(describe_model(model, dtype="auto", device="cpu")["dtype"])
+    except ValueError:  # a model the engine refuses: loading says why; price it as float32
+        return "float32"
+    except Exception:  # no torch here (ImportError): the stored format's rule
+        stored = checkpoint_precision or ""
+        kind = stored.removeprefix("gguf-") if stored.startswith("gguf") else ""
+        return "bfloat16" if native_bf16 and kind in CPU_BF16_GGUF else "float32"

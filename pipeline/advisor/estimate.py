@@ -31,6 +31,12 @@ EFFICIENCY = {
         "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64, "
         "an AMX Xeon and an AVX2 EPYC)",
     ),
+    "cpu-bf16": (
+        0.15,
+        0.32,
+        "measured on an AMX Xeon, 1 thread (benchmarks/RESULTS.md issue 24, ninth round: SmolLM2 dense bf16, "
+        "0.19-0.20 of the bound at batch 16-64 with 32 and 128 new tokens, 0.31 at batch 1)",
+    ),
     "gpu": (
         0.25,
         0.60,
@@ -64,6 +70,13 @@ class Estimate:
         """Expected output tokens per second of one lane (low, high)."""
         lo, hi = self.expected_s
         return (self.output_tokens / hi if hi else 0.0, self.output_tokens / lo if lo else 0.0)
+
+
+def efficiency_key(device: Device) -> str:
+    """Which measured efficiency prior prices ``device``: a GPU's, the CPU's in bf16, or in float32."""
+    if device.is_gpu:
+        return "gpu"
+    return "cpu-bf16" if device.dtype == "bfloat16" and "bf16" in device.flops else "cpu"
 
 
 def ceilings(device: Device, precision: str, tp: int = 1) -> Ceilings:
@@ -100,7 +113,7 @@ def estimate(
         )
     cost = job_cost(shape, w.requests, *args)
     bound = lower_bound_seconds(shape, w.requests, ceil, *args)
-    lo, hi, source = efficiency or EFFICIENCY["gpu" if device.is_gpu else "cpu"]
+    lo, hi, source = efficiency or EFFICIENCY[efficiency_key(device)]
     expected = (bound / hi, bound / lo)
     return Estimate(
         device=device.name,

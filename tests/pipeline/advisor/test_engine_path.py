@@ -29,7 +29,9 @@ def _advice(folder: str, model: str, gpu: str = "cpu", **engine):
 @pytest.mark.slow  # three advisor runs beside describe_model; the torch-free rules test below is the fast one
 @pytest.mark.parametrize("quantization", [None, "gguf", "none"])
 def test_the_priced_path_is_the_one_describe_model_reports(folder, quantization) -> None:
-    advice = _advice(folder, SMOLLM2, **({"quantization": quantization} if quantization else {}))
+    advice = _advice(
+        folder, SMOLLM2, dtype="float32", **({"quantization": quantization} if quantization else {})
+    )
     described = describe_model(SMOLLM2, dtype="float32", device="cpu", quantization=quantization)
     path = advice.model["engine_path"]
     packed = (
@@ -42,8 +44,8 @@ def test_the_priced_path_is_the_one_describe_model_reports(folder, quantization)
 
 
 def test_a_packed_gguf_on_the_cpu_is_priced_slower_than_dense_float32(folder) -> None:
-    packed = _advice(folder, SMOLLM2, quantization="gguf").estimates[0]  # keep the Q4_1 blocks packed
-    dense = _advice(folder, SMOLLM2, quantization="none").estimates[0]
+    packed = _advice(folder, SMOLLM2, dtype="float32", quantization="gguf").estimates[0]  # Q4_1 kept packed
+    dense = _advice(folder, SMOLLM2, dtype="float32", quantization="none").estimates[0]
     assert packed.device == dense.device == "cpu"
     assert packed.precision == "int4" and dense.precision == "fp32"
     assert "Q4_1" in packed.efficiency_source and "slowdown" in packed.efficiency_source
