@@ -58,7 +58,7 @@ def test_silu_and_mul_equals_reference(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [cpu_ops.SILU_BLOCK_ROWS + 1, 3 * cpu_ops.SILU_BLOCK_ROWS + 17])
+@pytest.mark.parametrize("rows", [cpu_ops.BLOCKS_FROM_ROWS + 1, 3 * cpu_ops.BLOCKS_FROM_ROWS + 17])
 def test_silu_and_mul_in_row_blocks_is_the_same_bits(dtype: torch.dtype, rows: int) -> None:
     """Past the block size a bf16/fp16 input goes block by block (a prefill chunk); the last block is
     partial, and a 3-D input keeps its leading shape."""
