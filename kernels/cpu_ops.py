@@ -43,14 +43,27 @@ NORM_BLOCK_ROWS = 256
 ROTARY_BLOCK_ROWS = 128
 
 
+def _blocked(rows: int, x: torch.Tensor) -> bool:
+    """Whether a bf16/fp16 CPU input of ``rows`` rows goes in row blocks (a prefill chunk, not a decode)."""
+    return rows > BLOCKS_FROM_ROWS and x.device.type == "cpu" and x.dtype != torch.float32
+
+
+def _block(rows_per_thread: int) -> int:
+    """A block's rows: ``rows_per_thread`` for each compute thread, so each thread's share stays in cache."""
+    return rows_per_thread * torch.get_num_threads()
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``reference.rms_norm``: with a residual, the sum (rounded to x.dtype) is normalised and returned."""
-    blocked = x.dim() == 2 and x.shape[0] > BLOCKS_FROM_ROWS and x.device.type == "cpu"
-    if blocked and x.dtype != torch.float32 and x.dtype == weight.dtype:
-        if residual is None or residual.dtype == x.dtype:
-            return _rms_norm_blocks(x, weight, eps, residual)
+    if (
+        x.dim() == 2
+        and _blocked(x.shape[0], x)
+        and x.dtype == weight.dtype
+        and (residual is None or residual.dtype == x.dtype)
+    ):
+        return _rms_norm_blocks(x, weight, eps, residual)
     new_residual = None
     if residual is not None:
         new_residual = (
@@ -73,11 +86,12 @@ def _rms_norm_blocks(
     rows = x.shape[0]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     new_residual = None if residual is None else torch.empty_like(out)
-    step = NORM_BLOCK_ROWS * torch.get_num_threads()
+    step = _block(NORM_BLOCK_ROWS)
     for start in range(0, rows, step):
         end = min(rows, start + step)
         block = x[start:end]
-        if new_residual is not None and residual is not None:
+        if residual is not None:
+            assert new_residual is not None
             block = torch.add(block, residual[start:end], out=new_residual[start:end])
         xf = block.float()
         inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True).add_(eps))
@@ -124,7 +138,7 @@ def _rotate_blocks(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> t
     heads, then ``u1 - t2`` and ``u2 + t1`` rounded straight into the output's halves."""
     rows, half = x.shape[0], x.shape[-1] // 2
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    step = ROTARY_BLOCK_ROWS * torch.get_num_threads()
+    step = _block(ROTARY_BLOCK_ROWS)
     for start in range(0, rows, step):
         end = min(rows, start + step)
         xf = x[start:end].float()
@@ -150,13 +164,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``reference.silu_and_mul``: silu(x[:, :I]) * x[:, I:], float32 inside."""
     half = x.shape[-1] // 2
     rows = x.reshape(-1, x.shape[-1])
-    if x.device.type != "cpu" or x.dtype == torch.float32 or rows.shape[0] <= BLOCKS_FROM_ROWS:
+    if not _blocked(rows.shape[0], x):
         xf = x.float()
         out = F.silu(xf[..., :half])
         out.mul_(xf[..., half:])
         return out.to(x.dtype)
     result = torch.empty(rows.shape[0], half, dtype=x.dtype)
-    step = SILU_BLOCK_ROWS * torch.get_num_threads()
+    step = _block(SILU_BLOCK_ROWS)
     for start in range(0, rows.shape[0], step):
         block = rows[start : start + step].float()
         act = F.silu(block[:, :half])

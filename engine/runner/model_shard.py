@@ -72,7 +72,8 @@ class ModelShard:
         self.pipeline_pending: list[tuple[Any, torch.Tensor]] = []  # posted sends not yet waited for
         self.max_model_len = max_model_len
         self.device = device
-        self.allocator = tune_cpu_allocator() if device.type == "cpu" else None
+        if device.type == "cpu":
+            tune_cpu_allocator()  # once per process (engine/cpu_allocator.py)
         self.dtype = torch_dtype(resolve_dtype(cfg.dtype, device.type, source.location))
         if cfg.batch_invariant and device.type != "cpu":
             raise ValueError(

@@ -50,16 +50,17 @@ class Device:
             devices=self.devices * size,
         )
 
+    @property
+    def cpu_bf16(self) -> bool:
+        """A CPU whose matmuls the engine runs in bf16: it has native bf16 and the engine's dtype is bf16."""
+        return not self.is_gpu and self.dtype == "bfloat16" and "bf16" in self.flops
+
     def peak(self, precision: str) -> float:
         """Peak rate for a weight precision: fp8 W8A8 uses the fp8 rate where the chip has one; weight-only
         int8/int4 dequantize into bf16 matrix products. A CPU multiplies in the engine's dtype there
         (bf16 only where it has native bf16 and the engine picked it), whatever the weights are stored in."""
         if not self.is_gpu:
-            return (
-                self.flops["bf16"]
-                if self.dtype == "bfloat16" and "bf16" in self.flops
-                else self.flops["fp32"]
-            )
+            return self.flops["bf16"] if self.cpu_bf16 else self.flops["fp32"]
         if precision == "fp8" and "fp8" in self.flops:
             return self.flops["fp8"]
         return self.flops.get("bf16") or self.flops["fp32"]

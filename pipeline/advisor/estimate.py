@@ -76,7 +76,7 @@ def efficiency_key(device: Device) -> str:
     """Which measured efficiency prior prices ``device``: a GPU's, the CPU's in bf16, or in float32."""
     if device.is_gpu:
         return "gpu"
-    return "cpu-bf16" if device.dtype == "bfloat16" and "bf16" in device.flops else "cpu"
+    return "cpu-bf16" if device.cpu_bf16 else "cpu"
 
 
 def ceilings(device: Device, precision: str, tp: int = 1) -> Ceilings:
