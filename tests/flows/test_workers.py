@@ -37,6 +37,16 @@ COMPARED = ["id", "output", "finish_reason", "error_class", "prompt_tokens", "ou
 POOL = "pf-workers"
 
 
+# A job that decodes for ~12 s of engine time on this kind of host (20 rows, one at a time, 768 tokens
+# each), so that the two runs overlap by far more than a worker's pickup and subprocess start (the short
+# default job ran ~3 s, and once ended before the second run, scheduled 2 s later, had started).
+LONG_JOB: dict[str, Any] = {
+    **JOB,
+    "sampling": {"max_tokens": 768, "min_tokens": 768, "temperature": 0.0},
+    "engine": {**JOB["engine"], "max_model_len": 1024, "max_num_seqs": 1},
+}
+
+
 def rows(out: Path) -> pa.Table:
     return committed_table(out).select(COMPARED).sort_by("id")
 
@@ -167,7 +177,7 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
 ) -> None:
     server = real_prefect_server
     ids = write_dataset(tmp_path / "in")
-    jobs = {"a": JOB, "b": {**JOB, "sampling": {"max_tokens": 2, "temperature": 0.0}}}
+    jobs = {"a": LONG_JOB, "b": {**JOB, "sampling": {"max_tokens": 2, "temperature": 0.0}}}
     runs = {}
     register_all(
         server,
@@ -190,7 +200,9 @@ def test_two_workers_run_two_jobs_concurrently_each_exactly_once_equal_to_local(
     placed = {name: which_worker(run) for name, run in done.items()}
     assert sorted(placed.values()) == ["worker-a", "worker-b"], placed  # one run on each worker
     a, b = done["a"], done["b"]
-    assert a.start_time < b.end_time and b.start_time < a.end_time, "the two runs did not overlap"
+    assert a.start_time < b.end_time and b.start_time < a.end_time, (
+        f"the two runs did not overlap: a {a.start_time}..{a.end_time}, b {b.start_time}..{b.end_time}"
+    )
     for name, job in jobs.items():
         assert_exactly_once(tmp_path / f"out-{name}", ids)
         assert rows(tmp_path / f"out-{name}").equals(
