@@ -3,9 +3,9 @@
 Figures are the vendors' datasheet peaks for dense math (no sparsity), so a bound computed from them is
 a true lower bound; measured ceilings are lower (the design brief's H200 figures, ~790 TFLOP/s bf16 and
 ~4.3 TB/s copy, are 80-90 % of these). ``cpu`` is this host, priced by its class (``CPU_CLASSES``:
-AMX tiles, AVX512-BF16, or neither, read from /proc/cpuinfo's flags) with the ceilings measured on
-such a CPU at one compute thread (what the engine runs on a 2-core host), and the engine's CPU KV
-pool default. Its dtype is float32 until the advisor resolves the engine's own choice for the model
+AMX tiles, Zen 5's AVX512-BF16, other AVX512-BF16, or neither, read from /proc/cpuinfo's flags) with
+the ceilings measured on such a CPU at one compute thread (what the engine runs on a 2-core host), and
+the engine's CPU KV pool default. Its dtype is float32 until the advisor resolves the engine's own choice for the model
 (bf16 for the embedded GGUF on a CPU with native bf16).
 """
 
@@ -36,6 +36,7 @@ class Device:
     source: str = "datasheet"
     devices: int = 1  # a tensor-parallel group counts as one device with the members' sums
     interconnect: str = "nvlink"  # between GPUs of one machine: "nvlink" (SXM boards) or "pcie"
+    cpu_class: str = ""  # a CPU's class in CPU_CLASSES (its efficiency prior in bf16 differs by class)
 
     def group(self, size: int) -> Device:
         """``size`` of these devices as one tensor-parallel engine: memory, bandwidth and peaks add up."""
@@ -99,6 +100,13 @@ CPU_CLASSES = {
         16.9e9,
         "measured on a 2-core AMX Xeon, 1 thread (benchmarks/RESULTS.md issue 24, eighth and ninth rounds)",
     ),
+    "zen5": CpuClass(
+        "zen5",
+        {"fp32": 100.5e9, "bf16": 445.7e9},
+        39.3e9,
+        "measured on a 2-core AMD EPYC Zen 5 (AVX512-BF16 on 512-bit datapaths), 1 thread "
+        "(benchmarks/RESULTS.md issue 24, tenth round)",
+    ),
     "avx512-bf16": CpuClass(
         "avx512-bf16",
         {"fp32": 97e9, "bf16": 209e9},
@@ -124,9 +132,14 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
 
 
 def cpu_class(flags: frozenset[str]) -> CpuClass:
-    """AMX tiles (oneDNN multiplies bf16 on them), else AVX512-BF16, else the float32-only class."""
+    """AMX tiles (oneDNN multiplies bf16 on them), else AVX512-BF16 (Zen 5 apart: twice Zen 4's bf16
+    ceiling), else the float32-only class."""
     if "amx_bf16" in flags and "amx_tile" in flags:
         return CPU_CLASSES["amx"]
+    if "avx512_bf16" in flags and "avx512_vp2intersect" in flags:
+        # VP2INTERSECT with AVX512-BF16 and no AMX: AMD Zen 5 (Zen 4 lacks VP2INTERSECT; Intel's
+        # AVX512-BF16 server parts without AMX, Cooper Lake, lack it too)
+        return CPU_CLASSES["zen5"]
     if "avx512_bf16" in flags:
         return CPU_CLASSES["avx512-bf16"]
     return CPU_CLASSES["avx2"]
@@ -144,6 +157,7 @@ def cpu_device(flags: frozenset[str] | None = None) -> Device:
         is_gpu=False,
         kv_pool_bytes=CPU_DEFAULT_KV_BYTES,
         source=f"{kind.name}: {kind.source}",
+        cpu_class=kind.name,
     )
 
 

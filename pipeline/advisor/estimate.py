@@ -31,11 +31,19 @@ EFFICIENCY = {
         "measured on the CPU (benchmarks/RESULTS.md, issue 24: SmolLM2 dense float32, batch 16-64, "
         "an AMX Xeon and an AVX2 EPYC)",
     ),
-    "cpu-bf16": (
+    "cpu-bf16-amx": (
         0.15,
         0.32,
         "measured on an AMX Xeon, 1 thread (benchmarks/RESULTS.md issue 24, ninth round: SmolLM2 dense bf16, "
         "0.19-0.20 of the bound at batch 16-64 with 32 and 128 new tokens, 0.31 at batch 1)",
+    ),
+    # AVX512-BF16 without AMX reaches a larger share of its (lower) bf16 ceiling than AMX does of its tiles'
+    "cpu-bf16": (
+        0.25,
+        0.50,
+        "measured on a Zen 4 and a Zen 5 EPYC, 1 thread (benchmarks/RESULTS.md issue 24, sixth and tenth "
+        "rounds: SmolLM2 dense bf16, 0.27-0.53 of the bound at batch 16-64 with 32 and 128 new tokens; "
+        "batch 1 0.12-0.27)",
     ),
     "gpu": (
         0.25,
@@ -76,7 +84,9 @@ def efficiency_key(device: Device) -> str:
     """Which measured efficiency prior prices ``device``: a GPU's, the CPU's in bf16, or in float32."""
     if device.is_gpu:
         return "gpu"
-    return "cpu-bf16" if device.cpu_bf16 else "cpu"
+    if not device.cpu_bf16:
+        return "cpu"
+    return "cpu-bf16-amx" if device.cpu_class == "amx" else "cpu-bf16"
 
 
 def ceilings(device: Device, precision: str, tp: int = 1) -> Ceilings:

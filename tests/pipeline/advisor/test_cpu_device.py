@@ -22,6 +22,7 @@ from tests.pipeline.advisor.support import unique_texts, write_rows
 SMOLLM2 = "smollm2-135m-instruct"
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
+ZEN5 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vp2intersect", "avx_vnni"})
 AVX2 = frozenset({"avx2", "fma"})
 
 
@@ -34,7 +35,9 @@ def test_flags_are_read_from_cpuinfo(tmp_path) -> None:
     assert cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
-@pytest.mark.parametrize(("flags", "kind"), [(AMX, "amx"), (ZEN4, "avx512-bf16"), (AVX2, "avx2")])
+@pytest.mark.parametrize(
+    ("flags", "kind"), [(AMX, "amx"), (ZEN5, "zen5"), (ZEN4, "avx512-bf16"), (AVX2, "avx2")]
+)
 def test_each_class_of_cpu_gets_its_measured_ceilings(flags: frozenset[str], kind: str) -> None:
     assert cpu_class(flags) is CPU_CLASSES[kind]
     device = cpu_device(flags)
@@ -46,7 +49,8 @@ def test_each_class_of_cpu_gets_its_measured_ceilings(flags: frozenset[str], kin
     want = CPU_CLASSES[kind].flops.get("bf16", fp32)
     assert bf16.peak("bf16") == bf16.peak("int4") == want
     assert efficiency_key(device) == "cpu"
-    assert efficiency_key(bf16) == ("cpu-bf16" if kind != "avx2" else "cpu")
+    assert device.cpu_class == kind
+    assert efficiency_key(bf16) == {"amx": "cpu-bf16-amx", "avx2": "cpu"}.get(kind, "cpu-bf16")
 
 
 def test_the_torch_free_dtype_rule_is_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +77,7 @@ def test_auto_dtype_prices_the_dtype_the_engine_runs_here(tmp_path) -> None:
     a, f = auto.estimates[0], fp32.estimates[0]
     assert a.device == f.device == "cpu" and f.precision == "fp32"
     if engine_dtype == "bfloat16":  # a CPU with native bf16: the bf16 ceiling and its measured prior
-        assert a.precision == "bf16" and a.efficiency_source == EFFICIENCY["cpu-bf16"][2]
+        assert a.precision == "bf16" and a.efficiency_source == EFFICIENCY[efficiency_key(auto.device)][2]
         ratio = auto.device.flops["bf16"] / auto.device.flops["fp32"]
         assert a.compute_s == pytest.approx(f.compute_s / ratio)
     else:

@@ -49,8 +49,9 @@ def test_a_packed_gguf_on_the_cpu_is_priced_slower_than_dense_float32(folder) ->
     assert packed.device == dense.device == "cpu"
     assert packed.precision == "int4" and dense.precision == "fp32"
     assert "Q4_1" in packed.efficiency_source and "slowdown" in packed.efficiency_source
-    # fewer bytes to read (a faster bound), but a slower expected run: the packed float32 kernels
-    assert packed.lower_bound_s < dense.lower_bound_s
+    # fewer bytes to read (a bound no slower: on a CPU whose copy rate outruns its float32 matmuls, as on
+    # AVX-512 hosts, both are compute-bound and equal), but a slower expected run: the packed kernels
+    assert packed.memory_s < dense.memory_s and packed.lower_bound_s <= dense.lower_bound_s
     assert (
         packed.expected_s[0] > dense.expected_s[0] * 1.5 and packed.expected_s[1] > dense.expected_s[1] * 1.5
     )
