@@ -5,8 +5,8 @@ a true lower bound; measured ceilings are lower (the design brief's H200 figures
 ~4.3 TB/s copy, are 80-90 % of these). ``cpu`` is this host, priced by its class (``CPU_CLASSES``:
 AMX tiles, Zen 5's AVX512-BF16, other AVX512-BF16, or neither, read from /proc/cpuinfo's flags) with
 the ceilings measured on such a CPU at one compute thread (what the engine runs on a 2-core host), and
-the engine's CPU KV pool default. Its dtype is float32 until the advisor resolves the engine's own choice for the model
-(bf16 for the embedded GGUF on a CPU with native bf16).
+the engine's CPU KV pool default. Its dtype is float32 until the advisor resolves the engine's own
+choice for the model (bf16 for the embedded GGUF on a CPU with native bf16).
 """
 
 from __future__ import annotations
