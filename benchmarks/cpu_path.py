@@ -24,6 +24,8 @@ Engines (``--engines``):
   the padding rule of kernels/cpu_attention.py ``_split``: decodes no longer pad to a prefill's query rows);
 - ``pf-all-heads``: the default with decode matmuls over all KV heads at once (before the per-head path
   of kernels/cpu_attention.py, which reads K and V in place);
+- ``pf-torch-attention``: the default with every step's attention on kernels/cpu_attention.py (before
+  the native row kernel of kernels/cpu_row_attention.py); the four variants above run with it off too;
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -79,6 +81,15 @@ ENGINES = {
     "pf-all-heads": {},  # the default with decode matmuls over all KV heads (cpu_attention._PER_HEAD_MIN off)
     "pf-math-decode": {},  # the default with bf16 decodes on the two-matmul path even where the CPU has AMX
     "pf-padded-chunks": {},  # the default with attention chunks cut by the K/V and mask budgets only
+    "pf-torch-attention": {},  # the default with every step on kernels/cpu_attention.py (no native row kernel)
+}
+# the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
+TORCH_ATTENTION = {
+    "pf-torch-attention",
+    "pf-math-decode",
+    "pf-padded-chunks",
+    "pf-all-heads",
+    "pf-sdpa-decode",
 }
 
 
@@ -111,9 +122,10 @@ def chunking(engine: str) -> Iterator[None]:
     """``pf-unchunked``: every float32 layer one F.linear for the duration of its run; ``pf-sdpa-decode``:
     every attention chunk on SDPA; ``pf-all-heads``: decode matmuls over all KV heads at once;
     ``pf-padded-chunks``: attention chunks cut by the budgets only (before the padding rule);
-    ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU."""
+    ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU; ``pf-torch-attention`` and
+    every variant of the torch attention path: the native row kernel off (kernels/cpu_row_attention.py)."""
     from prefixflow.engine.quantization import int8_path
-    from prefixflow.kernels import cpu_attention, cpu_linear
+    from prefixflow.kernels import cpu_attention, cpu_linear, cpu_row_attention
 
     saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
     per_head, split, sdpa_decodes = (
@@ -121,6 +133,8 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_attention._split,
         cpu_attention._SDPA_DECODES,
     )
+    native = cpu_row_attention.USE_NATIVE
+    cpu_row_attention.USE_NATIVE = engine not in TORCH_ATTENTION and native
     if engine == "pf-math-decode":
         cpu_attention._SDPA_DECODES = False
     if engine == "pf-padded-chunks":
@@ -138,6 +152,7 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
         cpu_attention._PER_HEAD_MIN, cpu_attention._split = per_head, split
         cpu_attention._SDPA_DECODES = sdpa_decodes
+        cpu_row_attention.USE_NATIVE = native
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

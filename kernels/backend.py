@@ -36,16 +36,16 @@ def triton_available() -> bool:
 
 
 def _torch_backend() -> KernelBackend:
-    """The torch kernels: attention is the batched SDPA path (kernels/cpu_attention.py), norm, rotary
-    and activation the fewer-pass versions (kernels/cpu_ops.py); ``kernels/reference.py`` stays the
-    test oracle of all of them."""
-    from prefixflow.kernels import cpu_attention, cpu_ops
+    """The torch kernels: attention is the native row kernel where it is built and faster, else the
+    batched SDPA path (kernels/cpu_row_attention.py), norm, rotary and activation the fewer-pass
+    versions (kernels/cpu_ops.py); ``kernels/reference.py`` stays the test oracle of all of them."""
+    from prefixflow.kernels import cpu_ops, cpu_row_attention
     from prefixflow.kernels import reference as ref
 
     return KernelBackend(
         "torch",
         ref.store_kv,
-        cpu_attention.paged_attention,
+        cpu_row_attention.paged_attention,
         cpu_ops.rms_norm,
         cpu_ops.rotary,
         cpu_ops.silu_and_mul,
@@ -107,6 +107,6 @@ def batch_invariant(ops: KernelBackend) -> KernelBackend:
             f"batch_invariant=True runs on the torch (CPU) kernels only, not on {ops.name!r}; "
             "set kernel_backend='torch' on a CPU device, or turn batch_invariant off"
         )
-    from prefixflow.kernels.invariant_attention import paged_attention_invariant
+    from prefixflow.kernels.cpu_row_attention import paged_attention_invariant
 
     return dataclasses.replace(ops, name="torch-invariant", paged_attention=paged_attention_invariant)

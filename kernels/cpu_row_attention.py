@@ -1,0 +1,212 @@
+"""Paged attention for the CPU, one query row at a time, K and V read in place (kernels/native/paged_attention.c).
+
+Why: decode steps gathered every request's K/V blocks into a copy per layer, converted K to float32
+and ran per-head matmuls; at batch 64 attention took a third of a step and scaled worst with a second
+thread (benchmarks/RESULTS.md issue 24, "Eleventh round"). The C kernel walks each row's block table,
+shares every K/V row among the query heads of its group, and spreads rows over torch's OpenMP threads.
+
+A row's result depends only on the row (its query, its context length, the K/V it reads), never on the
+other rows of the step, on how its prompt was chunked or on the thread count: the same bits as a
+one-row call. So it is also the batch-invariant kernel (``backend.batch_invariant``), and a
+speculative verification row equals the decode it replaces bit for bit. Same contract as
+``reference.paged_attention``; float32 inside, one rounding into the query's dtype.
+
+``available(q, k_cache)`` says whether a call can take it: CPU tensors in float32 or bf16 and the
+library built (kernels/native_build.py); otherwise callers keep their torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+
+import torch
+
+from prefixflow.kernels import cpu_attention, invariant_attention, native_build
+from prefixflow.kernels.cpu_features import amx_tiles
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_ERRORS = {
+    -1: "a block table names a block outside the KV cache",
+    -2: "inconsistent query starts, context lengths or block table width",
+    -3: "out of memory",
+    -4: "head_dim must be a multiple of 16, at most 256",
+}
+_fn: Callable[..., int] | None = None
+_fn_ready = False
+_lock = threading.Lock()
+_local = threading.local()
+
+
+def _function() -> Callable[..., int] | None:
+    global _fn, _fn_ready
+    if _fn_ready:
+        return _fn
+    with _lock:
+        if not _fn_ready:
+            lib = native_build.load("paged_attention")
+            if lib is not None:
+                fn = lib.pf_paged_attention
+                p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+                fn.argtypes = [
+                    p,
+                    p,
+                    i32,
+                    i64,
+                    i32,
+                    p,
+                    p,
+                    i32,
+                    i64,
+                    i32,
+                    i32,
+                    i32,
+                    p,
+                    i64,
+                    p,
+                    p,
+                    i32,
+                    f32,
+                    i32,
+                ]
+                fn.restype = ctypes.c_int
+                _fn = fn
+            _fn_ready = True
+    return _fn
+
+
+def available(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether ``paged_attention_rows`` can run this call (else keep the torch path)."""
+    return (
+        q.device.type == "cpu"
+        and k_cache.device.type == "cpu"
+        and q.dtype in _DTYPES
+        and k_cache.dtype in _DTYPES
+        and q.shape[1] // k_cache.shape[2] <= 64
+        and q.shape[-1] % 16 == 0
+        and q.shape[-1] <= 256
+        and _function() is not None
+    )
+
+
+def _metadata(
+    block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int32 contiguous copies of the step's metadata, made once per step: every layer hands the same
+    contents, recognised by value (a caller may refill the same tensors in place between steps)."""
+    last = getattr(_local, "meta", None)
+    if (
+        last is not None
+        and torch.equal(last[0][1], query_start_loc)
+        and torch.equal(last[0][2], seq_lens)
+        and torch.equal(last[0][0], block_tables)
+    ):
+        made: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = last[1]
+        return made
+    made = (
+        block_tables.to(torch.int32).contiguous(),
+        query_start_loc.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(),
+    )
+    _local.meta = ((block_tables.clone(), query_start_loc.clone(), seq_lens.clone()), made)
+    return made
+
+
+def paged_attention_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The contract of ``reference.paged_attention`` on the native kernel (``available`` must hold)."""
+    fn = _function()
+    if fn is None:
+        raise RuntimeError("the native paged-attention kernel is not built (kernels/native_build.py)")
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if num_q_heads % num_kv_heads or cache_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}"
+        )
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"K cache {k_cache.dtype} and V cache {v_cache.dtype} differ")
+    tables, starts, lens = _metadata(block_tables, query_start_loc, seq_lens)
+    if starts.shape[0] != lens.shape[0] + 1 or tables.shape[0] < lens.shape[0]:
+        raise ValueError("query_start_loc needs one entry more than seq_lens, block_tables a row per request")
+    q = q.contiguous()
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    out = torch.empty_like(q)
+    status = fn(
+        q.data_ptr(),
+        out.data_ptr(),
+        _DTYPES[q.dtype],
+        num_tokens,
+        num_q_heads,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        _DTYPES[k_cache.dtype],
+        num_blocks,
+        block_size,
+        num_kv_heads,
+        head_dim,
+        tables.data_ptr(),
+        tables.shape[1] if tables.dim() == 2 else 0,
+        starts.data_ptr(),
+        lens.data_ptr(),
+        lens.shape[0],
+        scale,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise ValueError(f"paged attention: {_ERRORS.get(status, f'error {status}')}")
+    return out
+
+
+# Where the CPU has AMX tiles, torch's flash SDPA multiplies a prefill's query blocks on them, which a
+# row-at-a-time kernel cannot match; there a step with a longer query than this stays on cpu_attention.
+AMX_ROWS_MAX_QUERY = 16
+USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
+
+
+def _rows_fit(q: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
+    if not amx_tiles() or q.shape[0] <= AMX_ROWS_MAX_QUERY:
+        return True
+    return int((query_start_loc[1:] - query_start_loc[:-1]).max()) <= AMX_ROWS_MAX_QUERY
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The torch backend's paged attention: the native row kernel where it can run and is the faster
+    (every step on a CPU without AMX tiles; steps of short queries with them), else cpu_attention."""
+    args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    if USE_NATIVE and available(q, k_cache) and _rows_fit(q, query_start_loc):
+        return paged_attention_rows(*args)
+    return cpu_attention.paged_attention(*args)
+
+
+def paged_attention_invariant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Batch-invariant paged attention: the native row kernel (invariant by construction) where it can
+    run, else ``invariant_attention`` (the torch path, one padded query row per batch entry)."""
+    args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    if USE_NATIVE and available(q, k_cache):
+        return paged_attention_rows(*args)
+    return invariant_attention.paged_attention_invariant(*args)

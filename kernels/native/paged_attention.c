@@ -1,0 +1,271 @@
+/* Paged attention on the CPU, one query row at a time, reading K and V where they lie in the cache.
+ *
+ * Why: the torch path gathers every request's K/V blocks into a contiguous copy per layer and step,
+ * converts K to float32, and pays a dozen small torch calls per chunk (RESULTS.md issue 24). Here a
+ * query row walks its own block table: each K and V row is read once, in place, converted to float32
+ * in registers, and shared by the query heads of its group (GQA).
+ *
+ * A row's arithmetic depends only on that row: its query, its context length and the K/V it reads.
+ * Which other rows share the step, how a prompt was cut into chunks, and how many threads run never
+ * change a bit of it, so the same kernel serves the batch-invariant mode too.
+ *
+ * float32 throughout: scores, softmax (a fixed polynomial exp, the same code for every row) and the
+ * weighted sum of V; the output is rounded once into the query's dtype (bf16: round to nearest even).
+ * Built at first use by kernels/native_build.py with the host's C compiler (-O3 -march=native -fopenmp);
+ * OpenMP binds to the libgomp torch has loaded (same soname), so both share one thread pool.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+#define DTYPE_F32 0
+#define DTYPE_BF16 1
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* exp(x) for x <= 0 (scores minus their maximum): Cephes' range reduction and polynomial, no branches,
+ * so the compiler vectorises it; about 2 ulp. Below -87 it returns exp(-87) ~ 1.6e-38, not 0. */
+static inline float exp_nonpos(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = __builtin_fmaf(n, -0.693359375f, x);
+    r = __builtin_fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    p = __builtin_fmaf(p, r * r, r) + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return p * s;
+}
+
+/* The sum of 16 lanes in a fixed tree (the same order for every row). */
+static inline float reduce_lanes(const float *l) {
+    float a[8], b[4];
+    for (int i = 0; i < 8; i++) a[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+typedef uint16_t h16v __attribute__((vector_size(32)));
+
+/* 16 consecutive values of a float32 or bf16 row as float32 lanes. */
+static inline v16 load16(const void *src, int dtype) {
+    v16 r;
+    if (dtype == DTYPE_BF16) {
+        h16v h;
+        memcpy(&h, src, sizeof h);
+        u16v u = __builtin_convertvector(h, u16v) << 16;
+        memcpy(&r, &u, sizeof r);
+    } else {
+        memcpy(&r, src, sizeof r);
+    }
+    return r;
+}
+
+/* Lane i of the result is the sum of the 16 lanes of v[i], in a fixed tree: four rounds of pairing
+ * halves (the same order for every row, and no horizontal add per token). */
+static inline v16 sum_lanes16(const v16 *v) {
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+typedef struct {
+    const void *k_cache, *v_cache;
+    int kv_dtype, block_size, num_kv_heads, head_dim, group;
+    int64_t num_blocks, token_stride; /* elements between consecutive tokens of a block (Hkv * D) */
+} Cache;
+
+#define MAX_CHUNKS 16 /* head_dim up to 256 */
+
+/* One KV head of one query row over ``ctx`` tokens of ``table``. ``q``: group x C vectors (C = D / 16),
+ * already scaled; ``scores``: group x ctx (rounded up to 16) floats; ``acc``: group x C vectors, the
+ * result. Tokens go in tiles of 16: each K row is converted once and multiplied by every query head of
+ * the group, and 16 tokens' partial sums are reduced together (``sum_lanes16``). */
+static int attend(const Cache *c, const int32_t *table, int ctx, int h, const v16 *q, float *restrict scores,
+                  v16 *acc) {
+    const int C = c->head_dim / LANES, G = c->group, bs = c->block_size;
+    const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4;
+    const size_t row_bytes = (size_t)c->token_stride * esize, head_off = (size_t)h * c->head_dim * esize;
+    const int padded = (ctx + LANES - 1) / LANES * LANES;
+    for (int t0 = 0; t0 < ctx; t0 += LANES) {
+        v16 k[LANES][MAX_CHUNKS];
+        int n = ctx - t0 < LANES ? ctx - t0 : LANES;
+        for (int i = 0; i < LANES; i++) {
+            if (i >= n) {
+                for (int j = 0; j < C; j++) k[i][j] = (v16){0};
+                continue;
+            }
+            int t = t0 + i;
+            int32_t blk = table[t / bs];
+            if (blk < 0 || blk >= c->num_blocks) return -1;
+            const char *row = (const char *)c->k_cache + ((size_t)blk * bs + t % bs) * row_bytes + head_off;
+            for (int j = 0; j < C; j++) k[i][j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
+        }
+        for (int g = 0; g < G; g++) {
+            v16 part[LANES];
+            const v16 *qg = q + (size_t)g * C;
+            for (int i = 0; i < LANES; i++) {
+                v16 s = qg[0] * k[i][0];
+                for (int j = 1; j < C; j++) s += qg[j] * k[i][j];
+                part[i] = s;
+            }
+            v16 s = sum_lanes16(part);
+            memcpy(scores + (size_t)g * padded + t0, &s, sizeof s);
+        }
+    }
+    float sum[64];
+    for (int g = 0; g < G; g++) {
+        float *s = scores + (size_t)g * padded, lanes[LANES], m = -3.4e38f;
+        for (int j = 0; j < LANES; j++) lanes[j] = -3.4e38f;
+        int t = 0;
+        for (; t + LANES <= ctx; t += LANES)
+            for (int j = 0; j < LANES; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
+        for (int j = 0; t + j < ctx; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
+        for (int j = 0; j < LANES; j++) m = lanes[j] > m ? lanes[j] : m;
+        for (int j = 0; j < LANES; j++) lanes[j] = 0.0f;
+        for (t = 0; t + LANES <= ctx; t += LANES)
+            for (int j = 0; j < LANES; j++) {
+                float e = exp_nonpos(s[t + j] - m);
+                s[t + j] = e;
+                lanes[j] += e;
+            }
+        for (int j = 0; t + j < ctx; j++) {
+            float e = exp_nonpos(s[t + j] - m);
+            s[t + j] = e;
+            lanes[j] += e;
+        }
+        sum[g] = reduce_lanes(lanes);
+    }
+    for (int i = 0; i < G * C; i++) acc[i] = (v16){0};
+    for (int t = 0; t < ctx; t++) {
+        const char *row = (const char *)c->v_cache + ((size_t)table[t / bs] * bs + t % bs) * row_bytes + head_off;
+        v16 v[MAX_CHUNKS];
+        for (int j = 0; j < C; j++) v[j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
+        for (int g = 0; g < G; g++) {
+            float p = scores[(size_t)g * padded + t];
+            for (int j = 0; j < C; j++) acc[(size_t)g * C + j] += p * v[j];
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float inv = 1.0f / sum[g];
+        for (int j = 0; j < C; j++) acc[(size_t)g * C + j] *= inv;
+    }
+    return 0;
+}
+
+/* Varlen causal attention over a paged cache, the contract of kernels/reference.py paged_attention.
+ * q, out: [num_tokens, Hq, D] contiguous (dtype q_dtype); caches: [num_blocks, block_size, Hkv, D]
+ * contiguous (kv_dtype); block_tables: [num_reqs, table_stride] int32; query_start: [num_reqs + 1]
+ * int32; seq_lens: [num_reqs] int32. Request b's queries are the last query_len positions of its
+ * seq_lens[b]-token context. Rows of q no request owns are written as zeros.
+ * Returns 0, -1 for a block id outside the cache, -2 for inconsistent lengths, -3 out of memory,
+ * -4 for a head_dim that is not a multiple of 16 (at most 256). */
+int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens, int num_q_heads,
+                       const void *k_cache, const void *v_cache, int kv_dtype, int64_t num_blocks,
+                       int block_size, int num_kv_heads, int head_dim, const int32_t *block_tables,
+                       int64_t table_stride, const int32_t *query_start, const int32_t *seq_lens,
+                       int num_reqs, float scale, int num_threads) {
+    if (num_kv_heads <= 0 || num_q_heads % num_kv_heads || num_q_heads / num_kv_heads > 64) return -2;
+    const int G = num_q_heads / num_kv_heads, D = head_dim;
+    const size_t qsize = q_dtype == DTYPE_BF16 ? 2 : 4;
+    int32_t *req_of = (int32_t *)malloc((size_t)(num_tokens > 0 ? num_tokens : 1) * 2 * sizeof(int32_t));
+    if (!req_of) return -3;
+    int32_t *ctx_of = req_of + num_tokens;
+    int max_ctx = 1;
+    for (int64_t r = 0; r < num_tokens; r++) req_of[r] = -1;
+    for (int b = 0; b < num_reqs; b++) {
+        int start = query_start[b], qlen = query_start[b + 1] - start, len = seq_lens[b];
+        if (qlen < 0 || qlen > len || start < 0 || start + qlen > num_tokens ||
+            (int64_t)(len + block_size - 1) / block_size > table_stride) {
+            free(req_of);
+            return -2;
+        }
+        for (int i = 0; i < qlen; i++) {
+            req_of[start + i] = b;
+            ctx_of[start + i] = len - qlen + i + 1;
+        }
+        max_ctx = len > max_ctx ? len : max_ctx;
+    }
+    if (D % LANES || D / LANES > MAX_CHUNKS) {
+        free(req_of);
+        return -4;
+    }
+    const int C = D / LANES;
+    Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D};
+    const size_t padded = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
+    int status = 0;
+    const int64_t items = num_tokens * num_kv_heads;
+#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1)
+    {
+        /* per thread: scores (G x padded floats), then the query and the result (G x C vectors each) */
+        size_t vec_off = ((size_t)G * padded * sizeof(float) + 63) / 64 * 64;
+        char *buf = (char *)aligned_alloc(64, vec_off + (size_t)2 * G * C * sizeof(v16));
+        if (!buf) {
+#pragma omp atomic write
+            status = -3;
+        }
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t it = 0; it < items; it++) {
+            if (!buf) continue;
+            int64_t r = it / num_kv_heads;
+            int h = (int)(it % num_kv_heads);
+            float *scores = (float *)buf;
+            v16 *qv = (v16 *)(buf + vec_off), *acc = qv + (size_t)G * C;
+            char *o = (char *)out + ((size_t)r * num_q_heads + (size_t)h * G) * D * qsize;
+            if (req_of[r] < 0) {
+                memset(o, 0, (size_t)G * D * qsize);
+                continue;
+            }
+            const char *qr = (const char *)q + ((size_t)r * num_q_heads + (size_t)h * G) * D * qsize;
+            for (int i = 0; i < G * C; i++) qv[i] = load16(qr + (size_t)i * LANES * qsize, q_dtype) * scale;
+            const int32_t *table = block_tables + (int64_t)req_of[r] * table_stride;
+            if (attend(&c, table, ctx_of[r], h, qv, scores, acc)) {
+#pragma omp atomic write
+                status = -1;
+                continue;
+            }
+            const float *res = (const float *)acc;
+            if (q_dtype == DTYPE_BF16) {
+                uint16_t *ob = (uint16_t *)o;
+                for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
+            } else {
+                memcpy(o, res, (size_t)G * D * sizeof(float));
+            }
+        }
+        free(buf);
+    }
+    free(req_of);
+    return status;
+}

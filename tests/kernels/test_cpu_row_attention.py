@@ -1,0 +1,156 @@
+"""The native row kernel (kernels/cpu_row_attention.py, kernels/native/paged_attention.c): equal to the
+reference on NaN-poisoned caches, a row's bits independent of the step, the thread count and the
+chunking, bad metadata refused with an error (never a read outside the cache), and the dispatcher
+keeping the torch path where the kernel cannot or should not run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixflow.kernels import cpu_attention, cpu_row_attention, native_build, reference
+from tests.kernels.kernel_testlib import build_paged_batch, relative_error
+
+MIXED = [(1, 40), (1, 300), (7, 7), (3, 150), (1, 1), (33, 80), (1, 129), (5, 200)]
+TARGET = (33, 80)  # a prefill chunk over a partly cached context
+
+pytestmark = pytest.mark.skipif(
+    native_build.load("paged_attention") is None, reason="no C compiler on this machine"
+)
+
+
+def _args(batch):
+    return (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
+
+
+def _only(batch, b: int, rows: slice):
+    """Request ``b``'s query rows ``rows`` alone, as their own step."""
+    start, end = int(batch.query_start_loc[b]), int(batch.query_start_loc[b + 1])
+    q = batch.q[start:end]
+    seq_len = int(batch.seq_lens[b]) - (q.shape[0] - rows.stop)
+    q = q[rows]
+    return (
+        q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables[b : b + 1],
+        torch.tensor([0, q.shape[0]], dtype=torch.int32),
+        torch.tensor([seq_len], dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize(
+    ("heads", "block_size", "dtype"),
+    [
+        ((9, 3, 64), 16, torch.bfloat16),
+        ((8, 2, 32), 16, torch.float32),
+        ((4, 1, 128), 5, torch.float32),
+        ((6, 6, 16), 1, torch.bfloat16),
+        ((8, 2, 80), 32, torch.bfloat16),
+    ],
+    ids=["smollm2-bf16", "gqa", "mqa-odd-blocks", "mha-bf16-block1", "dim80"],
+)
+def test_rows_equal_the_reference(heads, block_size, dtype):
+    hq, hkv, d = heads
+    batch = build_paged_batch(MIXED, hq, hkv, d, block_size=block_size, dtype=dtype, device=torch.device("cpu"))
+    want = reference.paged_attention(*_args(batch), d**-0.5)
+    got = cpu_row_attention.paged_attention_rows(*_args(batch), d**-0.5)
+    assert got.dtype == dtype and got.shape == batch.q.shape
+    assert not torch.isnan(got).any()
+    assert relative_error(got, want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_depend_on_nothing_but_the_row(dtype):
+    batch = build_paged_batch(MIXED, 9, 3, 64, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=5)
+    b = MIXED.index(TARGET)
+    start = int(batch.query_start_loc[b])
+    attend = cpu_row_attention.paged_attention_rows
+    alone = attend(*_only(batch, b, slice(0, 33)), 0.125)
+    assert torch.equal(attend(*_args(batch), 0.125)[start : start + 33], alone)
+    chunks = [attend(*_only(batch, b, slice(lo, hi)), 0.125) for lo, hi in ((0, 20), (20, 32), (32, 33))]
+    assert torch.equal(torch.cat(chunks), alone)  # a prompt cut into prefill chunks, then a decode
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(attend(*_args(batch), 0.125)[start : start + 33], alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rows_no_request_owns_are_zero():
+    batch = build_paged_batch([(2, 20), (1, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
+    q = torch.cat([batch.q, torch.randn(3, 4, 16)])  # decode buffers padded past the step's rows
+    got = cpu_row_attention.paged_attention_rows(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, 0.25
+    )
+    assert torch.equal(got[3:], torch.zeros(3, 4, 16))
+    want = reference.paged_attention(*_args(batch), 0.25)
+    assert relative_error(got[:3], want) < 1e-5
+
+
+def test_bad_metadata_is_an_error_not_a_read_outside_the_cache():
+    batch = build_paged_batch([(1, 20), (1, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
+    tables = batch.block_tables.clone()
+    tables[0, 1] = batch.k_cache.shape[0] + 7
+    with pytest.raises(ValueError, match="outside the KV cache"):
+        cpu_row_attention.paged_attention_rows(
+            batch.q, batch.k_cache, batch.v_cache, tables, batch.query_start_loc, batch.seq_lens, 0.25
+        )
+    too_long = batch.seq_lens.clone()
+    too_long[1] = 8 * batch.block_tables.shape[1] + 1  # more tokens than the table has blocks for
+    with pytest.raises(ValueError, match="inconsistent"):
+        cpu_row_attention.paged_attention_rows(
+            batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, too_long, 0.25
+        )
+
+
+def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monkeypatch):
+    calls: list[str] = []
+    real = cpu_attention.paged_attention
+
+    def torch_path(*args):
+        calls.append("torch")
+        return real(*args)
+
+    monkeypatch.setattr(cpu_attention, "paged_attention", torch_path)
+    monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: False)
+    fp16 = build_paged_batch([(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=torch.device("cpu"))
+    cpu_row_attention.paged_attention(*_args(fp16), 0.25)  # no fp16 in the native kernel
+    odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=torch.device("cpu"))
+    cpu_row_attention.paged_attention(*_args(odd), 0.25)  # head_dim not a multiple of 16
+    assert calls == ["torch", "torch"]
+    prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
+    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # no AMX tiles: the row kernel
+    assert calls == ["torch", "torch"]
+    monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
+    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # AMX and a 40-row query: flash SDPA
+    assert calls == ["torch", "torch", "torch"]
+    decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
+    got = cpu_row_attention.paged_attention(*_args(decode), 0.25)  # short queries stay native with AMX
+    assert calls == ["torch", "torch", "torch"]
+    assert relative_error(got, reference.paged_attention(*_args(decode), 0.25)) < 1e-5
+
+
+def test_the_native_switch_turns_the_kernel_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(native_build.ENABLE_ENV, "0")
+    monkeypatch.setattr(native_build, "_loaded", {})
+    assert native_build.load("paged_attention") is None
+    monkeypatch.setenv(native_build.ENABLE_ENV, "1")
+    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a compiler that fails: a warning and the torch path, no error
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: "/bin/false" if name == "false" else None)
+    assert native_build.load("paged_attention") is None
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_a_build_is_cached_by_source_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path))
+    cc = native_build._compiler()
+    assert cc is not None
+    first = native_build._build("paged_attention", cc)
+    stamp = first.stat().st_mtime_ns
+    assert native_build._build("paged_attention", cc) == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native_build, "_cpu_flags", lambda: "flags : another cpu")
+    assert native_build._build("paged_attention", cc) != first
