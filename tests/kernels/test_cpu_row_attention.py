@@ -52,7 +52,9 @@ def _only(batch, b: int, rows: slice):
 )
 def test_rows_equal_the_reference(heads, block_size, dtype):
     hq, hkv, d = heads
-    batch = build_paged_batch(MIXED, hq, hkv, d, block_size=block_size, dtype=dtype, device=torch.device("cpu"))
+    batch = build_paged_batch(
+        MIXED, hq, hkv, d, block_size=block_size, dtype=dtype, device=torch.device("cpu")
+    )
     want = reference.paged_attention(*_args(batch), d**-0.5)
     got = cpu_row_attention.paged_attention_rows(*_args(batch), d**-0.5)
     assert got.dtype == dtype and got.shape == batch.q.shape
@@ -116,7 +118,9 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
 
     monkeypatch.setattr(cpu_attention, "paged_attention", torch_path)
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: False)
-    fp16 = build_paged_batch([(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=torch.device("cpu"))
+    fp16 = build_paged_batch(
+        [(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=torch.device("cpu")
+    )
     cpu_row_attention.paged_attention(*_args(fp16), 0.25)  # no fp16 in the native kernel
     odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=torch.device("cpu"))
     cpu_row_attention.paged_attention(*_args(odd), 0.25)  # head_dim not a multiple of 16
