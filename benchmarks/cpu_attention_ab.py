@@ -6,6 +6,11 @@ implementations interleaved A B A B over the same random paged cache (SmolLM2-13
 the step's plan, as the engine's 30 layers do. The old module is read with ``git show REV:path``.
 
     python -m benchmarks.cpu_attention_ab --old e8e2195
+
+``--native``: this tree's torch path (cpu_attention, "old") against the native row kernel
+(kernels/cpu_row_attention.py, "new") instead, at ``--threads`` compute threads:
+
+    python -m benchmarks.cpu_attention_ab --native --threads 1
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from typing import Any
 
 import torch
 
-from prefixflow.kernels import cpu_attention
+from prefixflow.kernels import cpu_attention, cpu_row_attention
 
 CASES = [(16, 1, 144), (64, 1, 144), (16, 128, 128), (1, 1, 1024), (16, 1, 1024)]
+NATIVE_CASES = [(1, 1, 144), (8, 5, 200), (32, 128, 128), (64, 1, 1024)]  # the native A/B adds these
 
 
 def old_module(rev: str) -> ModuleType:
@@ -73,11 +79,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", default="e8e2195")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--native", action="store_true", help="torch path vs the native row kernel")
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    old = old_module(args.old)
+    torch.set_num_threads(args.threads)
+    old_fn, new_fn = (
+        (cpu_attention.paged_attention, cpu_row_attention.paged_attention_rows)
+        if args.native
+        else (old_module(args.old).paged_attention, cpu_attention.paged_attention)
+    )
+    cases = CASES + NATIVE_CASES if args.native else CASES
     print(
-        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; old = {args.old}", file=sys.stderr
+        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; threads {args.threads}; "
+        f"old = {'cpu_attention' if args.native else args.old}",
+        file=sys.stderr,
     )
     print(
         "| dtype | batch | query | context | old ms min / median | new ms min / median | old / new (medians) |"
@@ -85,12 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):
-            for b, q, length in CASES:
+            for b, q, length in cases:
                 inputs = case(b, q, length, dtype)
                 times: dict[str, list[float]] = {"old": [], "new": []}
                 for _ in range(args.rounds):
-                    times["old"].append(cpu_ms(old.paged_attention, inputs, args.calls))
-                    times["new"].append(cpu_ms(cpu_attention.paged_attention, inputs, args.calls))
+                    times["old"].append(cpu_ms(old_fn, inputs, args.calls))
+                    times["new"].append(cpu_ms(new_fn, inputs, args.calls))
                 o, n = (statistics.median(times[x]) for x in ("old", "new"))
                 print(
                     f"| {str(dtype).removeprefix('torch.')} | {b} | {q} | {length} | {min(times['old']):.2f} / {o:.2f} "

@@ -109,19 +109,33 @@ typedef struct {
 
 #define MAX_CHUNKS 16 /* head_dim up to 256 */
 
-/* One KV head of one query row over ``ctx`` tokens of ``table``. ``q``: group x C vectors (C = D / 16),
- * already scaled; ``scores``: group x ctx (rounded up to 16) floats; ``acc``: group x C vectors, the
- * result. Tokens go in tiles of 16: each K row is converted once and multiplied by every query head of
- * the group, and 16 tokens' partial sums are reduced together (``sum_lanes16``). */
-static int attend(const Cache *c, const int32_t *table, int ctx, int h, const v16 *q, float *restrict scores,
-                  v16 *acc) {
-    const int C = c->head_dim / LANES, G = c->group, bs = c->block_size;
+#define PREFETCH_AHEAD 32 /* V rows ahead of the weighted sum */
+
+/* Ask for token t's row (every KV head: the first head's pass brings the others' into cache) early: the
+ * step's K/V lies beyond the last-level cache (30 layers), and waiting for each row cost more than the
+ * arithmetic (64 decodes over 1,024 tokens: 12.3 -> 7.7 ms). */
+static inline void prefetch_row(const void *cache, const int32_t *table, int t, int bs, size_t row_bytes) {
+    const char *row = (const char *)cache + ((size_t)table[t / bs] * bs + t % bs) * row_bytes;
+    for (size_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(row + at);
+}
+
+#define TILE_ROWS 4 /* consecutive query rows of one request that share each K/V row's conversion */
+
+/* One KV head of a tile of ``rows`` consecutive query rows of one request, row i over the first
+ * ``ctx + i`` tokens of ``table``. ``q``: rows x group x C vectors (C = D / 16), already scaled;
+ * ``scores``: rows x group x ``stride`` floats; ``acc``: rows x group x C vectors, the result.
+ * Tokens go in tiles of 16: each K row is converted once and multiplied by every query head of every
+ * row, and 16 tokens' partial sums are reduced together (``sum_lanes16``). Every row's own arithmetic
+ * (its dot products, softmax and weighted sum, in token order) is the same whichever tile it is in,
+ * so a decode row alone and the same row inside a prefill tile give the same bits. */
+static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h, const v16 *q, float *restrict scores,
+                  size_t stride, v16 *acc) {
+    const int C = c->head_dim / LANES, G = c->group, bs = c->block_size, last = ctx + rows - 1;
     const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4;
     const size_t row_bytes = (size_t)c->token_stride * esize, head_off = (size_t)h * c->head_dim * esize;
-    const int padded = (ctx + LANES - 1) / LANES * LANES;
-    for (int t0 = 0; t0 < ctx; t0 += LANES) {
+    for (int t0 = 0; t0 < last; t0 += LANES) {
         v16 k[LANES][MAX_CHUNKS];
-        int n = ctx - t0 < LANES ? ctx - t0 : LANES;
+        int n = last - t0 < LANES ? last - t0 : LANES;
         for (int i = 0; i < LANES; i++) {
             if (i >= n) {
                 for (int j = 0; j < C; j++) k[i][j] = (v16){0};
@@ -133,54 +147,63 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int h, const v1
             const char *row = (const char *)c->k_cache + ((size_t)blk * bs + t % bs) * row_bytes + head_off;
             for (int j = 0; j < C; j++) k[i][j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
         }
-        for (int g = 0; g < G; g++) {
-            v16 part[LANES];
-            const v16 *qg = q + (size_t)g * C;
-            for (int i = 0; i < LANES; i++) {
-                v16 s = qg[0] * k[i][0];
-                for (int j = 1; j < C; j++) s += qg[j] * k[i][j];
-                part[i] = s;
+        for (int i = 0; h == 0 && i < LANES && t0 + LANES + i < last; i++) /* the next tile's rows */
+            prefetch_row(c->k_cache, table, t0 + LANES + i, bs, row_bytes);
+        for (int r = 0; r < rows; r++) {
+            if (t0 >= ctx + r) continue;
+            for (int g = 0; g < G; g++) {
+                v16 part[LANES];
+                const v16 *qg = q + ((size_t)r * G + g) * C;
+                for (int i = 0; i < LANES; i++) {
+                    v16 s = qg[0] * k[i][0];
+                    for (int j = 1; j < C; j++) s += qg[j] * k[i][j];
+                    part[i] = s;
+                }
+                v16 s = sum_lanes16(part);
+                memcpy(scores + ((size_t)r * G + g) * stride + t0, &s, sizeof s);
             }
-            v16 s = sum_lanes16(part);
-            memcpy(scores + (size_t)g * padded + t0, &s, sizeof s);
         }
     }
-    float sum[64];
-    for (int g = 0; g < G; g++) {
-        float *s = scores + (size_t)g * padded, lanes[LANES], m = -3.4e38f;
+    float sum[TILE_ROWS * 64];
+    for (int rg = 0; rg < rows * G; rg++) {
+        const int len = ctx + rg / G;
+        float *s = scores + (size_t)rg * stride, lanes[LANES], m = -3.4e38f;
         for (int j = 0; j < LANES; j++) lanes[j] = -3.4e38f;
         int t = 0;
-        for (; t + LANES <= ctx; t += LANES)
+        for (; t + LANES <= len; t += LANES)
             for (int j = 0; j < LANES; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
-        for (int j = 0; t + j < ctx; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
+        for (int j = 0; t + j < len; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
         for (int j = 0; j < LANES; j++) m = lanes[j] > m ? lanes[j] : m;
         for (int j = 0; j < LANES; j++) lanes[j] = 0.0f;
-        for (t = 0; t + LANES <= ctx; t += LANES)
+        for (t = 0; t + LANES <= len; t += LANES)
             for (int j = 0; j < LANES; j++) {
                 float e = exp_nonpos(s[t + j] - m);
                 s[t + j] = e;
                 lanes[j] += e;
             }
-        for (int j = 0; t + j < ctx; j++) {
+        for (int j = 0; t + j < len; j++) {
             float e = exp_nonpos(s[t + j] - m);
             s[t + j] = e;
             lanes[j] += e;
         }
-        sum[g] = reduce_lanes(lanes);
+        sum[rg] = reduce_lanes(lanes);
     }
-    for (int i = 0; i < G * C; i++) acc[i] = (v16){0};
-    for (int t = 0; t < ctx; t++) {
+    for (int i = 0; i < rows * G * C; i++) acc[i] = (v16){0};
+    for (int t = 0; t < last; t++) {
+        if (h == 0 && t + PREFETCH_AHEAD < last) prefetch_row(c->v_cache, table, t + PREFETCH_AHEAD, bs, row_bytes);
         const char *row = (const char *)c->v_cache + ((size_t)table[t / bs] * bs + t % bs) * row_bytes + head_off;
         v16 v[MAX_CHUNKS];
         for (int j = 0; j < C; j++) v[j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
-        for (int g = 0; g < G; g++) {
-            float p = scores[(size_t)g * padded + t];
-            for (int j = 0; j < C; j++) acc[(size_t)g * C + j] += p * v[j];
-        }
+        for (int r = t < ctx ? 0 : t - ctx + 1; r < rows; r++)
+            for (int g = 0; g < G; g++) {
+                float p = scores[((size_t)r * G + g) * stride + t];
+                v16 *a = acc + ((size_t)r * G + g) * C;
+                for (int j = 0; j < C; j++) a[j] += p * v[j];
+            }
     }
-    for (int g = 0; g < G; g++) {
-        float inv = 1.0f / sum[g];
-        for (int j = 0; j < C; j++) acc[(size_t)g * C + j] *= inv;
+    for (int rg = 0; rg < rows * G; rg++) {
+        float inv = 1.0f / sum[rg];
+        for (int j = 0; j < C; j++) acc[(size_t)rg * C + j] *= inv;
     }
     return 0;
 }
@@ -200,72 +223,85 @@ int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens
     if (num_kv_heads <= 0 || num_q_heads % num_kv_heads || num_q_heads / num_kv_heads > 64) return -2;
     const int G = num_q_heads / num_kv_heads, D = head_dim;
     const size_t qsize = q_dtype == DTYPE_BF16 ? 2 : 4;
-    int32_t *req_of = (int32_t *)malloc((size_t)(num_tokens > 0 ? num_tokens : 1) * 2 * sizeof(int32_t));
-    if (!req_of) return -3;
-    int32_t *ctx_of = req_of + num_tokens;
+    if (D % LANES || D / LANES > MAX_CHUNKS) return -4;
+    const int C = D / LANES;
+    /* tiles of up to TILE_ROWS consecutive rows of one request: first row, request, rows */
+    int64_t max_tiles = num_reqs + num_tokens / TILE_ROWS + 1;
+    int32_t *tiles = (int32_t *)malloc((size_t)max_tiles * 3 * sizeof(int32_t));
+    char *owned = (char *)calloc((size_t)(num_tokens > 0 ? num_tokens : 1), 1);
+    if (!tiles || !owned) {
+        free(tiles);
+        free(owned);
+        return -3;
+    }
+    int64_t num_tiles = 0;
     int max_ctx = 1;
-    for (int64_t r = 0; r < num_tokens; r++) req_of[r] = -1;
     for (int b = 0; b < num_reqs; b++) {
         int start = query_start[b], qlen = query_start[b + 1] - start, len = seq_lens[b];
         if (qlen < 0 || qlen > len || start < 0 || start + qlen > num_tokens ||
             (int64_t)(len + block_size - 1) / block_size > table_stride) {
-            free(req_of);
+            free(tiles);
+            free(owned);
             return -2;
         }
-        for (int i = 0; i < qlen; i++) {
-            req_of[start + i] = b;
-            ctx_of[start + i] = len - qlen + i + 1;
+        for (int i = 0; i < qlen; i += TILE_ROWS) {
+            int32_t *tile = tiles + 3 * num_tiles++;
+            tile[0] = start + i;
+            tile[1] = b;
+            tile[2] = qlen - i < TILE_ROWS ? qlen - i : TILE_ROWS;
         }
+        memset(owned + start, 1, (size_t)qlen);
         max_ctx = len > max_ctx ? len : max_ctx;
     }
-    if (D % LANES || D / LANES > MAX_CHUNKS) {
-        free(req_of);
-        return -4;
-    }
-    const int C = D / LANES;
+    for (int64_t r = 0; r < num_tokens; r++)
+        if (!owned[r]) memset((char *)out + (size_t)r * num_q_heads * D * qsize, 0, (size_t)num_q_heads * D * qsize);
     Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D};
-    const size_t padded = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
+    const size_t stride = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
+    const size_t tile_vecs = (size_t)TILE_ROWS * G * C;
     int status = 0;
-    const int64_t items = num_tokens * num_kv_heads;
 #pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1)
     {
-        /* per thread: scores (G x padded floats), then the query and the result (G x C vectors each) */
-        size_t vec_off = ((size_t)G * padded * sizeof(float) + 63) / 64 * 64;
-        char *buf = (char *)aligned_alloc(64, vec_off + (size_t)2 * G * C * sizeof(v16));
+        /* per thread: scores (TILE_ROWS x G x stride floats), then the queries and the results */
+        size_t vec_off = ((size_t)TILE_ROWS * G * stride * sizeof(float) + 63) / 64 * 64;
+        char *buf = (char *)aligned_alloc(64, vec_off + 2 * tile_vecs * sizeof(v16));
         if (!buf) {
 #pragma omp atomic write
             status = -3;
         }
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t it = 0; it < items; it++) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < num_tiles; it++) {
             if (!buf) continue;
-            int64_t r = it / num_kv_heads;
-            int h = (int)(it % num_kv_heads);
+            const int32_t *tile = tiles + 3 * it;
+            const int first = tile[0], b = tile[1], rows = tile[2];
+            const int ctx = seq_lens[b] - (query_start[b + 1] - first) + 1;
             float *scores = (float *)buf;
-            v16 *qv = (v16 *)(buf + vec_off), *acc = qv + (size_t)G * C;
-            char *o = (char *)out + ((size_t)r * num_q_heads + (size_t)h * G) * D * qsize;
-            if (req_of[r] < 0) {
-                memset(o, 0, (size_t)G * D * qsize);
-                continue;
-            }
-            const char *qr = (const char *)q + ((size_t)r * num_q_heads + (size_t)h * G) * D * qsize;
-            for (int i = 0; i < G * C; i++) qv[i] = load16(qr + (size_t)i * LANES * qsize, q_dtype) * scale;
-            const int32_t *table = block_tables + (int64_t)req_of[r] * table_stride;
-            if (attend(&c, table, ctx_of[r], h, qv, scores, acc)) {
+            v16 *qv = (v16 *)(buf + vec_off), *acc = qv + tile_vecs;
+            for (int h = 0; h < num_kv_heads; h++) {
+                for (int r = 0; r < rows; r++) {
+                    const char *qr = (const char *)q + ((size_t)(first + r) * num_q_heads + (size_t)h * G) * D * qsize;
+                    for (int i = 0; i < G * C; i++)
+                        qv[(size_t)r * G * C + i] = load16(qr + (size_t)i * LANES * qsize, q_dtype) * scale;
+                }
+                if (attend(&c, block_tables + (int64_t)b * table_stride, ctx, rows, h, qv, scores, stride, acc)) {
 #pragma omp atomic write
-                status = -1;
-                continue;
-            }
-            const float *res = (const float *)acc;
-            if (q_dtype == DTYPE_BF16) {
-                uint16_t *ob = (uint16_t *)o;
-                for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
-            } else {
-                memcpy(o, res, (size_t)G * D * sizeof(float));
+                    status = -1;
+                    break;
+                }
+                for (int r = 0; r < rows; r++) {
+                    char *o = (char *)out + ((size_t)(first + r) * num_q_heads + (size_t)h * G) * D * qsize;
+                    const float *res = (const float *)(acc + (size_t)r * G * C);
+                    if (q_dtype == DTYPE_BF16) {
+                        uint16_t *ob = (uint16_t *)o;
+                        for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
+                    } else {
+                        memcpy(o, res, (size_t)G * D * sizeof(float));
+                    }
+                }
             }
         }
         free(buf);
     }
-    free(req_of);
+    free(tiles);
+    free(owned);
     return status;
 }
