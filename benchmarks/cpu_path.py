@@ -26,6 +26,8 @@ Engines (``--engines``):
   of kernels/cpu_attention.py, which reads K and V in place);
 - ``pf-torch-attention``: the default with every step's attention on kernels/cpu_attention.py (before
   the native row kernel of kernels/cpu_row_attention.py); the four variants above run with it off too;
+  ``pf-rows-on-amx``: the default with steps of queries up to 16 rows on the row kernel on a CPU with AMX
+  tiles too (the default keeps SDPA there until this is measured);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -82,6 +84,7 @@ ENGINES = {
     "pf-math-decode": {},  # the default with bf16 decodes on the two-matmul path even where the CPU has AMX
     "pf-padded-chunks": {},  # the default with attention chunks cut by the K/V and mask budgets only
     "pf-torch-attention": {},  # the default with every step on kernels/cpu_attention.py (no native row kernel)
+    "pf-rows-on-amx": {},  # the default with short-query steps on the row kernel on a CPU with AMX tiles too
 }
 # the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
 TORCH_ATTENTION = {
@@ -133,8 +136,10 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_attention._split,
         cpu_attention._SDPA_DECODES,
     )
-    native = cpu_row_attention.USE_NATIVE
+    native, amx_rows = cpu_row_attention.USE_NATIVE, cpu_row_attention.AMX_ROWS_MAX_QUERY
     cpu_row_attention.USE_NATIVE = engine not in TORCH_ATTENTION and native
+    if engine == "pf-rows-on-amx":
+        cpu_row_attention.AMX_ROWS_MAX_QUERY = 16
     if engine == "pf-math-decode":
         cpu_attention._SDPA_DECODES = False
     if engine == "pf-padded-chunks":
@@ -152,7 +157,7 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
         cpu_attention._PER_HEAD_MIN, cpu_attention._split = per_head, split
         cpu_attention._SDPA_DECODES = sdpa_decodes
-        cpu_row_attention.USE_NATIVE = native
+        cpu_row_attention.USE_NATIVE, cpu_row_attention.AMX_ROWS_MAX_QUERY = native, amx_rows
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

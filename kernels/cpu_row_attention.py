@@ -166,15 +166,20 @@ def paged_attention_rows(
     return out
 
 
-# Where the CPU has AMX tiles, torch's flash SDPA multiplies a prefill's query blocks on them, which a
-# row-at-a-time kernel cannot match; there a step with a longer query than this stays on cpu_attention.
-AMX_ROWS_MAX_QUERY = 16
+# Where the CPU has AMX tiles, torch's flash SDPA multiplies bf16 on them: it beat the two-matmul decode
+# path 2.0-2.9x there (RESULTS.md issue 24, "Eighth round"), and the row kernel, 2.4x that path on Zen 5,
+# has not been measured against it. So on such a CPU only steps whose longest query is at most this many
+# rows take the row kernel: none until measured (``pf-rows-on-amx`` in benchmarks/cpu_path.py sets 16).
+AMX_ROWS_MAX_QUERY = 0
 USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
 
 
 def _rows_fit(q: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
+    """Every step without AMX tiles; with them, steps of queries of at most ``AMX_ROWS_MAX_QUERY`` rows."""
     if not amx_tiles() or q.shape[0] <= AMX_ROWS_MAX_QUERY:
         return True
+    if AMX_ROWS_MAX_QUERY <= 0 or query_start_loc.numel() < 2:
+        return False
     return int((query_start_loc[1:] - query_start_loc[:-1]).max()) <= AMX_ROWS_MAX_QUERY
 
 
@@ -188,7 +193,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """The torch backend's paged attention: the native row kernel where it can run and is the faster
-    (every step on a CPU without AMX tiles; steps of short queries with them), else cpu_attention."""
+    (every step on a CPU without AMX tiles; see ``AMX_ROWS_MAX_QUERY`` for those with them), else
+    cpu_attention."""
     args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     if USE_NATIVE and available(q, k_cache) and _rows_fit(q, query_start_loc):
         return paged_attention_rows(*args)

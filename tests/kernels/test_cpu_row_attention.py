@@ -129,12 +129,18 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # no AMX tiles: the row kernel
     assert calls == ["torch", "torch"]
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
-    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # AMX and a 40-row query: flash SDPA
-    assert calls == ["torch", "torch", "torch"]
     decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
-    got = cpu_row_attention.paged_attention(*_args(decode), 0.25)  # short queries stay native with AMX
+    cpu_row_attention.paged_attention(*_args(decode), 0.25)  # AMX tiles: flash SDPA, until measured there
     assert calls == ["torch", "torch", "torch"]
+    monkeypatch.setattr(cpu_row_attention, "AMX_ROWS_MAX_QUERY", 16)
+    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # a 40-row query stays on SDPA
+    assert calls == ["torch", "torch", "torch", "torch"]
+    got = cpu_row_attention.paged_attention(*_args(decode), 0.25)  # short queries take the row kernel
+    assert calls == ["torch", "torch", "torch", "torch"]
     assert relative_error(got, reference.paged_attention(*_args(decode), 0.25)) < 1e-5
+    got = cpu_row_attention.paged_attention_invariant(*_args(prefill), 0.25)  # invariant: rows everywhere
+    assert calls == ["torch", "torch", "torch", "torch"]
+    assert relative_error(got, reference.paged_attention(*_args(prefill), 0.25)) < 1e-5
 
 
 def test_the_native_switch_turns_the_kernel_off(monkeypatch, tmp_path):
