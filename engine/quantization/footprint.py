@@ -51,6 +51,7 @@ def describe_gguf_weights(
 
     from prefixflow.engine.gguf.header import gguf_tensor_table
     from prefixflow.engine.gguf.tensors import hf_name
+    from prefixflow.engine.quantization.dual_gguf import DualGGUFMethod
     from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFMethod
     from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
 
@@ -76,7 +77,7 @@ def describe_gguf_weights(
         linear = hf.endswith(".weight") and ("_proj." in hf or hf == "lm_head.weight")
         method = quant.linear_method(_merged_with(module)) if linear else None
         if isinstance(method, GGUFMethod) and types[hf] in BLOCK_BYTES:
-            total += stored[hf]
+            total += stored[hf] + (_numel(shape) * size if isinstance(method, DualGGUFMethod) else 0)
         elif method is not None and len(shape) == 2:
             total += sum(
                 _numel(s.shape) * s.dtype.itemsize

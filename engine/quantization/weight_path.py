@@ -9,9 +9,11 @@ own dense path. The rule, decided from the model's shapes and the host before an
 - CPU, float32, no ``quantization=`` given, and the dense weights take at most 1/8 of the memory
   this process may use (the smaller of physical memory and the cgroup limit): **dense** float32,
   the checkpoint's dequantization bit for bit (only the summation order of the matmul differs);
-- the same for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16):
-  measured there, the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on
-  (the pack op wins only at batch 1, which offline batch inference rarely runs);
+- for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16) **dense+packed**:
+  the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on, but products of
+  one or two rows (decodes at batch 1-2) ran faster on the packed blocks (batch 1 1.3x end to end on
+  Zen 5, RESULTS.md issue 24 "Eleventh round"), so each layer keeps both and picks by the row count
+  (engine/quantization/dual_gguf.py; the packed copy adds a quarter of the dense bytes);
 - otherwise **packed**: on CUDA (the Triton kernels read 4-8x fewer bytes), with bfloat16/float16
   activations on a CPU without native bf16 (torch's pack ops beat the dense matmul there), when memory
   requires it, or when ``quantization="gguf"`` asks for it.
@@ -30,7 +32,8 @@ from typing import Any, Literal
 
 from prefixflow.engine.dtypes import DTYPE_BYTES
 from prefixflow.engine.quantization.config import QuantizationConfig
-from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig
+from prefixflow.engine.quantization.dual_gguf import PACKED_MAX_ROWS, DualGGUFMethod
+from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig, GGUFMethod
 from prefixflow.engine.quantization.method import DenseMethod, LinearMethod
 
 MEMORY_SHARE = 8  # dense weights may take 1/MEMORY_SHARE of usable memory (KV pool, activations, others)
@@ -40,7 +43,7 @@ MEMORY_SHARE = 8  # dense weights may take 1/MEMORY_SHARE of usable memory (KV p
 class WeightPath:
     """The path taken and why, as ``describe_model`` and ``llm.model_identity`` report it."""
 
-    path: Literal["packed", "dense"]
+    path: Literal["packed", "dense", "dense+packed"]
     reason: str
 
     def describe(self) -> dict[str, Any]:
@@ -61,6 +64,19 @@ class DequantizedGGUFConfig(GGUFConfig):
             "packed": [],
             "dequantized": sorted({*described["packed"], *described["dequantized"]}),
         }
+
+
+@dataclass(frozen=True)
+class DualGGUFConfig(GGUFConfig):
+    """A GGUF file whose packed layers keep their blocks and a dense copy (``DualGGUFMethod``)."""
+
+    def linear_method(self, prefixes: Any) -> LinearMethod:
+        method = super().linear_method(prefixes)
+        return DualGGUFMethod(method.kind) if isinstance(method, GGUFMethod) else method
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        return {**described, "dense_copy": described["packed"]}
 
 
 def usable_memory_bytes() -> int | None:
@@ -125,12 +141,17 @@ def choose_weight_path(
             f"cpu, {dtype}: dense weights would take {mib:,.0f} MiB, over 1/{MEMORY_SHARE} of usable memory "
             f"({have}); {blocks} stays packed (slower per token, but it fits)",
         )
-    why = (
-        "no packed float32 CPU kernel is as fast as the dense matmul"
-        if dtype == "float32"
-        else "this CPU multiplies bf16 natively, and the dense matmul beats the pack ops from batch 16 on "
-        "(dtype='auto' takes bf16 here for a GGUF block file; dtype='float32' for float32 numerics)"
-    )
+    if dtype != "float32":
+        return WeightPath(
+            "dense+packed",
+            f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB) for products of more "
+            f"than {PACKED_MAX_ROWS} rows, because this CPU multiplies bf16 natively and the dense matmul beats "
+            f"the pack ops from batch 16 on; the {blocks} blocks kept too for products of {PACKED_MAX_ROWS} rows "
+            "or fewer (decodes at batch 1-2), where reading a quarter of the bytes wins "
+            "(benchmarks/RESULTS.md 'Issue 24'; dtype='auto' takes bf16 here for a GGUF block file, "
+            "dtype='float32' for float32 numerics); quantization='gguf' keeps it packed only",
+        )
+    why = "no packed float32 CPU kernel is as fast as the dense matmul"
     return WeightPath(
         "dense",
         f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because {why} "
@@ -161,6 +182,8 @@ def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> Qua
     """The config the model is built with once ``path`` is chosen."""
     if path is not None and path.path == "dense" and isinstance(quant, GGUFConfig):
         return DequantizedGGUFConfig(dict(quant.tensor_types))
+    if path is not None and path.path == "dense+packed" and isinstance(quant, GGUFConfig):
+        return DualGGUFConfig(dict(quant.tensor_types))
     return quant
 
 

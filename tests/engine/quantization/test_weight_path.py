@@ -49,7 +49,7 @@ def test_cpu_float32_runs_dense_when_memory_allows_and_packed_when_it_does_not()
 
 def test_bf16_runs_dense_only_where_the_cpu_multiplies_bf16_natively():
     native = choose(dtype="bfloat16", native=True)
-    assert native is not None and native.path == "dense" and "natively" in native.reason
+    assert native is not None and native.path == "dense+packed" and "natively" in native.reason
     emulated = choose(dtype="bfloat16", native=False)
     assert emulated is not None and emulated.path == "packed" and "without native bf16" in emulated.reason
     assert choose(device="cuda", dtype="bfloat16", native=True).path == "packed"  # type: ignore[union-attr]

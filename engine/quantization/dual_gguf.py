@@ -1,0 +1,64 @@
+"""A GGUF block layer kept both ways on the CPU: packed for products of few rows, dense for the rest.
+
+Why: on a CPU with native bf16 matmuls the dense bf16 matmul beats torch's int4 pack op 1.8x from
+batch 16 on, but a step of one or two rows reads every weight for almost no arithmetic, and there the
+packed blocks (a quarter of the bytes) won: batch 1 ran 1.15x faster packed than dense on the Zen 5
+host (benchmarks/RESULTS.md issue 24, "Eleventh round"), because streaming 270 MB of dense weights per
+token also evicts everything else a step touches from the caches. Holding both costs the packed bytes
+again (a quarter of the dense ones); each product takes the path that is faster for its row count.
+
+The dense copy is the checkpoint's dequantization rounded to the activation dtype, bit for bit what
+``DenseMethod`` holds (so products of more than ``PACKED_MAX_ROWS`` rows give the dense path's bits);
+the packed path is the same blocks through ``weight_only_kernel``. Batch-invariant mode pads every
+product to at least 16 rows, so it never takes the packed path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from prefixflow.engine.quantization.gguf_blocks import GGUFMethod
+from prefixflow.engine.quantization.method import KernelContext
+from prefixflow.kernels.cpu_linear import (
+    PREPACKED,
+    PrepackedWeight,
+    dense_linear,
+    linear_kernel,
+    prepack,
+    prepacked_linear,
+)
+from prefixflow.kernels.quant_weight import dequantize
+
+PACKED_MAX_ROWS = 2  # products of at most this many rows take the packed blocks
+
+
+class DualGGUFMethod(GGUFMethod):
+    """``GGUFMethod`` plus a dense copy for products of more than ``PACKED_MAX_ROWS`` rows (CPU only)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.name = f"gguf-{kind.lower()}+dense"
+        self.dense: torch.Tensor | None = None
+        self.prepacked: PrepackedWeight | None = None
+
+    def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
+        self.check_complete()
+        if ctx.device.type == "cpu":
+            dense = dequantize(self.build(layer)).to(ctx.dtype)
+            chosen = linear_kernel("cpu", str(ctx.dtype).removeprefix("torch."))
+            if chosen is not None and chosen.kernel == PREPACKED:
+                self.prepacked = prepack(dense)
+            else:
+                self.dense = dense
+                layer.register_buffer("dense_weight", dense, persistent=False)  # counted in weight_bytes
+        super().process_after_loading(layer, ctx)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.numel() // max(1, x.shape[-1])
+        if rows > PACKED_MAX_ROWS:
+            if self.prepacked is not None:
+                return prepacked_linear(x, self.prepacked, bias)
+            if self.dense is not None:
+                return dense_linear(x, self.dense, bias)
+        return super().apply(layer, x, bias)
