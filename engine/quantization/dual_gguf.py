@@ -1,11 +1,14 @@
 """A GGUF block layer kept both ways on the CPU: packed for products of few rows, dense for the rest.
 
 Why: on a CPU with native bf16 matmuls the dense bf16 matmul beats torch's int4 pack op 1.8x from
-batch 16 on, but a step of one or two rows reads every weight for almost no arithmetic, and there the
+batch 16 on, but a step of a few rows reads every weight for almost no arithmetic, and there the
 packed blocks (a quarter of the bytes) won: batch 1 ran 1.15x faster packed than dense on the Zen 5
 host (benchmarks/RESULTS.md issue 24, "Eleventh round"), because streaming 270 MB of dense weights per
 token also evicts everything else a step touches from the caches. Holding both costs the packed bytes
 again (a quarter of the dense ones); each product takes the path that is faster for its row count.
+``PACKED_MAX_ROWS``: end to end (SmolLM2, 128-token prompts, 32 new tokens, process CPU-s, 1 thread),
+batch 1-4 ran 1.16-1.33x faster with their decodes packed and batch 8 level (1.00-1.01x); in cache
+a single layer's packed product was faster only up to 2-4 rows, but in a step the weights come from DRAM.
 
 The dense copy is the checkpoint's dequantization rounded to the activation dtype, bit for bit what
 ``DenseMethod`` holds (so products of more than ``PACKED_MAX_ROWS`` rows give the dense path's bits);
@@ -30,7 +33,7 @@ from prefixflow.kernels.cpu_linear import (
 )
 from prefixflow.kernels.quant_weight import dequantize
 
-PACKED_MAX_ROWS = 2  # products of at most this many rows take the packed blocks
+PACKED_MAX_ROWS = 4  # products of at most this many rows take the packed blocks (measured: below)
 
 
 class DualGGUFMethod(GGUFMethod):

@@ -11,7 +11,7 @@ own dense path. The rule, decided from the model's shapes and the host before an
   the checkpoint's dequantization bit for bit (only the summation order of the matmul differs);
 - for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16) **dense+packed**:
   the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on, but products of
-  one or two rows (decodes at batch 1-2) ran faster on the packed blocks (batch 1 1.3x end to end on
+  one to four rows (decodes at batch 1-4) ran faster on the packed blocks (batch 1 1.3x end to end on
   Zen 5, RESULTS.md issue 24 "Eleventh round"), so each layer keeps both and picks by the row count
   (engine/quantization/dual_gguf.py; the packed copy adds a quarter of the dense bytes);
 - otherwise **packed**: on CUDA (the Triton kernels read 4-8x fewer bytes), with bfloat16/float16
@@ -147,7 +147,7 @@ def choose_weight_path(
             f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB) for products of more "
             f"than {PACKED_MAX_ROWS} rows, because this CPU multiplies bf16 natively and the dense matmul beats "
             f"the pack ops from batch 16 on; the {blocks} blocks kept too for products of {PACKED_MAX_ROWS} rows "
-            "or fewer (decodes at batch 1-2), where reading a quarter of the bytes wins "
+            f"or fewer (decodes at batch 1-{PACKED_MAX_ROWS}), where reading a quarter of the bytes wins "
             "(benchmarks/RESULTS.md 'Issue 24'; dtype='auto' takes bf16 here for a GGUF block file, "
             "dtype='float32' for float32 numerics); quantization='gguf' keeps it packed only",
         )

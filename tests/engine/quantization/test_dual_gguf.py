@@ -58,7 +58,7 @@ def test_the_engine_and_describe_model_agree_on_dense_plus_packed(q4_file):
     assert abs(llm.stats().weight_bytes - described["weight_bytes"]) < 0.01 * described["weight_bytes"]
     dense = LLM(str(q4_file), device="cpu", num_kv_blocks=16, dtype="bfloat16", quantization="none")
     assert llm.stats().weight_bytes > dense.stats().weight_bytes
-    prompts = [list(range(30, 60)) for _ in range(4)]  # 4 rows a decode step: every product on the dense copy
+    prompts = [list(range(30, 60))] * (PACKED_MAX_ROWS + 2)  # every decode step's products on the dense copy
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     assert [o.token_ids for o in llm.generate(prompts, params)] == [
         o.token_ids for o in dense.generate(prompts, params)
