@@ -259,7 +259,9 @@ int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens
     const size_t stride = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
     const size_t tile_vecs = (size_t)TILE_ROWS * G * C;
     int status = 0;
-#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1)
+    /* no more threads than tiles: a lone decode row runs on the calling thread, with no team to wake */
+    int team = num_threads < 1 ? 1 : (num_tiles < num_threads ? (int)(num_tiles > 0 ? num_tiles : 1) : num_threads);
+#pragma omp parallel num_threads(team)
     {
         /* per thread: scores (TILE_ROWS x G x stride floats), then the queries and the results */
         size_t vec_off = ((size_t)TILE_ROWS * G * stride * sizeof(float) + 63) / 64 * 64;
