@@ -87,3 +87,26 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if torch.isnan(out).any():
         return float("inf")
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+
+
+def step_args(batch: PagedBatch) -> tuple[torch.Tensor, ...]:
+    """The paged-attention arguments of ``batch`` (without the scale)."""
+    return (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
+
+
+def request_alone(batch: PagedBatch, b: int, rows: slice | None = None) -> tuple[torch.Tensor, ...]:
+    """Request ``b`` of ``batch`` alone (optionally only its query rows ``rows``), as its own step."""
+    start, end = int(batch.query_start_loc[b]), int(batch.query_start_loc[b + 1])
+    q = batch.q[start:end]
+    seq_len = int(batch.seq_lens[b])
+    if rows is not None:
+        seq_len -= q.shape[0] - rows.stop
+        q = q[rows]
+    return (
+        q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables[b : b + 1],
+        torch.tensor([0, q.shape[0]], dtype=torch.int32),
+        torch.tensor([seq_len], dtype=torch.int32),
+    )

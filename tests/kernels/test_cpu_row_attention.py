@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefixflow.kernels import cpu_attention, cpu_row_attention, native_build, reference
-from tests.kernels.kernel_testlib import build_paged_batch, relative_error
+from tests.kernels.kernel_testlib import build_paged_batch, relative_error, request_alone, step_args
 
 MIXED = [(1, 40), (1, 300), (7, 7), (3, 150), (1, 1), (33, 80), (1, 129), (5, 200)]
 TARGET = (33, 80)  # a prefill chunk over a partly cached context
@@ -17,26 +17,6 @@ TARGET = (33, 80)  # a prefill chunk over a partly cached context
 pytestmark = pytest.mark.skipif(
     native_build.load("paged_attention") is None, reason="no C compiler on this machine"
 )
-
-
-def _args(batch):
-    return (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
-
-
-def _only(batch, b: int, rows: slice):
-    """Request ``b``'s query rows ``rows`` alone, as their own step."""
-    start, end = int(batch.query_start_loc[b]), int(batch.query_start_loc[b + 1])
-    q = batch.q[start:end]
-    seq_len = int(batch.seq_lens[b]) - (q.shape[0] - rows.stop)
-    q = q[rows]
-    return (
-        q,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables[b : b + 1],
-        torch.tensor([0, q.shape[0]], dtype=torch.int32),
-        torch.tensor([seq_len], dtype=torch.int32),
-    )
 
 
 @pytest.mark.parametrize(
@@ -55,8 +35,8 @@ def test_rows_equal_the_reference(heads, block_size, dtype):
     batch = build_paged_batch(
         MIXED, hq, hkv, d, block_size=block_size, dtype=dtype, device=torch.device("cpu")
     )
-    want = reference.paged_attention(*_args(batch), d**-0.5)
-    got = cpu_row_attention.paged_attention_rows(*_args(batch), d**-0.5)
+    want = reference.paged_attention(*step_args(batch), d**-0.5)
+    got = cpu_row_attention.paged_attention_rows(*step_args(batch), d**-0.5)
     assert got.dtype == dtype and got.shape == batch.q.shape
     assert not torch.isnan(got).any()
     assert relative_error(got, want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
@@ -68,15 +48,17 @@ def test_a_rows_bits_depend_on_nothing_but_the_row(dtype):
     b = MIXED.index(TARGET)
     start = int(batch.query_start_loc[b])
     attend = cpu_row_attention.paged_attention_rows
-    alone = attend(*_only(batch, b, slice(0, 33)), 0.125)
-    assert torch.equal(attend(*_args(batch), 0.125)[start : start + 33], alone)
-    chunks = [attend(*_only(batch, b, slice(lo, hi)), 0.125) for lo, hi in ((0, 20), (20, 32), (32, 33))]
+    alone = attend(*request_alone(batch, b, slice(0, 33)), 0.125)
+    assert torch.equal(attend(*step_args(batch), 0.125)[start : start + 33], alone)
+    chunks = [
+        attend(*request_alone(batch, b, slice(lo, hi)), 0.125) for lo, hi in ((0, 20), (20, 32), (32, 33))
+    ]
     assert torch.equal(torch.cat(chunks), alone)  # a prompt cut into prefill chunks, then a decode
     threads = torch.get_num_threads()
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            assert torch.equal(attend(*_args(batch), 0.125)[start : start + 33], alone)
+            assert torch.equal(attend(*step_args(batch), 0.125)[start : start + 33], alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -88,7 +70,7 @@ def test_rows_no_request_owns_are_zero():
         q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens, 0.25
     )
     assert torch.equal(got[3:], torch.zeros(3, 4, 16))
-    want = reference.paged_attention(*_args(batch), 0.25)
+    want = reference.paged_attention(*step_args(batch), 0.25)
     assert relative_error(got[:3], want) < 1e-5
 
 
@@ -121,26 +103,26 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     fp16 = build_paged_batch(
         [(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=torch.device("cpu")
     )
-    cpu_row_attention.paged_attention(*_args(fp16), 0.25)  # no fp16 in the native kernel
+    cpu_row_attention.paged_attention(*step_args(fp16), 0.25)  # no fp16 in the native kernel
     odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*_args(odd), 0.25)  # head_dim not a multiple of 16
+    cpu_row_attention.paged_attention(*step_args(odd), 0.25)  # head_dim not a multiple of 16
     assert calls == ["torch", "torch"]
     prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # no AMX tiles: the row kernel
+    cpu_row_attention.paged_attention(*step_args(prefill), 0.25)  # no AMX tiles: the row kernel
     assert calls == ["torch", "torch"]
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
     decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*_args(decode), 0.25)  # AMX tiles: flash SDPA, until measured there
+    cpu_row_attention.paged_attention(*step_args(decode), 0.25)  # AMX tiles: flash SDPA, until measured there
     assert calls == ["torch", "torch", "torch"]
     monkeypatch.setattr(cpu_row_attention, "AMX_ROWS_MAX_QUERY", 16)
-    cpu_row_attention.paged_attention(*_args(prefill), 0.25)  # a 40-row query stays on SDPA
+    cpu_row_attention.paged_attention(*step_args(prefill), 0.25)  # a 40-row query stays on SDPA
     assert calls == ["torch", "torch", "torch", "torch"]
-    got = cpu_row_attention.paged_attention(*_args(decode), 0.25)  # short queries take the row kernel
+    got = cpu_row_attention.paged_attention(*step_args(decode), 0.25)  # short queries take the row kernel
     assert calls == ["torch", "torch", "torch", "torch"]
-    assert relative_error(got, reference.paged_attention(*_args(decode), 0.25)) < 1e-5
-    got = cpu_row_attention.paged_attention_invariant(*_args(prefill), 0.25)  # invariant: rows everywhere
+    assert relative_error(got, reference.paged_attention(*step_args(decode), 0.25)) < 1e-5
+    got = cpu_row_attention.paged_attention_invariant(*step_args(prefill), 0.25)  # invariant: rows everywhere
     assert calls == ["torch", "torch", "torch", "torch"]
-    assert relative_error(got, reference.paged_attention(*_args(prefill), 0.25)) < 1e-5
+    assert relative_error(got, reference.paged_attention(*step_args(prefill), 0.25)) < 1e-5
 
 
 def test_the_native_switch_turns_the_kernel_off(monkeypatch, tmp_path):

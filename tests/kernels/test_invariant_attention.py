@@ -8,32 +8,10 @@ import pytest
 import torch
 
 from prefixflow.kernels import invariant_attention, reference
-from tests.kernels.kernel_testlib import build_paged_batch, relative_error
+from tests.kernels.kernel_testlib import build_paged_batch, relative_error, request_alone, step_args
 
 MIXED = [(1, 40), (1, 300), (7, 7), (3, 150), (1, 1), (33, 80), (1, 129), (5, 200)]
 TARGET = (33, 80)  # request 5 of MIXED: a prefill chunk over a partly cached context
-
-
-def _args(batch):
-    return (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.query_start_loc, batch.seq_lens)
-
-
-def _only(batch, b: int, rows: slice | None = None):
-    """Request ``b`` of ``batch`` alone (optionally only its query rows ``rows``), as its own step."""
-    start, end = int(batch.query_start_loc[b]), int(batch.query_start_loc[b + 1])
-    q = batch.q[start:end]
-    seq_len = int(batch.seq_lens[b])
-    if rows is not None:
-        seq_len -= q.shape[0] - rows.stop
-        q = q[rows]
-    return (
-        q,
-        batch.k_cache,
-        batch.v_cache,
-        batch.block_tables[b : b + 1],
-        torch.tensor([0, q.shape[0]], dtype=torch.int32),
-        torch.tensor([seq_len], dtype=torch.int32),
-    )
 
 
 @pytest.mark.parametrize(
@@ -46,8 +24,8 @@ def test_invariant_equals_reference(heads, dtype):
     batch = build_paged_batch(
         MIXED, hq, hkv, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=d
     )
-    want = reference.paged_attention(*_args(batch), d**-0.5)
-    got = invariant_attention.paged_attention_invariant(*_args(batch), d**-0.5)
+    want = reference.paged_attention(*step_args(batch), d**-0.5)
+    got = invariant_attention.paged_attention_invariant(*step_args(batch), d**-0.5)
     assert not torch.isnan(got).any()
     assert relative_error(got, want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
 
@@ -58,14 +36,16 @@ def test_a_rows_bits_do_not_depend_on_the_rest_of_the_step(dtype, monkeypatch):
     b = MIXED.index(TARGET)
     start = int(batch.query_start_loc[b])
     attend = invariant_attention.paged_attention_invariant
-    together = attend(*_args(batch), 0.125)[start : start + TARGET[0]]
-    alone = attend(*_only(batch, b), 0.125)
+    together = attend(*step_args(batch), 0.125)[start : start + TARGET[0]]
+    alone = attend(*request_alone(batch, b), 0.125)
     assert torch.equal(together, alone)
     first, rest = (
-        attend(*_only(batch, b, slice(0, 20)), 0.125),
-        attend(*_only(batch, b, slice(20, 33)), 0.125),
+        attend(*request_alone(batch, b, slice(0, 20)), 0.125),
+        attend(*request_alone(batch, b, slice(20, 33)), 0.125),
     )
     assert torch.equal(torch.cat([first, rest]), alone)  # the same prompt cut into two prefill chunks
-    assert torch.equal(attend(*_only(batch, b, slice(32, 33)), 0.125), alone[32:])  # the last row alone
+    assert torch.equal(
+        attend(*request_alone(batch, b, slice(32, 33)), 0.125), alone[32:]
+    )  # the last row alone
     monkeypatch.setattr(invariant_attention, "_KV_BUDGET", 1)  # one row per call
-    assert torch.equal(attend(*_args(batch), 0.125)[start : start + TARGET[0]], alone)
+    assert torch.equal(attend(*step_args(batch), 0.125)[start : start + TARGET[0]], alone)
