@@ -53,13 +53,17 @@ def invariant_rows(
     matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, min_rows: int
 ) -> torch.Tensor:
     """``matmul(x)`` with each row's bits independent of the other rows: ``min_rows`` 0 is one call;
-    otherwise blocks of ``INVARIANT_MAX_ROWS`` rows at most, each padded to ``min_rows``."""
+    otherwise as few blocks of at most ``INVARIANT_MAX_ROWS`` rows as cover ``x``, of equal size (any row
+    count from ``min_rows`` to ``INVARIANT_MAX_ROWS`` gives a row the same bits), a short one padded to
+    ``min_rows``. Why equal: 40 rows (a verification step of 8 requests x 5) as 20 + 20 multiply 40 rows,
+    where 32 + 8 padded to 16 multiplied 48."""
     n = x.shape[0]
     if not min_rows or (min_rows <= n <= INVARIANT_MAX_ROWS):
         return matmul(x)
     if n < min_rows:
         return matmul(pad_rows(x, min_rows))[:n]
-    step = INVARIANT_MAX_ROWS
+    blocks = -(-n // INVARIANT_MAX_ROWS)
+    step = -(-n // blocks)
     return torch.cat(
         [matmul(pad_rows(x[s : s + step], min_rows))[: min(step, n - s)] for s in range(0, n, step)]
     )

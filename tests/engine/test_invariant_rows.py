@@ -44,6 +44,12 @@ def test_row_blocks_cover_every_row_once_and_pad_short_blocks() -> None:
 
     x = torch.arange(2 * INVARIANT_MAX_ROWS + 3, dtype=torch.float32)[:, None]
     assert torch.equal(invariant_rows(matmul, x, INVARIANT_MIN_ROWS), x * 2)
-    assert seen == [INVARIANT_MAX_ROWS, INVARIANT_MAX_ROWS, INVARIANT_MIN_ROWS]  # 3 rows padded to 16
+    assert seen == [23, 23, 21]  # 67 rows in 3 equal blocks (not 32 + 32 + 3 padded to 16)
+    seen.clear()
+    assert torch.equal(invariant_rows(matmul, x[:40], INVARIANT_MIN_ROWS), x[:40] * 2) and seen == [20, 20]
+    seen.clear()
+    long = torch.arange(4 * INVARIANT_MAX_ROWS + 1, dtype=torch.float32)[:, None]
+    assert torch.equal(invariant_rows(matmul, long, INVARIANT_MIN_ROWS), long * 2)
+    assert seen == [26, 26, 26, 26, 25] and all(INVARIANT_MIN_ROWS <= r <= INVARIANT_MAX_ROWS for r in seen)
     seen.clear()
     assert torch.equal(invariant_rows(matmul, x, 0), x * 2) and seen == [x.shape[0]]  # the mode off: one call
