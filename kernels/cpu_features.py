@@ -20,3 +20,8 @@ def amx_tiles() -> bool:
 def avx512_bf16() -> bool:
     """AVX512-BF16 dot products (Zen 4, Cooper Lake on)."""
     return _probe("_is_avx512_bf16_supported")
+
+
+def avx512() -> bool:
+    """AVX-512 Foundation (Skylake-SP, Ice Lake, Zen 4 on): 512-bit vectors for the native kernels."""
+    return _probe("_is_avx512_supported")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from prefixflow.kernels import cpu_attention, invariant_attention, native_build
-from prefixflow.kernels.cpu_features import amx_tiles
+from prefixflow.kernels.cpu_features import amx_tiles, avx512
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _ERRORS = {
@@ -171,12 +171,20 @@ def paged_attention_rows(
 # has not been measured against it. So on such a CPU only steps whose longest query is at most this many
 # rows take the row kernel: none until measured (``pf-rows-on-amx`` in benchmarks/cpu_path.py sets 16).
 AMX_ROWS_MAX_QUERY = 0
+# Without AVX-512 an AVX2 build of the kernel (two 256-bit halves per 16-lane vector, its 16-token
+# reduction shuffles across them) ran 0.82-0.98x the torch path end to end in float32 (an AVX2 build
+# and torch limited to AVX2 on the Zen 5 host, RESULTS.md issue 24 "Eleventh round"), so there the
+# default keeps cpu_attention; batch-invariant mode still takes the row kernel (1.03-1.07x its torch path).
+AVX2_ROWS = False
 USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
 
 
 def _rows_fit(q: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
-    """Every step without AMX tiles; with them, steps of queries of at most ``AMX_ROWS_MAX_QUERY`` rows."""
-    if not amx_tiles() or q.shape[0] <= AMX_ROWS_MAX_QUERY:
+    """Every step on an AVX-512 CPU without AMX tiles; with them, steps of queries of at most
+    ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, ``AVX2_ROWS``."""
+    if not amx_tiles():
+        return avx512() or AVX2_ROWS
+    if q.shape[0] <= AMX_ROWS_MAX_QUERY:
         return True
     if AMX_ROWS_MAX_QUERY <= 0 or query_start_loc.numel() < 2:
         return False
@@ -193,8 +201,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """The torch backend's paged attention: the native row kernel where it can run and is the faster
-    (every step on a CPU without AMX tiles; see ``AMX_ROWS_MAX_QUERY`` for those with them), else
-    cpu_attention."""
+    (every step on an AVX-512 CPU without AMX tiles; ``AMX_ROWS_MAX_QUERY`` and ``AVX2_ROWS`` for the
+    others), else cpu_attention."""
     args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     if USE_NATIVE and available(q, k_cache) and _rows_fit(q, query_start_loc):
         return paged_attention_rows(*args)

@@ -8,6 +8,8 @@ source, the compiler's version and flags and the CPU's flags, so another CPU or 
 loads a stale build; it is written to a temporary name and renamed, so concurrent processes race
 safely. Without a C compiler, or with ``PREFIXFLOW_NATIVE_KERNELS=0``, ``load`` returns None and
 callers keep their torch path: a native kernel is never required for correct results.
+``PREFIXFLOW_NATIVE_MARCH`` sets another ``-march`` target (``haswell``: an AVX2 build on an AVX-512
+CPU, to measure what an AVX2 host would run).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ log = logging.getLogger(__name__)
 ENABLE_ENV = "PREFIXFLOW_NATIVE_KERNELS"  # "0" keeps every kernel on its torch path
 CACHE_ENV = "PREFIXFLOW_NATIVE_CACHE"
 SOURCE_DIR = Path(__file__).resolve().parent / "native"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")
+MARCH_ENV = "PREFIXFLOW_NATIVE_MARCH"  # the -march target (default native; e.g. haswell for an AVX2 build)
+BASE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")
+
+
+def flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get(MARCH_ENV, 'native').strip() or 'native'}", *BASE_FLAGS)
+
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -69,7 +77,7 @@ def _build(name: str, cc: str) -> Path:
     text = source.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(
-        b"\0".join([text, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()])
+        b"\0".join([text, version.encode(), " ".join(flags()).encode(), _cpu_flags().encode()])
     )
     target = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -79,7 +87,7 @@ def _build(name: str, cc: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True, check=False
+            [cc, *flags(), str(source), "-o", tmp], capture_output=True, text=True, check=False
         )
         if done.returncode:
             raise RuntimeError(f"{cc} failed on {source.name}: {done.stderr.strip()[-2000:]}")

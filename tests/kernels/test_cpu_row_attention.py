@@ -5,6 +5,8 @@ keeping the torch path where the kernel cannot or should not run."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -98,31 +100,35 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
         calls.append("torch")
         return real(*args)
 
+    def took_torch(batch, invariant: bool = False) -> bool:
+        """Whether one call went to cpu_attention (checking the result either way)."""
+        before = len(calls)
+        attend = (
+            cpu_row_attention.paged_attention_invariant if invariant else cpu_row_attention.paged_attention
+        )
+        got = attend(*step_args(batch), 0.25)
+        want = reference.paged_attention(*step_args(batch), 0.25)
+        assert relative_error(got, want) < (1e-2 if batch.q.dtype != torch.float32 else 1e-5)
+        return len(calls) > before
+
     monkeypatch.setattr(cpu_attention, "paged_attention", torch_path)
+    cpu = torch.device("cpu")
+    fp16 = build_paged_batch([(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=cpu)
+    odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=cpu)
+    prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, device=cpu)
+    decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=cpu)
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: False)
-    fp16 = build_paged_batch(
-        [(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=torch.device("cpu")
-    )
-    cpu_row_attention.paged_attention(*step_args(fp16), 0.25)  # no fp16 in the native kernel
-    odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*step_args(odd), 0.25)  # head_dim not a multiple of 16
-    assert calls == ["torch", "torch"]
-    prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*step_args(prefill), 0.25)  # no AMX tiles: the row kernel
-    assert calls == ["torch", "torch"]
+    monkeypatch.setattr(cpu_row_attention, "avx512", lambda: True)
+    assert took_torch(fp16) and took_torch(odd)  # no fp16 in the kernel; head_dim not a multiple of 16
+    assert not took_torch(prefill)  # AVX-512 without AMX tiles: the row kernel for every step
+    monkeypatch.setattr(cpu_row_attention, "avx512", lambda: False)
+    assert took_torch(prefill)  # AVX2 only: the torch path ...
+    assert not took_torch(prefill, invariant=True)  # ... but batch-invariant mode keeps the row kernel
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
-    decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=torch.device("cpu"))
-    cpu_row_attention.paged_attention(*step_args(decode), 0.25)  # AMX tiles: flash SDPA, until measured there
-    assert calls == ["torch", "torch", "torch"]
+    assert took_torch(decode)  # AMX tiles: flash SDPA, until the row kernel is measured there
     monkeypatch.setattr(cpu_row_attention, "AMX_ROWS_MAX_QUERY", 16)
-    cpu_row_attention.paged_attention(*step_args(prefill), 0.25)  # a 40-row query stays on SDPA
-    assert calls == ["torch", "torch", "torch", "torch"]
-    got = cpu_row_attention.paged_attention(*step_args(decode), 0.25)  # short queries take the row kernel
-    assert calls == ["torch", "torch", "torch", "torch"]
-    assert relative_error(got, reference.paged_attention(*step_args(decode), 0.25)) < 1e-5
-    got = cpu_row_attention.paged_attention_invariant(*step_args(prefill), 0.25)  # invariant: rows everywhere
-    assert calls == ["torch", "torch", "torch", "torch"]
-    assert relative_error(got, reference.paged_attention(*step_args(prefill), 0.25)) < 1e-5
+    assert took_torch(prefill) and not took_torch(decode)  # a 40-row query stays on SDPA, short ones not
+    assert not took_torch(prefill, invariant=True)
 
 
 def test_the_native_switch_turns_the_kernel_off(monkeypatch, tmp_path):
@@ -146,3 +152,8 @@ def test_a_build_is_cached_by_source_and_cpu(monkeypatch, tmp_path):
     assert native_build._build("paged_attention", cc) == first and first.stat().st_mtime_ns == stamp
     monkeypatch.setattr(native_build, "_cpu_flags", lambda: "flags : another cpu")
     assert native_build._build("paged_attention", cc) != first
+    if platform.machine() == "x86_64":
+        monkeypatch.setenv(native_build.MARCH_ENV, "x86-64-v3")  # an AVX2 build is another library
+        assert "-march=x86-64-v3" in native_build.flags()
+        avx2 = native_build._build("paged_attention", cc)
+        assert avx2 != first and avx2.exists()
