@@ -28,11 +28,12 @@ Engines (``--engines``):
   the native row kernel of kernels/cpu_row_attention.py); the four variants above run with it off too;
   ``pf-rows-on-amx``: the default with steps of queries up to 16 rows on the row kernel on a CPU with AMX
   tiles too (the default keeps SDPA there until this is measured); ``pf-rows-on-avx2``: the same on an
-  AVX2-only CPU (the default keeps the torch path there); ``pf-float32-torch-attention``: ``pf-float32``
-  with the row kernel off. An AVX2 host emulated on an AVX-512 one (what decided ``AVX2_ROWS``):
+  AVX2-only CPU, float32 caches included (the default keeps the torch path there);
+  ``pf-float32-torch-attention`` / ``pf-float32-rows``: ``pf-float32`` with the row kernel off / on (the
+  runs below were made while float32 caches took it by default, so there ``pf-float32`` is the row kernel). An AVX2 host emulated on an AVX-512 one (what decided ``AVX2_ROWS``):
   ``MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
   PREFIXFLOW_NATIVE_MARCH=haswell python -m benchmarks.cpu_path --engines
-  pf-float32,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
+  pf-float32-rows,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -92,6 +93,7 @@ ENGINES = {
     "pf-rows-on-amx": {},  # the default with short-query steps on the row kernel on a CPU with AMX tiles too
     "pf-rows-on-avx2": {},  # the default with the row kernel on an AVX2-only CPU too
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
+    "pf-float32-rows": {"dtype": "float32"},  # pf-float32 with the row kernel on (off by default in float32)
 }
 # the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
 TORCH_ATTENTION = {
@@ -148,7 +150,9 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_row_attention.AMX_ROWS_MAX_QUERY,
         cpu_row_attention.AVX2_ROWS,
     )
+    float32_rows = cpu_row_attention.FLOAT32_ROWS
     cpu_row_attention.AVX2_ROWS = engine == "pf-rows-on-avx2" or avx2_rows
+    cpu_row_attention.FLOAT32_ROWS = engine in ("pf-rows-on-avx2", "pf-float32-rows") or float32_rows
     cpu_row_attention.USE_NATIVE = engine not in TORCH_ATTENTION and native
     if engine == "pf-rows-on-amx":
         cpu_row_attention.AMX_ROWS_MAX_QUERY = 16
@@ -170,7 +174,7 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_attention._PER_HEAD_MIN, cpu_attention._split = per_head, split
         cpu_attention._SDPA_DECODES = sdpa_decodes
         cpu_row_attention.USE_NATIVE, cpu_row_attention.AMX_ROWS_MAX_QUERY = native, amx_rows
-        cpu_row_attention.AVX2_ROWS = avx2_rows
+        cpu_row_attention.AVX2_ROWS, cpu_row_attention.FLOAT32_ROWS = avx2_rows, float32_rows
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -176,12 +176,17 @@ AMX_ROWS_MAX_QUERY = 0
 # and torch limited to AVX2 on the Zen 5 host, RESULTS.md issue 24 "Eleventh round"), so there the
 # default keeps cpu_attention; batch-invariant mode still takes the row kernel (1.03-1.07x its torch path).
 AVX2_ROWS = False
+# A float32 cache: the row kernel ran 0.98-0.99x the torch path end to end on the Zen 5 (one-off runs
+# 1.04-1.05x; the matmuls dominate a float32 step), so the default keeps cpu_attention there too.
+FLOAT32_ROWS = False
 USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
 
 
-def _rows_fit(q: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
-    """Every step on an AVX-512 CPU without AMX tiles; with them, steps of queries of at most
-    ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, ``AVX2_ROWS``."""
+def _rows_fit(q: torch.Tensor, k_cache: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
+    """Every step of a bf16 cache on an AVX-512 CPU without AMX tiles; with them, steps of queries of at
+    most ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, ``AVX2_ROWS``; a float32 cache, ``FLOAT32_ROWS``."""
+    if k_cache.dtype == torch.float32 and not FLOAT32_ROWS:
+        return False
     if not amx_tiles():
         return avx512() or AVX2_ROWS
     if q.shape[0] <= AMX_ROWS_MAX_QUERY:
@@ -201,10 +206,10 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """The torch backend's paged attention: the native row kernel where it can run and is the faster
-    (every step on an AVX-512 CPU without AMX tiles; ``AMX_ROWS_MAX_QUERY`` and ``AVX2_ROWS`` for the
-    others), else cpu_attention."""
+    (every step of a bf16 cache on an AVX-512 CPU without AMX tiles; ``AMX_ROWS_MAX_QUERY``,
+    ``AVX2_ROWS`` and ``FLOAT32_ROWS`` for the others), else cpu_attention."""
     args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
-    if USE_NATIVE and available(q, k_cache) and _rows_fit(q, query_start_loc):
+    if USE_NATIVE and available(q, k_cache) and _rows_fit(q, k_cache, query_start_loc):
         return paged_attention_rows(*args)
     return cpu_attention.paged_attention(*args)
 

@@ -115,12 +115,17 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     cpu = torch.device("cpu")
     fp16 = build_paged_batch([(1, 20)], 4, 2, 16, block_size=8, dtype=torch.float16, device=cpu)
     odd = build_paged_batch([(1, 20)], 4, 2, 24, block_size=8, device=cpu)
-    prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, device=cpu)
-    decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=cpu)
+    bf16 = torch.bfloat16
+    prefill = build_paged_batch([(40, 40), (1, 9)], 4, 2, 16, block_size=8, dtype=bf16, device=cpu)
+    decode = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, dtype=bf16, device=cpu)
+    float32 = build_paged_batch([(1, 40), (3, 9)], 4, 2, 16, block_size=8, device=cpu)
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: False)
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: True)
     assert took_torch(fp16) and took_torch(odd)  # no fp16 in the kernel; head_dim not a multiple of 16
-    assert not took_torch(prefill)  # AVX-512 without AMX tiles: the row kernel for every step
+    assert not took_torch(prefill)  # a bf16 cache, AVX-512 without AMX tiles: the row kernel for every step
+    assert took_torch(float32) and not took_torch(float32, invariant=True)  # float32: torch unless invariant
+    monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", True)
+    assert not took_torch(float32)
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: False)
     assert took_torch(prefill)  # AVX2 only: the torch path ...
     assert not took_torch(prefill, invariant=True)  # ... but batch-invariant mode keeps the row kernel
