@@ -8,7 +8,7 @@ shares every K/V row among the query heads of its group, and spreads rows over t
 A row's result depends only on the row (its query, its context length, the K/V it reads), never on the
 other rows of the step, on how its prompt was chunked or on the thread count: the same bits as a
 one-row call. So it is also the batch-invariant kernel (``backend.batch_invariant``), and a
-speculative verification row equals the decode it replaces bit for bit. Same contract as
+speculative verification row attends exactly as the decode it replaces. Same contract as
 ``reference.paged_attention``; float32 inside, one rounding into the query's dtype.
 
 ``available(q, k_cache)`` says whether a call can take it: CPU tensors in float32 or bf16 and the
@@ -172,7 +172,7 @@ def paged_attention_rows(
 # rows take the row kernel: none until measured (``pf-rows-on-amx`` in benchmarks/cpu_path.py sets 16).
 AMX_ROWS_MAX_QUERY = 0
 # Without AVX-512 an AVX2 build of the kernel (two 256-bit halves per 16-lane vector, its 16-token
-# reduction shuffles across them) ran 0.82-0.98x the torch path end to end in float32 (an AVX2 build
+# reduction shuffles across them) ran 0.82-1.00x the torch path end to end in float32 (an AVX2 build
 # and torch limited to AVX2 on the Zen 5 host, RESULTS.md issue 24 "Eleventh round"), so there the
 # default keeps cpu_attention; batch-invariant mode still takes the row kernel (1.03-1.07x its torch path).
 AVX2_ROWS = False
