@@ -7,6 +7,7 @@ are refused, and never stored."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,6 @@ async def _api_dump(flow_run_id: Any) -> str:
         ArtifactFilterFlowRunId,
         FlowRunFilter,
         FlowRunFilterId,
-        LogFilter,
-        LogFilterFlowRunId,
     )
 
     async with get_client() as client:
@@ -41,9 +40,7 @@ async def _api_dump(flow_run_id: Any) -> str:
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
         parts += [r.model_dump_json() for r in runs]
-        logs = await client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        )
+        logs = await _read_logs(client, flow_run_id, at_least=4)
         parts += [log.model_dump_json() for log in logs]
         arts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
@@ -51,6 +48,22 @@ async def _api_dump(flow_run_id: Any) -> str:
         parts += [a.model_dump_json() for a in arts]
     assert len(logs) > 3 and len(runs) >= 3  # the dump really covers the run
     return "\n".join(parts)
+
+
+async def _read_logs(client: Any, flow_run_id: Any, at_least: int) -> list[Any]:
+    """The run's logs once the API holds `at_least` of them: the client ships logs in the background,
+    so a read right after the run can see only the first batch (CI once saw 1 of them)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    deadline = time.monotonic() + 30
+    logs = await client.read_logs(log_filter=log_filter)
+    while len(logs) < at_least and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        logs = await client.read_logs(log_filter=log_filter)
+    return list(logs)
 
 
 @pytest.fixture
@@ -133,13 +146,10 @@ def test_plain_credentials_in_storage_options_are_refused_and_never_stored(
 
 async def _api_dump_of_failed(flow_run_id: Any) -> str:
     from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     async with get_client() as client:
         run = await client.read_flow_run(flow_run_id)
-        logs = await client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        )
+        logs = await _read_logs(client, flow_run_id, at_least=1)
     return "\n".join([run.model_dump_json(), *(log.model_dump_json() for log in logs)])
 
 
