@@ -37,6 +37,8 @@ MODES = {
     "off": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
     "auto": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    # auto with the request's own lookup only (no drafts from other requests' outputs)
+    "auto-local": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5, "cross_request": False},
     # the lookup alone, without grammar-forced drafts (what extraction got before jump-forward)
     "auto-nojf": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5, "jump_forward": False},
     # k=4 with forced drafts in the tokenizer's own split, not the target's learned one (before issue 27 item 1)
@@ -133,6 +135,10 @@ def counters(llm: LLM) -> dict[str, float]:
 
 
 def run_cell(llm: LLM, prompts: list[str], params: list[SamplingParams], batch: int) -> tuple[dict, list]:
+    spec = llm.engine.speculator
+    if spec is not None and spec.pool is not None:  # repeats run the same rows: no memory of them
+        spec.pool.counts.clear()
+        spec.pool.requests.clear()
     before = counters(llm)
     wall, cpu = time.perf_counter(), time.process_time()
     outs = []

@@ -305,9 +305,10 @@ class LLMEngine:
             self._count_prompt_work(scheduled)
             # real outputs only: a verified run's drafts sit in token_ids until update_from_output settles them
             outputs_before = sum(c.request.num_output_tokens - c.request.num_draft_tokens for c in scheduled)
-            finished = {
-                req.key: self._output(req) for req in self.scheduler.update_from_output(scheduled, output)
-            }
+            done = self.scheduler.update_from_output(scheduled, output)
+            if self.speculator is not None and done:
+                self.speculator.finished(done)
+            finished = {req.key: self._output(req) for req in done}
             # tokens taken this step (a verified speculative run may take several per request)
             self.stats.generated_tokens += (
                 sum(c.request.num_output_tokens for c in scheduled) - outputs_before

@@ -24,6 +24,11 @@ class SpeculativeConfig:
     quotes, separators), with the lookup continuing after it; verified like any draft (forced.py).
     ``prefill_drafts`` (n-gram only): the step that computes a request's last prompt chunk also
     verifies drafts of its first output tokens (decoder.py ``prefill_drafts``).
+    ``cross_request`` (n-gram only): where the request's own lookup runs short, continue with what
+    followed the same n-grams in the outputs of the engine's other requests (output_pool.py); None
+    turns it on with ``auto`` k (the policy prices its drafts by their own acceptance) and off with a
+    fixed k. ``cross_request_requests`` bounds how many requests' outputs it keeps, and
+    ``cross_request_min_probability`` is the share of an n-gram's followers a drafted token must hold.
     """
 
     method: SpecMethod = "ngram"
@@ -35,6 +40,9 @@ class SpeculativeConfig:
     draft_kv_blocks: int | None = None  # the draft's own pool; None: sized like the target's
     jump_forward: bool = True
     prefill_drafts: bool = True
+    cross_request: bool | None = None
+    cross_request_requests: int = 256
+    cross_request_min_probability: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -63,12 +71,29 @@ class SpeculativeConfig:
         for name in ("jump_forward", "prefill_drafts"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "true or false")
+        if self.cross_request is not None and not isinstance(self.cross_request, bool):
+            raise bad("cross_request", "true, false or null (on with auto k)")
+        if self.method != "ngram" and self.cross_request:
+            raise bad("cross_request", "false or null for method='draft_model' (it is a lookup)")
+        requests = self.cross_request_requests
+        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+            raise bad("cross_request_requests", "a positive integer")
+        p = self.cross_request_min_probability
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise bad("cross_request_min_probability", "a number in (0, 1]")
         if self.draft_kv_blocks is not None and self.draft_kv_blocks < 2:
             raise bad("draft_kv_blocks", "None or at least 2")
 
     @property
     def auto(self) -> bool:
         return self.num_speculative_tokens == AUTO
+
+    @property
+    def uses_cross_request(self) -> bool:
+        """Whether the lookup continues in other requests' outputs (``cross_request``, resolved)."""
+        if self.method != "ngram":
+            return False
+        return self.auto if self.cross_request is None else self.cross_request
 
     @property
     def max_k(self) -> int:

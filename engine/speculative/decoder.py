@@ -18,36 +18,48 @@ from prefixflow.engine.speculative.config import SpeculativeConfig
 from prefixflow.engine.speculative.cost_model import LinearCost
 from prefixflow.engine.speculative.forced import ForcedDrafts, Pending
 from prefixflow.engine.speculative.ngram import NgramIndex
+from prefixflow.engine.speculative.output_pool import OutputPool
 from prefixflow.engine.speculative.policy import (
     PRIOR_ACCEPTANCE,
+    PRIOR_CROSS_REQUEST,
     PRIOR_FORCED,
     Acceptance,
     Candidate,
     plan_drafts,
 )
-from prefixflow.engine.speculative.runs import SpeculationStats
+from prefixflow.engine.speculative.runs import CROSS_REQUEST, JUMP_FORWARD, Origin, SpeculationStats
 
 
 @dataclass
 class RequestSpecState:
-    """What one request's speculation remembers: its n-gram index, its acceptance, and which of its
-    pending drafts the grammar forced.
+    """What one request's speculation remembers: its n-gram index, its acceptance, and where each of
+    its pending drafts came from.
 
     Acceptance counts the drafts a run reached (up to and including the first rejected one), so
-    ``accepted / reached`` estimates the per-draft alpha of the policy's alpha^j model; the method's own
-    drafts and grammar-forced ones (shared by every request of the engine) are counted apart."""
+    ``accepted / reached`` estimates the per-draft alpha of the policy's alpha^j model. The method's own
+    drafts, grammar-forced ones (engine-wide) and cross-request ones (per request and engine-wide) are
+    counted apart."""
 
     index: NgramIndex | None
     acceptance: Acceptance = field(default_factory=Acceptance)
     method: Acceptance | None = None  # the method-wide counter, updated alongside
     jump_forward: Acceptance | None = None  # grammar-forced drafts, engine-wide
-    forced: list[bool] = field(default_factory=list)  # per pending draft: forced by the grammar
+    cross: Acceptance = field(default_factory=Acceptance)  # this request's cross-request drafts
+    cross_request: Acceptance | None = None  # cross-request drafts, engine-wide
+    origins: list[Origin] = field(default_factory=list)  # per pending draft: None (own) or its origin
     splits: list[Pending] = field(default_factory=list)  # forced strings awaiting the target's split
 
-    def observe(self, forced: list[bool], accepted: int) -> None:
-        reached = forced[: accepted + 1]
-        own = [not f for f in reached]
-        for counter, mine in ((self.acceptance, own), (self.method, own), (self.jump_forward, reached)):
+    def observe(self, origins: list[Origin], accepted: int) -> None:
+        reached = origins[: accepted + 1]
+        counters = (
+            (self.acceptance, None),
+            (self.method, None),
+            (self.jump_forward, JUMP_FORWARD),
+            (self.cross, CROSS_REQUEST),
+            (self.cross_request, CROSS_REQUEST),
+        )
+        for counter, origin in counters:
+            mine = [o == origin for o in reached]
             if counter is not None and any(mine):
                 counter.observe(sum(mine), sum(mine[:accepted]))
 
@@ -102,6 +114,17 @@ class Speculator:
         self.cost = LinearCost(3)  # step seconds ~ tokens, sampled rows, distinct draft lengths (policy.py)
         self.method_acceptance = Acceptance()
         self.jump_forward_acceptance = Acceptance()
+        self.cross_request_acceptance = Acceptance()
+        self.pool = (
+            OutputPool(
+                cfg.prompt_lookup_min,
+                cfg.prompt_lookup_max,
+                cfg.cross_request_requests,
+                cfg.cross_request_min_probability,
+            )
+            if cfg.uses_cross_request and proposer.lookahead
+            else None
+        )
         self.forced = forced  # grammar-forced drafts for structured-output requests (lookup methods only)
         self.planned_steps = 0  # steps in which at least one request speculated
 
@@ -113,7 +136,10 @@ class Speculator:
                 else None
             )
             req.spec = RequestSpecState(
-                index, method=self.method_acceptance, jump_forward=self.jump_forward_acceptance
+                index,
+                method=self.method_acceptance,
+                jump_forward=self.jump_forward_acceptance,
+                cross_request=self.cross_request_acceptance,
             )
         assert isinstance(req.spec, RequestSpecState)
         return req.spec
@@ -187,24 +213,32 @@ class Speculator:
         """Each request's drafts (maybe none): proposed, then cut to the k the policy picks."""
         for req in requests:
             self.state(req)
-        masks = [[False] * lim for lim in limits]  # per draft: forced by the grammar
+        origins: list[list[Origin]] = [[None] * lim for lim in limits]
         if self.proposer.lookahead:  # the proposal's own length bounds k
-            proposals, masks = self._look_ahead(requests, limits)
+            proposals, origins = self._look_ahead(requests, limits)
             limits = [len(p) for p in proposals]
         if self.cfg.auto:
-            prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
-            forced = self.jump_forward_acceptance.rate(PRIOR_FORCED)
+            priors = {
+                None: self.method_acceptance.rate(PRIOR_ACCEPTANCE),
+                JUMP_FORWARD: self.jump_forward_acceptance.rate(PRIOR_FORCED),
+            }
+            cross_prior = self.cross_request_acceptance.rate(PRIOR_CROSS_REQUEST)
             candidates = []
-            for req, mask in zip(requests, masks):
-                own = self.state(req).acceptance.rate(prior)
-                candidates.append(Candidate(tuple(forced if f else own for f in mask)))
+            for req, kinds in zip(requests, origins):
+                state = self.state(req)
+                alphas = {
+                    **priors,
+                    None: state.acceptance.rate(priors[None]),
+                    CROSS_REQUEST: state.cross.rate(cross_prior),
+                }
+                candidates.append(Candidate(tuple(alphas[o] for o in kinds)))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
         else:
             ks = limits
         if not any(ks):
             return [[] for _ in requests]
-        for req, mask, k in zip(requests, masks, ks):
-            self.state(req).forced = mask[:k]
+        for req, kinds, k in zip(requests, origins, ks):
+            self.state(req).origins = kinds[:k]
         self.planned_steps += 1
         if self.proposer.lookahead:
             return [p[:k] for p, k in zip(proposals, ks)]
@@ -215,23 +249,39 @@ class Speculator:
 
     def _look_ahead(
         self, requests: list[Request], limits: list[int]
-    ) -> tuple[list[list[int]], list[list[bool]]]:
-        """Lookup proposals; a structured-output request's start with what its grammar forces."""
+    ) -> tuple[list[list[int]], list[list[Origin]]]:
+        """Lookup proposals; a structured-output request's start with what its grammar forces. Where a
+        plain request's own lookup runs short, the cross-request pool continues it."""
         drafts: list[list[int]] = [[] for _ in requests]
-        masks: list[list[bool]] = [[] for _ in requests]
+        origins: list[list[Origin]] = [[] for _ in requests]
         plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]
         made = (
             self.proposer.propose([requests[i] for i in plain], [limits[i] for i in plain]) if plain else []
         )
         for i, draft in zip(plain, made):
-            drafts[i], masks[i] = draft, [False] * len(draft)
+            drafts[i], origins[i] = draft, [None] * len(draft)
+        if self.pool is not None:
+            for req in requests:  # index what the target produced since the last step
+                self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
+            # a structured request's drafts must pass its grammar: the pool knows no grammar
+            for i in (i for i in plain if requests[i].grammar is None and len(drafts[i]) < limits[i]):
+                more = self.pool.propose(requests[i].token_ids + drafts[i], limits[i] - len(drafts[i]))
+                drafts[i] = drafts[i] + more
+                origins[i] = origins[i] + [CROSS_REQUEST] * len(more)
         if self.forced is not None:
             for i, req in enumerate(requests):
                 if req.grammar is not None:
-                    drafts[i], masks[i] = self.forced.propose(
+                    drafts[i], forced = self.forced.propose(
                         req.grammar, req.token_ids, self.state(req).index, limits[i], self.state(req).splits
                     )
-        return drafts, masks
+                    origins[i] = [JUMP_FORWARD if f else None for f in forced]
+        return drafts, origins
+
+    def finished(self, requests: list[Request]) -> None:
+        """Requests that finished this step: their last tokens join the cross-request pool."""
+        if self.pool is not None:
+            for req in requests:
+                self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
 
     @staticmethod
     def features(scheduled: SchedulerOutput) -> list[float]:

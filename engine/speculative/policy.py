@@ -40,6 +40,7 @@ class Acceptance:
 
 
 PRIOR_FORCED = 0.9  # grammar-forced drafts, before any was verified: the model almost always agrees
+PRIOR_CROSS_REQUEST = 0.4  # other requests' outputs: below a request's own lookup until measured
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from prefixflow.engine.core.kv_cache_manager import KVCacheManager
 from prefixflow.engine.core.request import Request
 
 JUMP_FORWARD = "jump_forward"  # drafts the grammar forced (forced.py), counted apart from the method's own
+CROSS_REQUEST = "cross_request"  # drafts from other requests' outputs (output_pool.py)
+Origin = str | None  # where a draft came from: None for the method's own, else one of the above
 
 
 @dataclass
 class SpeculationStats:
     """Per method: draft tokens proposed, accepted, and verified runs (mean accepted length = accepted / runs).
-    A run that mixes grammar-forced drafts with the method's counts once under each."""
+    A run that mixes drafts of several origins (the method's own, grammar-forced, cross-request) counts
+    once under each."""
 
     proposed: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
@@ -73,12 +76,11 @@ def settle(req: Request, targets: list[int], stats: SpeculationStats) -> list[in
     m = accepted_length(drafts, targets)
     req.drop_drafts()
     state = req.spec
-    forced = list(state.forced if state is not None else ())[:d]
-    forced += [False] * (d - len(forced))
-    for kind, mine in ((JUMP_FORWARD, True), (None, False)):
-        proposed = sum(1 for f in forced if f is mine)
-        if proposed:
-            stats.record(proposed, sum(1 for f in forced[:m] if f is mine), kind)
+    origins: list[Origin] = list(state.origins if state is not None else ())[:d]
+    origins += [None] * (d - len(origins))
+    for kind in dict.fromkeys(origins):
+        proposed = sum(1 for o in origins if o == kind)
+        stats.record(proposed, sum(1 for o in origins[:m] if o == kind), kind)
     if state is not None:
-        state.observe(forced, m)
+        state.observe(origins, m)
     return targets[: m + 1]
