@@ -215,7 +215,7 @@ class Speculator:
             self.state(req)
         origins: list[list[Origin]] = [[None] * lim for lim in limits]
         if self.proposer.lookahead:  # the proposal's own length bounds k
-            proposals, origins = self._look_ahead(requests, limits)
+            proposals, origins = self._look_ahead(requests, limits, self._draft_floor(base_tokens, base_rows))
             limits = [len(p) for p in proposals]
         if self.cfg.auto:
             priors = {
@@ -247,24 +247,46 @@ class Speculator:
         by_key = {r.key: d for (r, _), d in zip(chosen, made)}
         return [by_key.get(r.key, []) for r in requests]
 
+    def _draft_floor(self, base_tokens: int, base_rows: int) -> float:
+        """The acceptance a draft needs before ``auto`` could take it: one more row (seconds ``d``)
+        in a step of ``base_rows`` rows (seconds ``t``) pays only for a gain above
+        ``base_rows * d / t`` tokens, and a request's j-th draft gains at most alpha^j. Lookups whose
+        acceptance is below it are skipped: at a large batch they would cost CPU time and then be
+        declined (their indexes catch up at the next lookup). 0 with a fixed k."""
+        if not self.cfg.auto or not self.cost.ready or base_rows <= 0:
+            return 0.0
+        t = self.cost.predict([base_tokens, base_rows, 0.0])
+        d = self.cost.predict([base_tokens + 1, base_rows + 1, 0.0]) - t
+        return base_rows * d / t if t > 0 else 0.0
+
     def _look_ahead(
-        self, requests: list[Request], limits: list[int]
+        self, requests: list[Request], limits: list[int], floor: float = 0.0
     ) -> tuple[list[list[int]], list[list[Origin]]]:
         """Lookup proposals; a structured-output request's start with what its grammar forces. Where a
-        plain request's own lookup runs short, the cross-request pool continues it."""
+        plain request's own lookup runs short, the cross-request pool continues it. A plain request
+        whose acceptance (own, or from the pool) is at most ``floor`` skips that lookup."""
         drafts: list[list[int]] = [[] for _ in requests]
         origins: list[list[Origin]] = [[] for _ in requests]
         plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]
-        made = (
-            self.proposer.propose([requests[i] for i in plain], [limits[i] for i in plain]) if plain else []
-        )
-        for i, draft in zip(plain, made):
+        method_prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
+        own = [i for i in plain if self.state(requests[i]).acceptance.rate(method_prior) > floor]
+        made = self.proposer.propose([requests[i] for i in own], [limits[i] for i in own]) if own else []
+        for i, draft in zip(own, made):
             drafts[i], origins[i] = draft, [None] * len(draft)
         if self.pool is not None:
-            for req in requests:  # index what the target produced since the last step
-                self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
             # a structured request's drafts must pass its grammar: the pool knows no grammar
-            for i in (i for i in plain if requests[i].grammar is None and len(drafts[i]) < limits[i]):
+            prior = self.cross_request_acceptance.rate(PRIOR_CROSS_REQUEST)
+            wanted = [
+                i
+                for i in plain
+                if requests[i].grammar is None
+                and len(drafts[i]) < limits[i]
+                and self.state(requests[i]).cross.rate(prior) > floor
+            ]
+            if wanted:  # index what the batch produced since the last lookup (``finished`` does the rest)
+                for req in requests:
+                    self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
+            for i in wanted:
                 more = self.pool.propose(requests[i].token_ids + drafts[i], limits[i] - len(drafts[i]))
                 drafts[i] = drafts[i] + more
                 origins[i] = origins[i] + [CROSS_REQUEST] * len(more)
