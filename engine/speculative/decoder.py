@@ -217,6 +217,8 @@ class Speculator:
         if self.proposer.lookahead:  # the proposal's own length bounds k
             proposals, origins = self._look_ahead(requests, limits, self._draft_floor(base_tokens, base_rows))
             limits = [len(p) for p in proposals]
+            if not any(limits):
+                return [[] for _ in requests]
         if self.cfg.auto:
             priors = {
                 None: self.method_acceptance.rate(PRIOR_ACCEPTANCE),
@@ -225,6 +227,9 @@ class Speculator:
             cross_prior = self.cross_request_acceptance.rate(PRIOR_CROSS_REQUEST)
             candidates = []
             for req, kinds in zip(requests, origins):
+                if not kinds:
+                    candidates.append(Candidate(()))
+                    continue
                 state = self.state(req)
                 alphas = {
                     **priors,
