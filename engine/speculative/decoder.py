@@ -233,8 +233,8 @@ class Speculator:
                 state = self.state(req)
                 alphas = {
                     **priors,
-                    None: state.acceptance.rate(priors[None]),
-                    CROSS_REQUEST: state.cross.rate(cross_prior),
+                    None: state.acceptance.cautious_rate(priors[None]),
+                    CROSS_REQUEST: state.cross.cautious_rate(cross_prior),
                 }
                 candidates.append(Candidate(tuple(alphas[o] for o in kinds)))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
