@@ -14,6 +14,7 @@ token costs about the same and a draft pays only when it is nearly always accept
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -46,7 +47,7 @@ class Acceptance:
         few observations earn little trust, many earn nearly the measured rate."""
         mean = self.rate(prior)
         n = self.proposed + PRIOR_WEIGHT
-        return max(0.0, mean - CAUTION * (mean * (1.0 - mean) / n) ** 0.5)
+        return max(0.0, mean - CAUTION * math.sqrt(mean * (1.0 - mean) / n))
 
 
 PRIOR_FORCED = 0.9  # grammar-forced drafts, before any was verified: the model almost always agrees
