@@ -170,6 +170,7 @@ def main() -> None:
         action="store_true",
         help="every engine with batch_invariant=True (bf16 hosts: verification rows then round as decode rows)",
     )
+    ap.add_argument("--dtype", default="auto", help="the engines' dtype (float32: identical by construction)")
     ap.add_argument("--modes", default="off,ngram,auto", help=f"of {', '.join(MODES)}; off always runs first")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -180,6 +181,7 @@ def main() -> None:
         modes["draft-auto"] = {"method": "draft_model", "model": args.draft}
     memory = {"kv_cache_memory_bytes": 256 << 20, "quantization": "none"} if args.device == "cpu" else {}
     options = {**memory, "batch_invariant": True} if args.batch_invariant else memory
+    options = {**options, "dtype": args.dtype}
     engines = {
         m: LLM(
             args.model, device=args.device, max_num_seqs=args.max_num_seqs, speculative_config=spec, **options
@@ -224,7 +226,13 @@ def main() -> None:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(
                 json.dumps(
-                    {"results": results, "load": os.getloadavg(), "torch": torch.__version__, "threads": 1},
+                    {
+                        "results": results,
+                        "load": os.getloadavg(),
+                        "torch": torch.__version__,
+                        "threads": 1,
+                        "args": vars(args),
+                    },
                     indent=1,
                 )
             )
