@@ -4,8 +4,9 @@ Embedded SmolLM2-135M, one thread, greedy. Workloads (all through the chat templ
 - summarize: the demo reviews (then benchmarks/data/reviews.jsonl) with configs/jobs/summarize.yaml's prompt;
 - extract: the same texts with configs/jobs/extract.yaml's prompt and JSON schema (structured outputs);
 - varied: chat prompts of several kinds (questions, rewrites, replies) over tickets and news.
-Batch b runs b requests at once (b=1: requests one after another). Modes alternate A B C A B C in one
-process (one engine per mode, loaded once); each cell reports min and median over the repeats of output
+Batch b runs b requests at once (b=1: requests one after another). Each engine runs the cell once
+untimed, then the modes alternate A B C, B C A, C A B ... in one process (one engine per mode, loaded
+once); each cell reports min and median over the repeats of output
 tokens per process CPU-second and per wall second, with acceptance, mean accepted length and tokens per
 step. Outputs must equal speculation-off's (checked). Run:
 
@@ -205,12 +206,13 @@ def main() -> None:
                 for p in params[:n]
             ]
             cell: dict = {m: [] for m in modes}
-            reference = None
+            # one untimed run per engine: every prefix cache equally warm; off's tokens are the reference
+            reference = {m: run_cell(engines[m], prompts[:n], cell_params, batch)[1] for m in modes}["off"]
+            order = list(modes)
             for rep in range(args.repeats):
-                for mode in modes:  # A B C A B C
+                # A B C, then B C A, ...: a drift within a repeat must not always fall on the same mode
+                for mode in order[rep % len(order) :] + order[: rep % len(order)]:
                     stats, tokens = run_cell(engines[mode], prompts[:n], cell_params, batch)
-                    if mode == "off":
-                        reference = tokens
                     stats["identical"] = tokens == reference
                     cell[mode].append(stats)
                     print(
