@@ -289,10 +289,10 @@ class Speculator:
                 and self.state(requests[i]).cross.rate(prior) > floor
             ]
             if wanted:  # index what the batch produced since the last lookup (``finished`` does the rest)
-                for req in requests:
-                    self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
-            for i in wanted:
-                more = self.pool.propose(requests[i].token_ids + drafts[i], limits[i] - len(drafts[i]))
+                self._index_outputs(requests)
+            for i in wanted:  # the pool reads only the last max_n tokens: no copy of the whole context
+                tail = requests[i].token_ids[-self.pool.max_n :] + drafts[i]
+                more = self.pool.propose(tail, limits[i] - len(drafts[i]))
                 drafts[i] = drafts[i] + more
                 origins[i] = origins[i] + [CROSS_REQUEST] * len(more)
         if self.forced is not None:
@@ -306,6 +306,9 @@ class Speculator:
 
     def finished(self, requests: list[Request]) -> None:
         """Requests that finished this step: their last tokens join the cross-request pool."""
+        self._index_outputs(requests)
+
+    def _index_outputs(self, requests: list[Request]) -> None:
         if self.pool is not None:
             for req in requests:
                 self.pool.extend(req.key, req.token_ids, req.num_prompt_tokens, req.num_tokens)
