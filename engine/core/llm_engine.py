@@ -287,7 +287,11 @@ class LLMEngine:
                 )
             else:
                 if self.speculator is not None:
-                    self.speculator.propose(self.scheduler.running, self.cfg.max_num_batched_tokens)
+                    self.speculator.propose(
+                        self.scheduler.running,
+                        self.cfg.max_num_batched_tokens,
+                        waiting=bool(self.scheduler.waiting),
+                    )
                 scheduled = self.scheduler.schedule()
                 if not scheduled:
                     raise RuntimeError("scheduler made no progress (no request fits the KV pool)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from prefixflow.engine.core.request import Request
 from prefixflow.engine.core.step_types import SchedulerOutput
 from prefixflow.engine.speculative.config import SpeculativeConfig
@@ -20,14 +22,17 @@ from prefixflow.engine.speculative.forced import ForcedDrafts, Pending
 from prefixflow.engine.speculative.ngram import NgramIndex
 from prefixflow.engine.speculative.output_pool import OutputPool
 from prefixflow.engine.speculative.policy import (
+    MARGIN,
     PRIOR_ACCEPTANCE,
     PRIOR_CROSS_REQUEST,
     PRIOR_FORCED,
     Acceptance,
+    Calibration,
     Candidate,
     plan_drafts,
 )
 from prefixflow.engine.speculative.runs import CROSS_REQUEST, JUMP_FORWARD, Origin, SpeculationStats
+from prefixflow.engine.speculative.tail import REFRESH_STEPS, tail_worths
 
 
 @dataclass
@@ -48,8 +53,25 @@ class RequestSpecState:
     cross_request: Acceptance | None = None  # cross-request drafts, engine-wide
     origins: list[Origin] = field(default_factory=list)  # per pending draft: None (own) or its origin
     splits: list[Pending] = field(default_factory=list)  # forced strings awaiting the target's split
+    calibration: dict[Origin, Calibration] | None = None  # engine-wide plans against outcomes, per origin
+    planned: list[float] = field(default_factory=list)  # ``auto``: each pending draft's expected gain
+    decode_from: int = -1  # output tokens when its first decode step was planned
+    decode_steps: int = 0  # decode steps planned since
+
+    def speed(self, num_output_tokens: int) -> float:
+        """Tokens per decode step so far (1 before any, more where drafts were accepted)."""
+        if self.decode_steps == 0:
+            return 1.0
+        return max(1.0, (num_output_tokens - self.decode_from) / self.decode_steps)
 
     def observe(self, origins: list[Origin], accepted: int) -> None:
+        if self.calibration is not None and self.planned:  # the drafts verified, of those planned
+            for origin, calibration in self.calibration.items():
+                mine = [o == origin for o in origins]
+                if any(mine):
+                    expected = sum(g for g, m in zip(self.planned, mine) if m)
+                    calibration.observe(expected, sum(mine[:accepted]))
+        self.planned = []
         reached = origins[: accepted + 1]
         counters = (
             (self.acceptance, None),
@@ -115,6 +137,9 @@ class Speculator:
         self.method_acceptance = Acceptance()
         self.jump_forward_acceptance = Acceptance()
         self.cross_request_acceptance = Acceptance()
+        self.calibration: dict[Origin, Calibration] = {
+            origin: Calibration() for origin in (None, JUMP_FORWARD, CROSS_REQUEST)
+        }
         self.pool = (
             OutputPool(
                 cfg.prompt_lookup_min,
@@ -127,6 +152,10 @@ class Speculator:
         )
         self.forced = forced  # grammar-forced drafts for structured-output requests (lookup methods only)
         self.planned_steps = 0  # steps in which at least one request speculated
+        self.tail: dict[int, float] = {}  # request key -> its worth in the tail, as last computed
+        self.tail_age = REFRESH_STEPS  # steps since
+        self.finished_tokens = 0  # output tokens of finished requests, and how many of them ended by a stop
+        self.ended = 0
 
     def state(self, req: Request) -> RequestSpecState:
         if req.spec is None:
@@ -140,32 +169,72 @@ class Speculator:
                 method=self.method_acceptance,
                 jump_forward=self.jump_forward_acceptance,
                 cross_request=self.cross_request_acceptance,
+                calibration=self.calibration,
             )
         assert isinstance(req.spec, RequestSpecState)
         return req.spec
 
-    def propose(self, running: list[Request], token_budget: int) -> None:
-        """Append drafts to the decoding requests the policy picks."""
+    def propose(self, running: list[Request], token_budget: int, waiting: bool = True) -> None:
+        """Append drafts to the decoding requests the policy picks. ``waiting``: whether requests wait
+        for a slot; when none does, the running ones are the job's tail (tail.py)."""
         decoding: list[Request] = []
         limits: list[int] = []
-        base_tokens = base_rows = 0
+        at: list[int] = []  # each decoding request's place among the generating ones
+        budgets: list[int] = []  # per generating request: tokens it may still produce, and its speed
+        speeds: list[float] = []
+        base_tokens = base_rows = outputs = 0
         for req in running:
             left = req.num_tokens - req.num_computed_tokens
             base_tokens += left
-            if req.generates and left == 1 and req.num_draft_tokens == 0 and req.num_output_tokens > 0:
-                base_rows += 1
-                limit = self._limit(req)
-                if limit > 0:
-                    decoding.append(req)
-                    limits.append(limit)
+            if not req.generates:
+                continue
+            out = req.num_output_tokens
+            outputs += out
+            budgets.append(req.max_tokens - out)
+            if left == 1 and out > 0:  # decoding: its speed counts this step
+                state = self.state(req)
+                speeds.append(state.speed(out))
+                if state.decode_from < 0:
+                    state.decode_from = out
+                state.decode_steps += 1
+                if req.num_draft_tokens == 0:
+                    base_rows += 1
+                    limit = self._limit(req)
+                    if limit > 0:
+                        decoding.append(req)
+                        limits.append(limit)
+                        at.append(len(budgets) - 1)
+            else:
+                speeds.append(1.0)
         if not decoding:
             return
-        for req, draft in zip(
-            decoding, self._drafts(decoding, limits, min(base_tokens, token_budget), base_rows)
-        ):
+        base_tokens = min(base_tokens, token_budget)
+        worths = None
+        if not waiting and len(budgets) > 1 and self.cfg.auto and self.cost.ready:
+            self.tail_age += 1
+            if self.tail_age >= REFRESH_STEPS or any(r.key not in self.tail for r in decoding):
+                every = self._tail_worths(budgets, speeds, outputs, base_tokens, base_rows)
+                self.tail = {r.key: float(every[i]) for r, i in zip(decoding, at)}
+                self.tail_age = 0
+            worths = [self.tail[r.key] for r in decoding]
+        else:
+            self.tail_age = REFRESH_STEPS  # the next tail step computes afresh
+        for req, draft in zip(decoding, self._drafts(decoding, limits, base_tokens, base_rows, worths)):
             if draft:
                 req.token_ids.extend(draft)
                 req.num_draft_tokens = len(draft)
+
+    def _tail_worths(
+        self, budgets: list[int], speeds: list[float], outputs: int, base_tokens: int, base_rows: int
+    ) -> np.ndarray:
+        """Per generating request, what its accepted drafts are worth when nothing waits (tail.py).
+        The hazard of a stop per token is measured over every output so far, finished or running,
+        behind one stop per largest budget a priori."""
+        fixed, per_token, per_row, _ = (float(c) for c in self.cost.coef)
+        left = np.maximum(np.array(budgets, dtype=float), 0.0)
+        hazard = (self.ended + 1.0) / (self.finished_tokens + outputs + max(float(left.max()), 1.0))
+        step_time = fixed + per_token * base_tokens + per_row * base_rows
+        return tail_worths(left, np.array(speeds), hazard, fixed, per_token + per_row, step_time, base_rows)
 
     def prefill_drafts(self, scheduled: SchedulerOutput) -> dict[int, list[int]]:
         """Drafts for the requests whose last prompt chunk (or recompute after preemption) runs this
@@ -208,14 +277,23 @@ class Speculator:
         )
 
     def _drafts(
-        self, requests: list[Request], limits: list[int], base_tokens: int, base_rows: int
+        self,
+        requests: list[Request],
+        limits: list[int],
+        base_tokens: int,
+        base_rows: int,
+        worths: list[float] | None = None,
     ) -> list[list[int]]:
-        """Each request's drafts (maybe none): proposed, then cut to the k the policy picks."""
+        """Each request's drafts (maybe none): proposed, then cut to the k the policy picks.
+        ``worths``: per request, a factor on what its drafts gain (the tail's, else 1)."""
         for req in requests:
             self.state(req)
+        worth = worths or [1.0] * len(requests)
         origins: list[list[Origin]] = [[None] * lim for lim in limits]
         if self.proposer.lookahead:  # the proposal's own length bounds k
-            proposals, origins = self._look_ahead(requests, limits, self._draft_floor(base_tokens, base_rows))
+            proposals, origins = self._look_ahead(
+                requests, limits, self._draft_floor(base_tokens, base_rows), worth
+            )
             limits = [len(p) for p in proposals]
             if not any(limits):
                 return [[] for _ in requests]
@@ -226,7 +304,7 @@ class Speculator:
             }
             cross_prior = self.cross_request_acceptance.rate(PRIOR_CROSS_REQUEST)
             candidates = []
-            for req, kinds in zip(requests, origins):
+            for req, kinds, w in zip(requests, origins, worth):
                 if not kinds:
                     candidates.append(Candidate(()))
                     continue
@@ -236,8 +314,11 @@ class Speculator:
                     None: state.acceptance.cautious_rate(priors[None]),
                     CROSS_REQUEST: state.cross.cautious_rate(cross_prior),
                 }
-                candidates.append(Candidate(tuple(alphas[o] for o in kinds)))
+                factors = tuple(self.calibration[o].factor * w for o in kinds)
+                candidates.append(Candidate(tuple(alphas[o] for o in kinds), factors))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
+            for req, candidate, k in zip(requests, candidates, ks):
+                self.state(req).planned = candidate.gains(calibrated=False)[:k]
         else:
             ks = limits
         if not any(ks):
@@ -253,40 +334,55 @@ class Speculator:
         return [by_key.get(r.key, []) for r in requests]
 
     def _draft_floor(self, base_tokens: int, base_rows: int) -> float:
-        """The acceptance a draft needs before ``auto`` could take it: one more row (seconds ``d``)
-        in a step of ``base_rows`` rows (seconds ``t``) pays only for a gain above
-        ``base_rows * d / t`` tokens, and a request's j-th draft gains at most alpha^j. Lookups whose
-        acceptance is below it are skipped: at a large batch they would cost CPU time and then be
-        declined (their indexes catch up at the next lookup). 0 with a fixed k."""
+        """The acceptance a draft needs before ``auto`` could take it: a plan that adds drafts of
+        ``d`` seconds each to a step of ``base_rows`` rows and ``t`` seconds must beat plain decoding
+        by ``MARGIN``, so some draft in it gains more than ``(1 + MARGIN) * base_rows * d / t``
+        tokens, and a request's j-th draft gains at most its calibrated alpha^j. Lookups whose
+        acceptance (cautious and calibrated, as the plan will price it) is at most this are skipped:
+        at a large batch they would cost CPU time and then be declined (their indexes catch up at the
+        next lookup). 0 with a fixed k."""
         if not self.cfg.auto or not self.cost.ready or base_rows <= 0:
             return 0.0
-        t = self.cost.predict([base_tokens, base_rows, 0.0])
-        d = self.cost.predict([base_tokens + 1, base_rows + 1, 0.0]) - t
-        return base_rows * d / t if t > 0 else 0.0
+        fixed, per_token, per_row, _ = (float(c) for c in self.cost.coef)
+        t = fixed + per_token * base_tokens + per_row * base_rows
+        d = per_token + per_row + self.proposer.seconds_per_token
+        return (1.0 + MARGIN) * base_rows * d / t if t > 0 else 0.0
 
     def _look_ahead(
-        self, requests: list[Request], limits: list[int], floor: float = 0.0
+        self, requests: list[Request], limits: list[int], floor: float = 0.0, worth: list[float] | None = None
     ) -> tuple[list[list[int]], list[list[Origin]]]:
         """Lookup proposals; a structured-output request's start with what its grammar forces. Where a
         plain request's own lookup runs short, the cross-request pool continues it. A plain request
-        whose acceptance (own, or from the pool) is at most ``floor`` skips that lookup."""
+        whose acceptance (own, or from the pool), times its worth, is at most ``floor`` skips that
+        lookup."""
+        worth = worth or [1.0] * len(requests)
         drafts: list[list[int]] = [[] for _ in requests]
         origins: list[list[Origin]] = [[] for _ in requests]
         plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]
         method_prior = self.method_acceptance.rate(PRIOR_ACCEPTANCE)
-        own = [i for i in plain if self.state(requests[i]).acceptance.rate(method_prior) > floor]
+        own_factor = self.calibration[None].factor
+        own = [
+            i
+            for i in plain
+            if floor <= 0
+            or self.state(requests[i]).acceptance.cautious_rate(method_prior) * own_factor * worth[i] > floor
+        ]
         made = self.proposer.propose([requests[i] for i in own], [limits[i] for i in own]) if own else []
         for i, draft in zip(own, made):
             drafts[i], origins[i] = draft, [None] * len(draft)
         if self.pool is not None:
             # a structured request's drafts must pass its grammar: the pool knows no grammar
             prior = self.cross_request_acceptance.rate(PRIOR_CROSS_REQUEST)
+            cross_factor = self.calibration[CROSS_REQUEST].factor
             wanted = [
                 i
                 for i in plain
                 if requests[i].grammar is None
                 and len(drafts[i]) < limits[i]
-                and self.state(requests[i]).cross.rate(prior) > floor
+                and (
+                    floor <= 0
+                    or self.state(requests[i]).cross.cautious_rate(prior) * cross_factor * worth[i] > floor
+                )
             ]
             if wanted:  # index what the batch produced since the last lookup (``finished`` does the rest)
                 self._index_outputs(requests)
@@ -305,8 +401,12 @@ class Speculator:
         return drafts, origins
 
     def finished(self, requests: list[Request]) -> None:
-        """Requests that finished this step: their last tokens join the cross-request pool."""
+        """Requests that finished this step: their last tokens join the cross-request pool, and their
+        ends the tail's hazard (stops per generated token)."""
         self._index_outputs(requests)
+        for req in requests:
+            self.finished_tokens += req.num_output_tokens
+            self.ended += req.finish_reason == "stop"
 
     def _index_outputs(self, requests: list[Request]) -> None:
         if self.pool is not None:

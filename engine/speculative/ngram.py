@@ -27,11 +27,17 @@ class NgramIndex:
     def extend(self, tokens: list[int]) -> None:
         """Index the n-grams that end before the last token (they have a continuation token)."""
         end = len(tokens) - 1  # an n-gram tokens[e-n:e] is indexed with its continuation tokens[e]
-        for e in range(max(self.indexed, 1), end + 1):
-            for i, table in enumerate(self.tables):
-                n = self.min_n + i
-                if e >= n:
-                    table[tuple(tokens[e - n : e])] = e
+        for i, table in enumerate(self.tables):
+            n = self.min_n + i
+            first = max(self.indexed, n) - n  # where the first n-gram not yet indexed starts
+            if end - first < n:
+                continue
+            span = tokens[first:end]
+            # the n-grams of ``span`` in order, built by zip in C: a prompt of hundreds of tokens is
+            # indexed at once when a request first speculates; later entries overwrite earlier ones,
+            # so each n-gram keeps its most recent occurrence
+            grams = zip(*(span[j : len(span) - n + 1 + j] for j in range(n)))
+            table.update(zip(grams, range(first + n, end + 1)))
         self.indexed = max(self.indexed, end + 1)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:

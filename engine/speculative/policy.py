@@ -50,31 +50,65 @@ class Acceptance:
         return max(0.0, mean - CAUTION * math.sqrt(mean * (1.0 - mean) / n))
 
 
+CALIBRATION_DECAY = 0.99  # per verified run: the calibration remembers about the last 100 runs
+CALIBRATION_PRIOR = 8.0  # pseudo-tokens of "as expected" behind the first runs' ratio
+
+
+@dataclass
+class Calibration:
+    """How the plans' expected accepted drafts compare with what the target accepted, engine-wide.
+
+    Per-request rates, even cautious ones, are estimated on the drafts that made those requests look
+    good, and the policy then picks exactly those requests: the winner's curse. Where the planned
+    drafts come in below their expectation, ``factor`` (realized / expected over recent runs, at
+    most 1) scales every gain the plan counts on, so the next plans ask for more. It never raises a
+    gain: where the estimates are pessimistic the plans stay as cautious as their rates make them.
+    One per draft origin (a request's own lookup, grammar-forced, cross-request): their biases differ."""
+
+    expected: float = 0.0
+    realized: float = 0.0
+
+    def observe(self, expected: float, realized: int) -> None:
+        self.expected = CALIBRATION_DECAY * self.expected + expected
+        self.realized = CALIBRATION_DECAY * self.realized + realized
+
+    @property
+    def factor(self) -> float:
+        return min(1.0, (self.realized + CALIBRATION_PRIOR) / (self.expected + CALIBRATION_PRIOR))
+
+
 PRIOR_FORCED = 0.9  # grammar-forced drafts, before any was verified: the model almost always agrees
 PRIOR_CROSS_REQUEST = 0.4  # other requests' outputs: below a request's own lookup until measured
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A decoding request that could speculate: one acceptance per draft it could get (its limit)."""
+    """A decoding request that could speculate: one acceptance per draft it could get (its limit),
+    and optionally per draft the ``Calibration.factor`` of its origin."""
 
     alphas: tuple[float, ...]
+    factors: tuple[float, ...] = ()
 
     @classmethod
     def uniform(cls, limit: int, alpha: float) -> Candidate:
         return cls((alpha,) * limit)
 
-    def gains(self) -> list[float]:
-        """Expected tokens the j-th draft adds: the chance that it and every draft before it are accepted."""
+    def gains(self, calibrated: bool = True) -> list[float]:
+        """Expected tokens the j-th draft adds: the chance that it and every draft before it are
+        accepted (times its factor, unless ``calibrated`` is False: the estimate before correction)."""
         out, p = [], 1.0
-        for alpha in self.alphas:
+        for j, alpha in enumerate(self.alphas):
             p *= alpha
-            out.append(p)
+            out.append(p * self.factors[j] if calibrated and self.factors else p)
         return out
 
 
 def plan_drafts(
-    candidates: list[Candidate], base_tokens: int, base_rows: int, cost: LinearCost, draft_cost: float = 0.0
+    candidates: list[Candidate],
+    base_tokens: int,
+    base_rows: int,
+    cost: LinearCost,
+    draft_cost: float = 0.0,
 ) -> list[int]:
     """Drafts per candidate. ``base_tokens``/``base_rows``: what the step computes without drafts;
     ``draft_cost``: seconds a proposer spends per draft token (0 for a lookup)."""
@@ -82,9 +116,11 @@ def plan_drafts(
     if not candidates or not cost.ready:
         return ks
     gains = sorted(((g, i) for i, c in enumerate(candidates) for g in c.gains() if g > 0), reverse=True)
-    base_time = cost.predict([base_tokens, base_rows, 0.0])
+    fixed, per_token, per_row, per_length = (float(c) for c in cost.coef)  # scalars: one plan, many costs
+    base_time = fixed + per_token * base_tokens + per_row * base_rows
     if base_time <= 0:
         return ks
+    per_draft = per_token + per_row + draft_cost  # the least one more draft adds to the step
     emitted = float(max(base_rows, 1))
     best_rate = emitted / base_time
     plain_rate = best_rate
@@ -92,6 +128,12 @@ def plan_drafts(
     planned = [0] * len(candidates)
     lengths: Counter[int] = Counter()  # requests per draft count so far
     for count, (gain, i) in enumerate(gains, start=1):
+        least_time = base_time + per_draft * (count - 1) + (per_length if count > 1 else 0.0)
+        if gain <= best_rate * per_draft and emitted <= best_rate * least_time:
+            # neither the plan so far (at the least time its drafts can cost) nor any later draft (no
+            # larger gain, no smaller cost) beats the best rate, so no longer plan can: its rate is a
+            # mediant of them
+            break
         emitted += gain
         if planned[i]:
             lengths[planned[i]] -= 1
@@ -99,7 +141,7 @@ def plan_drafts(
                 del lengths[planned[i]]
         planned[i] += 1
         lengths[planned[i]] += 1
-        t = cost.predict([base_tokens + count, base_rows + count, len(lengths)]) + draft_cost * count
+        t = base_time + per_draft * count + per_length * len(lengths)
         if emitted / t > best_rate:
             best_rate, best_count = emitted / t, count
     if best_rate < plain_rate * (1.0 + MARGIN):

@@ -67,6 +67,20 @@ def test_index_matches_the_scan_as_tokens_arrive(seed):
         assert index.propose(tokens, k) == scan_propose(tokens, k, min_n, max_n)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_index_matches_the_scan_when_tokens_arrive_in_chunks(seed):
+    """A prompt, or the tokens of steps whose lookups were skipped, is indexed in one call."""
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 5, 20])
+    min_n, max_n = sorted(rng.sample(range(1, 6), 2))
+    index = NgramIndex(min_n, max_n)
+    tokens: list[int] = []
+    for _ in range(30):
+        tokens.extend(rng.randrange(vocab) for _ in range(rng.randrange(1, 40)))
+        k = rng.randrange(1, 6)
+        assert index.propose(tokens, k) == scan_propose(tokens, k, min_n, max_n)
+
+
 def test_index_work_per_token_is_constant():
     """Each token adds at most one entry per n-gram length, however long the context is."""
     index = NgramIndex(2, 4)
