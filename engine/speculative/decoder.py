@@ -137,8 +137,10 @@ class Speculator:
         self.method_acceptance = Acceptance()
         self.jump_forward_acceptance = Acceptance()
         self.cross_request_acceptance = Acceptance()
+        # looked-up drafts are priced by per-request rates, which the policy selects on: they get a
+        # calibration; forced drafts are priced by one engine-wide rate, nothing selected, none needed
         self.calibration: dict[Origin, Calibration] = {
-            origin: Calibration() for origin in (None, JUMP_FORWARD, CROSS_REQUEST)
+            origin: Calibration() for origin in (None, CROSS_REQUEST)
         }
         self.pool = (
             OutputPool(
@@ -314,7 +316,9 @@ class Speculator:
                     None: state.acceptance.cautious_rate(priors[None]),
                     CROSS_REQUEST: state.cross.cautious_rate(cross_prior),
                 }
-                factors = tuple(self.calibration[o].factor * w for o in kinds)
+                factors = tuple(
+                    (self.calibration[o].factor if o in self.calibration else 1.0) * w for o in kinds
+                )
                 candidates.append(Candidate(tuple(alphas[o] for o in kinds), factors))
             ks = plan_drafts(candidates, base_tokens, base_rows, self.cost, self.proposer.seconds_per_token)
             for req, candidate, k in zip(requests, candidates, ks):

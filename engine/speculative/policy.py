@@ -63,7 +63,7 @@ class Calibration:
     drafts come in below their expectation, ``factor`` (realized / expected over recent runs, at
     most 1) scales every gain the plan counts on, so the next plans ask for more. It never raises a
     gain: where the estimates are pessimistic the plans stay as cautious as their rates make them.
-    One per draft origin (a request's own lookup, grammar-forced, cross-request): their biases differ."""
+    One per looked-up origin (a request's own lookup, cross-request): their biases differ."""
 
     expected: float = 0.0
     realized: float = 0.0
