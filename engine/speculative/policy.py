@@ -41,13 +41,18 @@ class Acceptance:
         return (self.accepted + PRIOR_WEIGHT * prior) / (self.proposed + PRIOR_WEIGHT)
 
     def cautious_rate(self, prior: float) -> float:
-        """``rate`` less ``CAUTION`` standard errors: what the policy plans with. The requests whose
-        past rate looks best are picked, so their next drafts tend to do worse than it says (at batch
-        64 on chat prompts, 0.63 accepted where the plan counted on about 0.85, RESULTS issue 27); a
-        few observations earn little trust, many earn nearly the measured rate."""
+        """``rate`` less ``CAUTION`` standard errors, but not below the prior (nor its own rate, where
+        that is lower): what the policy plans with. The requests whose past rate looks best are
+        picked, so their next drafts tend to do worse than it says (at batch 64 on chat prompts, 0.63
+        accepted where the plan counted on about 0.85, RESULTS issue 27): caution takes back what
+        their record adds over the prior, a few observations' worth nearly all, many little. A
+        request without a record was not picked for one: it plans with the prior itself. Caution
+        below the prior would lock the policy: drafts too cheap to take never get the verification
+        that would raise the rate (a whole summarization cell drafted nothing once its method-wide
+        rate began at 1 of 5)."""
         mean = self.rate(prior)
         n = self.proposed + PRIOR_WEIGHT
-        return max(0.0, mean - CAUTION * math.sqrt(mean * (1.0 - mean) / n))
+        return max(mean - CAUTION * math.sqrt(mean * (1.0 - mean) / n), min(mean, prior))
 
 
 CALIBRATION_DECAY = 0.99  # per verified run: the calibration remembers about the last 100 runs

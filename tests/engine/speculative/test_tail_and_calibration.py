@@ -12,7 +12,7 @@ import pytest
 from prefixflow.engine import SamplingParams
 from prefixflow.engine.speculative.cost_model import DECAY, RIDGE, LinearCost
 from prefixflow.engine.speculative.decoder import RequestSpecState
-from prefixflow.engine.speculative.policy import MARGIN, Calibration, Candidate, plan_drafts
+from prefixflow.engine.speculative.policy import MARGIN, Acceptance, Calibration, Candidate, plan_drafts
 from prefixflow.engine.speculative.runs import CROSS_REQUEST
 from prefixflow.engine.speculative.tail import last_chances, tail_worths
 from tests.engine.speculative.helpers import prompts, run
@@ -147,3 +147,13 @@ def test_auto_in_the_tail_is_greedy_identical_and_prices_by_chance_to_finish_las
     speculator = llm.engine.speculator
     assert speculator.tail and all(w >= 0 for w in speculator.tail.values())
     assert speculator.finished_tokens == 12 * 40 and speculator.ended == 0  # ignore_eos: all ran to length
+
+
+def test_caution_discounts_a_record_above_the_prior_never_below_it():
+    assert Acceptance().cautious_rate(0.33) == pytest.approx(0.33)  # no record: the prior itself
+    good = Acceptance(proposed=6, accepted=6)
+    assert 0.33 < good.cautious_rate(0.33) < good.rate(0.33)  # part of the record is luck
+    strong = Acceptance(proposed=600, accepted=540)
+    assert strong.cautious_rate(0.33) == pytest.approx(strong.rate(0.33), abs=0.02)  # little is
+    poor = Acceptance(proposed=10, accepted=1)
+    assert poor.cautious_rate(0.5) == pytest.approx(poor.rate(0.5))  # not picked: its own rate
