@@ -8,6 +8,7 @@ from typing import Any
 
 from prefixflow.engine import LLM, SamplingParams
 
+AUTO_NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # auto k, short n-grams
 SHARED = [7, 19, 3, 44, 5, 61, 8, 90, 12, 33, 4, 71, 28, 9, 15, 66, 2, 40]  # a common prefix (cache hits)
 
 

@@ -55,29 +55,18 @@ def test_mapping_becomes_a_frozen_config_with_auto_as_default():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_index_matches_the_scan_as_tokens_arrive(seed):
+@pytest.mark.parametrize("most", [1, 40])
+def test_index_matches_the_scan_as_tokens_arrive(seed, most):
+    """One token at a time (a decode step), or up to 40 at once (a prompt, or the tokens of steps
+    whose lookups were skipped, indexed in one call)."""
     rng = random.Random(seed)
     vocab = rng.choice([2, 3, 5, 20])
     min_n, max_n = sorted(rng.sample(range(1, 6), 2))
     index = NgramIndex(min_n, max_n)
     tokens: list[int] = []
-    for _ in range(150):
-        tokens.append(rng.randrange(vocab))
+    for _ in range(150 if most == 1 else 30):
+        tokens.extend(rng.randrange(vocab) for _ in range(rng.randrange(1, most + 1)))
         k = rng.randrange(0, 6)
-        assert index.propose(tokens, k) == scan_propose(tokens, k, min_n, max_n)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_index_matches_the_scan_when_tokens_arrive_in_chunks(seed):
-    """A prompt, or the tokens of steps whose lookups were skipped, is indexed in one call."""
-    rng = random.Random(seed)
-    vocab = rng.choice([2, 3, 5, 20])
-    min_n, max_n = sorted(rng.sample(range(1, 6), 2))
-    index = NgramIndex(min_n, max_n)
-    tokens: list[int] = []
-    for _ in range(30):
-        tokens.extend(rng.randrange(vocab) for _ in range(rng.randrange(1, 40)))
-        k = rng.randrange(1, 6)
         assert index.propose(tokens, k) == scan_propose(tokens, k, min_n, max_n)
 
 

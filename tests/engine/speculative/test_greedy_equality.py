@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prefixflow.engine import LLM, SamplingParams
-from tests.engine.speculative.helpers import prompts, run
+from tests.engine.speculative.helpers import AUTO_NGRAM, prompts, run
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 NGRAM4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -41,9 +41,8 @@ def test_identical_under_chunked_prefill_and_preemption():
 
 def test_auto_policy_identical_and_speculates_at_batch_1():
     items = prompts(1, seed=11)
-    auto = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     off, _, _ = run("tiny", items, GREEDY, None, **ENGINE)
-    on, stats, _ = run("tiny", items, GREEDY, auto, **ENGINE)
+    on, stats, _ = run("tiny", items, GREEDY, AUTO_NGRAM, **ENGINE)
     assert on == off
     assert stats.speculation["ngram"]["proposed"] > 0
 

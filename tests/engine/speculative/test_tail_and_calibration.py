@@ -15,7 +15,7 @@ from prefixflow.engine.speculative.decoder import RequestSpecState
 from prefixflow.engine.speculative.policy import MARGIN, Acceptance, Calibration, Candidate, plan_drafts
 from prefixflow.engine.speculative.runs import CROSS_REQUEST
 from prefixflow.engine.speculative.tail import last_chances, tail_worths
-from tests.engine.speculative.helpers import prompts, run
+from tests.engine.speculative.helpers import AUTO_NGRAM, prompts, run
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -140,9 +140,8 @@ ENGINE = dict(dtype="float32", device="cpu", block_size=4, num_kv_blocks=2048)
 def test_auto_in_the_tail_is_greedy_identical_and_prices_by_chance_to_finish_last():
     """All prompts fit one batch, so nothing waits: the tail's worths are computed and used."""
     items = prompts(12, seed=4)
-    auto = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     off, _, _ = run("tiny", items, GREEDY, None, **ENGINE)
-    on, _, llm = run("tiny", items, GREEDY, auto, **ENGINE)
+    on, _, llm = run("tiny", items, GREEDY, AUTO_NGRAM, **ENGINE)
     assert on == off
     speculator = llm.engine.speculator
     assert speculator.tail and all(w >= 0 for w in speculator.tail.values())
