@@ -29,6 +29,7 @@ from prefixflow.engine.speculative.policy import (
     Acceptance,
     Calibration,
     Candidate,
+    StepTerms,
     plan_drafts,
 )
 from prefixflow.engine.speculative.runs import CROSS_REQUEST, JUMP_FORWARD, Origin, SpeculationStats
@@ -193,12 +194,14 @@ class Speculator:
             out = req.num_output_tokens
             outputs += out
             budgets.append(req.max_tokens - out)
-            if left == 1 and out > 0:  # decoding: its speed counts this step
-                state = self.state(req)
-                speeds.append(state.speed(out))
-                if state.decode_from < 0:
-                    state.decode_from = out
-                state.decode_steps += 1
+            speed = 1.0
+            if left == 1 and out > 0:  # decoding: its speed counts this step (only ``auto`` prices it)
+                if self.cfg.auto:
+                    state = self.state(req)
+                    speed = state.speed(out)
+                    if state.decode_from < 0:
+                        state.decode_from = out
+                    state.decode_steps += 1
                 if req.num_draft_tokens == 0:
                     base_rows += 1
                     limit = self._limit(req)
@@ -206,8 +209,7 @@ class Speculator:
                         decoding.append(req)
                         limits.append(limit)
                         at.append(len(budgets) - 1)
-            else:
-                speeds.append(1.0)
+            speeds.append(speed)
         if not decoding:
             return
         base_tokens = min(base_tokens, token_budget)
@@ -232,11 +234,11 @@ class Speculator:
         """Per generating request, what its accepted drafts are worth when nothing waits (tail.py).
         The hazard of a stop per token is measured over every output so far, finished or running,
         behind one stop per largest budget a priori."""
-        fixed, per_token, per_row, _ = (float(c) for c in self.cost.coef)
+        terms = StepTerms.of(self.cost)
         left = np.maximum(np.array(budgets, dtype=float), 0.0)
         hazard = (self.ended + 1.0) / (self.finished_tokens + outputs + max(float(left.max()), 1.0))
-        step_time = fixed + per_token * base_tokens + per_row * base_rows
-        return tail_worths(left, np.array(speeds), hazard, fixed, per_token + per_row, step_time, base_rows)
+        step_time = terms.time(base_tokens, base_rows)
+        return tail_worths(left, np.array(speeds), hazard, terms.fixed, terms.per_draft, step_time, base_rows)
 
     def prefill_drafts(self, scheduled: SchedulerOutput) -> dict[int, list[int]]:
         """Drafts for the requests whose last prompt chunk (or recompute after preemption) runs this
@@ -347,19 +349,18 @@ class Speculator:
         next lookup). 0 with a fixed k."""
         if not self.cfg.auto or not self.cost.ready or base_rows <= 0:
             return 0.0
-        fixed, per_token, per_row, _ = (float(c) for c in self.cost.coef)
-        t = fixed + per_token * base_tokens + per_row * base_rows
-        d = per_token + per_row + self.proposer.seconds_per_token
+        terms = StepTerms.of(self.cost)
+        t = terms.time(base_tokens, base_rows)
+        d = terms.per_draft + self.proposer.seconds_per_token
         return (1.0 + MARGIN) * base_rows * d / t if t > 0 else 0.0
 
     def _look_ahead(
-        self, requests: list[Request], limits: list[int], floor: float = 0.0, worth: list[float] | None = None
+        self, requests: list[Request], limits: list[int], floor: float, worth: list[float]
     ) -> tuple[list[list[int]], list[list[Origin]]]:
         """Lookup proposals; a structured-output request's start with what its grammar forces. Where a
         plain request's own lookup runs short, the cross-request pool continues it. A plain request
         whose acceptance (own, or from the pool), times its worth, is at most ``floor`` skips that
         lookup."""
-        worth = worth or [1.0] * len(requests)
         drafts: list[list[int]] = [[] for _ in requests]
         origins: list[list[Origin]] = [[] for _ in requests]
         plain = [i for i, r in enumerate(requests) if self.forced is None or r.grammar is None]

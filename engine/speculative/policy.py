@@ -87,6 +87,31 @@ PRIOR_CROSS_REQUEST = 0.4  # other requests' outputs: below a request's own look
 
 
 @dataclass(frozen=True)
+class StepTerms:
+    """The fitted step cost's terms (the features of ``Speculator.features``), as plain numbers: the
+    plan prices many drafts against one fit."""
+
+    fixed: float
+    per_token: float
+    per_row: float
+    per_length: float  # each distinct draft length in a step
+
+    @classmethod
+    def of(cls, cost: LinearCost) -> StepTerms:
+        fixed, per_token, per_row, per_length = (float(c) for c in cost.coef)
+        return cls(fixed, per_token, per_row, per_length)
+
+    def time(self, tokens: int, rows: int) -> float:
+        """Seconds for a step of ``tokens`` and ``rows`` sampled rows, without drafts."""
+        return self.fixed + self.per_token * tokens + self.per_row * rows
+
+    @property
+    def per_draft(self) -> float:
+        """What one more verified draft adds: a token and a sampled row."""
+        return self.per_token + self.per_row
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A decoding request that could speculate: one acceptance per draft it could get (its limit),
     and optionally per draft the ``Calibration.factor`` of its origin."""
@@ -121,11 +146,12 @@ def plan_drafts(
     if not candidates or not cost.ready:
         return ks
     gains = sorted(((g, i) for i, c in enumerate(candidates) for g in c.gains() if g > 0), reverse=True)
-    fixed, per_token, per_row, per_length = (float(c) for c in cost.coef)  # scalars: one plan, many costs
-    base_time = fixed + per_token * base_tokens + per_row * base_rows
+    terms = StepTerms.of(cost)
+    base_time = terms.time(base_tokens, base_rows)
     if base_time <= 0:
         return ks
-    per_draft = per_token + per_row + draft_cost  # the least one more draft adds to the step
+    per_draft = terms.per_draft + draft_cost  # the least one more draft adds to the step
+    per_length = terms.per_length
     emitted = float(max(base_rows, 1))
     best_rate = emitted / base_time
     plain_rate = best_rate
