@@ -56,14 +56,6 @@ class RequestSpecState:
     splits: list[Pending] = field(default_factory=list)  # forced strings awaiting the target's split
     calibration: dict[Origin, Calibration] | None = None  # engine-wide plans against outcomes, per origin
     planned: list[float] = field(default_factory=list)  # ``auto``: each pending draft's expected gain
-    decode_from: int = -1  # output tokens when its first decode step was planned
-    decode_steps: int = 0  # decode steps planned since
-
-    def speed(self, num_output_tokens: int) -> float:
-        """Tokens per decode step so far (1 before any, more where drafts were accepted)."""
-        if self.decode_steps == 0:
-            return 1.0
-        return max(1.0, (num_output_tokens - self.decode_from) / self.decode_steps)
 
     def observe(self, origins: list[Origin], accepted: int) -> None:
         if self.calibration is not None and self.planned:  # the drafts verified, of those planned
@@ -183,8 +175,7 @@ class Speculator:
         decoding: list[Request] = []
         limits: list[int] = []
         at: list[int] = []  # each decoding request's place among the generating ones
-        budgets: list[int] = []  # per generating request: tokens it may still produce, and its speed
-        speeds: list[float] = []
+        budgets: list[int] = []  # per generating request: tokens it may still produce
         base_tokens = base_rows = outputs = 0
         for req in running:
             left = req.num_tokens - req.num_computed_tokens
@@ -194,22 +185,13 @@ class Speculator:
             out = req.num_output_tokens
             outputs += out
             budgets.append(req.max_tokens - out)
-            speed = 1.0
-            if left == 1 and out > 0:  # decoding: its speed counts this step (only ``auto`` prices it)
-                if self.cfg.auto:
-                    state = self.state(req)
-                    speed = state.speed(out)
-                    if state.decode_from < 0:
-                        state.decode_from = out
-                    state.decode_steps += 1
-                if req.num_draft_tokens == 0:
-                    base_rows += 1
-                    limit = self._limit(req)
-                    if limit > 0:
-                        decoding.append(req)
-                        limits.append(limit)
-                        at.append(len(budgets) - 1)
-            speeds.append(speed)
+            if left == 1 and out > 0 and req.num_draft_tokens == 0:  # decoding
+                base_rows += 1
+                limit = self._limit(req)
+                if limit > 0:
+                    decoding.append(req)
+                    limits.append(limit)
+                    at.append(len(budgets) - 1)
         if not decoding:
             return
         base_tokens = min(base_tokens, token_budget)
@@ -217,7 +199,7 @@ class Speculator:
         if not waiting and len(budgets) > 1 and self.cfg.auto and self.cost.ready:
             self.tail_age += 1
             if self.tail_age >= REFRESH_STEPS or any(r.key not in self.tail for r in decoding):
-                every = self._tail_worths(budgets, speeds, outputs, base_tokens, base_rows)
+                every = self._tail_worths(budgets, outputs, base_tokens, base_rows)
                 self.tail = {r.key: float(every[i]) for r, i in zip(decoding, at)}
                 self.tail_age = 0
             worths = [self.tail[r.key] for r in decoding]
@@ -228,9 +210,7 @@ class Speculator:
                 req.token_ids.extend(draft)
                 req.num_draft_tokens = len(draft)
 
-    def _tail_worths(
-        self, budgets: list[int], speeds: list[float], outputs: int, base_tokens: int, base_rows: int
-    ) -> np.ndarray:
+    def _tail_worths(self, budgets: list[int], outputs: int, base_tokens: int, base_rows: int) -> np.ndarray:
         """Per generating request, what its accepted drafts are worth when nothing waits (tail.py).
         The hazard of a stop per token is measured over every output so far, finished or running,
         behind one stop per largest budget a priori."""
@@ -238,7 +218,7 @@ class Speculator:
         left = np.maximum(np.array(budgets, dtype=float), 0.0)
         hazard = (self.ended + 1.0) / (self.finished_tokens + outputs + max(float(left.max()), 1.0))
         step_time = terms.time(base_tokens, base_rows)
-        return tail_worths(left, np.array(speeds), hazard, terms.fixed, terms.per_draft, step_time, base_rows)
+        return tail_worths(left, hazard, terms.fixed, terms.per_draft, step_time, base_rows)
 
     def prefill_drafts(self, scheduled: SchedulerOutput) -> dict[int, list[int]]:
         """Drafts for the requests whose last prompt chunk (or recompute after preemption) runs this

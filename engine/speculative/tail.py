@@ -9,8 +9,12 @@ batch of chat prompts spent rows drafting for the requests that copy (they finis
 the job waited on those that run to ``max_tokens`` (batch 64: ``auto`` 0.96x off, RESULTS issue 27).
 
 Which request ends last is not known, so each gets its chance: its output ends by a stop with a
-per-token hazard (the engine's measured rate of stops per generated token) or at its token budget,
-and it advances at its measured speed (tokens per decode step, above 1 where drafts were accepted).
+per-token hazard (the engine's measured rate of stops per generated token) or at its token budget.
+
+Every request is taken to advance one token per step. Weighting by each request's measured tokens per
+step was tried and measured worse (summaries at batch 8: 1.15x off against 1.24x without it, RESULTS
+issue 27): the requests whose drafts were accepted looked fast, so unlikely to be last, and lost the
+drafts that made them fast; speed follows from the drafts granted, and cannot also decide them.
 """
 
 from __future__ import annotations
@@ -21,19 +25,20 @@ GRID = 32  # points in time at which the chances are evaluated
 REFRESH_STEPS = 4  # the chances move slowly: recomputed every few steps (and for a new request)
 
 
-def last_chances(budgets: np.ndarray, speeds: np.ndarray, hazard: float) -> np.ndarray:
+def last_chances(budgets: np.ndarray, hazard: float) -> np.ndarray:
     """Per request, the chance that it finishes after every other one.
 
-    ``budgets``: tokens each may still produce; ``speeds``: tokens per step; ``hazard``: the chance
-    that a token ends its output. Each request's remaining steps are ``min(N, budget) / speed`` with
-    ``N`` exponential of rate ``hazard``; the chances are normalised to sum to 1 (ties share)."""
+    ``budgets``: tokens each may still produce; ``hazard``: the chance that a token ends its output.
+    Each request's remaining tokens are ``min(N, budget)`` with ``N`` exponential of rate ``hazard``;
+    the chances are normalised to sum to 1 (ties share)."""
     n = len(budgets)
     if n == 0:
         return np.zeros(0)
-    ends = np.maximum(budgets, 1.0) / np.maximum(speeds, 1e-9)  # the step at which each must have ended
+    ends = np.maximum(budgets, 1.0)  # the token by which each must have ended
     times = np.linspace(0.0, float(ends.max()), GRID + 1)[1:]
-    rate = max(hazard, 1e-9) * speeds[:, None]
-    cdf = np.where(times[None, :] >= ends[:, None] - 1e-9, 1.0, -np.expm1(-rate * times[None, :]))
+    cdf = np.where(
+        times[None, :] >= ends[:, None] - 1e-9, 1.0, -np.expm1(-max(hazard, 1e-9) * times[None, :])
+    )
     cdf = np.maximum(cdf, 1e-300)
     ends_at = np.diff(cdf, axis=1, prepend=0.0)  # chance of ending within each interval
     others_done = np.exp(np.log(cdf).sum(axis=0)[None, :] - np.log(cdf))  # every other one by then
@@ -44,7 +49,6 @@ def last_chances(budgets: np.ndarray, speeds: np.ndarray, hazard: float) -> np.n
 
 def tail_worths(
     budgets: np.ndarray,
-    speeds: np.ndarray,
     hazard: float,
     fixed: float,
     per_row: float,
@@ -56,5 +60,5 @@ def tail_worths(
     equal chances it is 1; a request that will not be last is worth only the row it frees."""
     if step_time <= 0 or rows <= 0:
         return np.ones(len(budgets))
-    chances = last_chances(budgets, speeds, hazard)
+    chances = last_chances(budgets, hazard)
     return (per_row + chances * fixed) * rows / step_time

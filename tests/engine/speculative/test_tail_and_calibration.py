@@ -23,33 +23,30 @@ def test_last_chances_match_a_simulation(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 7))
     budgets = rng.integers(5, 120, n).astype(float)
-    speeds = 1.0 + rng.random(n) * rng.choice([0.0, 1.5])
     hazard = float(rng.choice([0.005, 0.03, 0.1]))
-    chances = last_chances(budgets, speeds, hazard)
+    chances = last_chances(budgets, hazard)
     draws = 40_000
-    steps = np.minimum(rng.exponential(1.0 / hazard, (draws, n)), budgets) / speeds
+    steps = np.minimum(rng.exponential(1.0 / hazard, (draws, n)), budgets)
     steps += rng.random(steps.shape) * 1e-9  # two outputs that both reach equal budgets: a tie, shared
     simulated = np.bincount(steps.argmax(axis=1), minlength=n) / draws
     assert chances.sum() == pytest.approx(1.0)
     assert np.abs(chances - simulated).max() < 0.06, (chances, simulated)
 
 
-def test_a_request_ahead_of_the_others_is_not_last():
-    """Nearly no stops (outputs run to their budget): the slow request with the most left is last."""
-    chances = last_chances(np.array([90.0, 90.0, 40.0]), np.array([1.0, 2.0, 1.0]), 1e-6)
+def test_a_request_with_the_most_left_is_last():
+    """Nearly no stops (outputs run to their budget): the request with the most left is last."""
+    chances = last_chances(np.array([90.0, 60.0, 40.0]), 1e-6)
     assert chances[0] > 0.95 and chances[1] < 0.03 and chances[2] < 0.03
-    assert last_chances(np.array([50.0] * 4), np.ones(4), 0.02) == pytest.approx([0.25] * 4)
+    assert last_chances(np.array([50.0] * 4), 0.02) == pytest.approx([0.25] * 4)
 
 
 def test_tail_worths_are_one_with_equal_chances_and_a_row_without_a_chance():
     fixed, per_row, rows = 0.020, 0.001, 4
     step = fixed + per_row * rows
-    even = tail_worths(np.array([60.0] * rows), np.ones(rows), 0.02, fixed, per_row, step, rows)
+    even = tail_worths(np.array([60.0] * rows), 0.02, fixed, per_row, step, rows)
     assert even == pytest.approx([1.0] * rows)
-    skewed = tail_worths(
-        np.array([90.0, 90.0, 90.0, 90.0]), np.array([1.0, 3.0, 3.0, 3.0]), 1e-6, fixed, per_row, step, rows
-    )
-    # nearly all of the step's fixed cost rides on the slow one
+    skewed = tail_worths(np.array([90.0, 30.0, 30.0, 30.0]), 1e-6, fixed, per_row, step, rows)
+    # nearly all of the step's fixed cost rides on the one with the most left
     assert skewed[0] == pytest.approx((per_row + fixed) * rows / step, rel=1e-3)
     assert skewed[1:] == pytest.approx([per_row * rows / step] * 3, rel=0.05)  # only the row it frees
 
