@@ -12,9 +12,10 @@ Which request ends last is not known, so each gets its chance: its output ends b
 per-token hazard (the engine's measured rate of stops per generated token) or at its token budget.
 
 Every request is taken to advance one token per step. Weighting by each request's measured tokens per
-step was tried and measured worse (summaries at batch 8: 1.15x off against 1.24x without it, RESULTS
-issue 27): the requests whose drafts were accepted looked fast, so unlikely to be last, and lost the
-drafts that made them fast; speed follows from the drafts granted, and cannot also decide them.
+step was tried and measured worse (summaries at batch 8 over 32 rows: 182 steps against 176, 1.19x off
+against 1.21x over 5 interleaved repeats, RESULTS issue 27): the requests whose drafts were accepted
+looked fast, so unlikely to be last, and lost the drafts that made them fast; speed follows from the
+drafts granted, and cannot also decide them.
 """
 
 from __future__ import annotations
