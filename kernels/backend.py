@@ -37,18 +37,19 @@ def triton_available() -> bool:
 
 def _torch_backend() -> KernelBackend:
     """The torch kernels: attention is the native row kernel where it is built and faster, else the
-    batched SDPA path (kernels/cpu_row_attention.py), norm, rotary and activation the fewer-pass
-    versions (kernels/cpu_ops.py); ``kernels/reference.py`` stays the test oracle of all of them."""
-    from prefixflow.kernels import cpu_ops, cpu_row_attention
+    batched SDPA path (kernels/cpu_row_attention.py); norm, rotary and activation one native call on
+    bf16 rows (kernels/cpu_native_ops.py), else the fewer-pass versions (kernels/cpu_ops.py);
+    ``kernels/reference.py`` stays the test oracle of all of them."""
+    from prefixflow.kernels import cpu_native_ops, cpu_row_attention
     from prefixflow.kernels import reference as ref
 
     return KernelBackend(
         "torch",
         ref.store_kv,
         cpu_row_attention.paged_attention,
-        cpu_ops.rms_norm,
-        cpu_ops.rotary,
-        cpu_ops.silu_and_mul,
+        cpu_native_ops.rms_norm,
+        cpu_native_ops.rotary,
+        cpu_native_ops.silu_and_mul,
     )
 
 
