@@ -34,6 +34,8 @@ Engines (``--engines``):
   ``MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
   PREFIXFLOW_NATIVE_MARCH=haswell python -m benchmarks.cpu_path --engines
   pf-float32-rows,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
+- ``pf-torch-elementwise``: the default with norm, rotary and SiLU-and-mul on kernels/cpu_ops.py's torch
+  calls (before the native calls of kernels/cpu_native_ops.py);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -90,6 +92,7 @@ ENGINES = {
     "pf-math-decode": {},  # the default with bf16 decodes on the two-matmul path even where the CPU has AMX
     "pf-padded-chunks": {},  # the default with attention chunks cut by the K/V and mask budgets only
     "pf-torch-attention": {},  # the default with every step on kernels/cpu_attention.py (no native row kernel)
+    "pf-torch-elementwise": {},  # the default with norm, rotary and SiLU on torch calls (kernels/cpu_ops.py)
     "pf-rows-on-amx": {},  # the default with short-query steps on the row kernel on a CPU with AMX tiles too
     "pf-rows-on-avx2": {},  # the default with the row kernel on an AVX2-only CPU too
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
@@ -135,9 +138,10 @@ def chunking(engine: str) -> Iterator[None]:
     every attention chunk on SDPA; ``pf-all-heads``: decode matmuls over all KV heads at once;
     ``pf-padded-chunks``: attention chunks cut by the budgets only (before the padding rule);
     ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU; ``pf-torch-attention`` and
-    every variant of the torch attention path: the native row kernel off (kernels/cpu_row_attention.py)."""
+    every variant of the torch attention path: the native row kernel off (kernels/cpu_row_attention.py);
+    ``pf-torch-elementwise``: norm, rotary and SiLU on torch calls (kernels/cpu_native_ops.py off)."""
     from prefixflow.engine.quantization import int8_path
-    from prefixflow.kernels import cpu_attention, cpu_linear, cpu_row_attention
+    from prefixflow.kernels import cpu_attention, cpu_linear, cpu_native_ops, cpu_row_attention
 
     saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
     per_head, split, sdpa_decodes = (
@@ -151,6 +155,8 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_row_attention.AVX2_ROWS,
     )
     float32_rows = cpu_row_attention.FLOAT32_ROWS
+    native_elementwise = cpu_native_ops.USE_NATIVE
+    cpu_native_ops.USE_NATIVE = engine != "pf-torch-elementwise" and native_elementwise
     cpu_row_attention.AVX2_ROWS = engine == "pf-rows-on-avx2" or avx2_rows
     cpu_row_attention.FLOAT32_ROWS = engine in ("pf-rows-on-avx2", "pf-float32-rows") or float32_rows
     cpu_row_attention.USE_NATIVE = engine not in TORCH_ATTENTION and native
@@ -175,6 +181,7 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_attention._SDPA_DECODES = sdpa_decodes
         cpu_row_attention.USE_NATIVE, cpu_row_attention.AMX_ROWS_MAX_QUERY = native, amx_rows
         cpu_row_attention.AVX2_ROWS, cpu_row_attention.FLOAT32_ROWS = avx2_rows, float32_rows
+        cpu_native_ops.USE_NATIVE = native_elementwise
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
