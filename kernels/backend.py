@@ -38,14 +38,14 @@ def triton_available() -> bool:
 def _torch_backend() -> KernelBackend:
     """The torch kernels: attention is the native row kernel where it is built and faster, else the
     batched SDPA path (kernels/cpu_row_attention.py); norm, rotary and activation one native call on
-    bf16 rows (kernels/cpu_native_ops.py), else the fewer-pass versions (kernels/cpu_ops.py);
+    bf16 rows (kernels/cpu_native_ops.py), else the fewer-pass versions (kernels/cpu_ops.py); the KV
+    store one native byte copy per token where the dtypes agree, else the reference's;
     ``kernels/reference.py`` stays the test oracle of all of them."""
     from prefixflow.kernels import cpu_native_ops, cpu_row_attention
-    from prefixflow.kernels import reference as ref
 
     return KernelBackend(
         "torch",
-        ref.store_kv,
+        cpu_native_ops.store_kv,
         cpu_row_attention.paged_attention,
         cpu_native_ops.rms_norm,
         cpu_native_ops.rotary,

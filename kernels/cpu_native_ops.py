@@ -1,9 +1,11 @@
-"""Norm, rotary and SiLU-and-mul on bf16 CPU rows, one native call each (kernels/native/elementwise.c).
+"""Norm, rotary and SiLU-and-mul on bf16 CPU rows, and the paged KV store, one native call each
+(kernels/native/elementwise.c).
 
 Why: at a small batch these ops are dispatch, not arithmetic. ``cpu_ops`` spends 5 to 20 torch calls
 per op (casts, the op, products, a cast back), a few microseconds each, 30 layers a step, on one
-thread however many the step has (benchmarks/RESULTS.md issue 24, "Twelfth round" and "Thirteenth
-round"). Each function here takes the native kernel where the call fits it (CPU, bf16, rows of 16-element
+thread however many the step has (benchmarks/RESULTS.md issue 24, "Twelfth round" to "Fourteenth
+round"). The KV store is the same story: ``reference.store_kv`` is eight torch calls a layer (a mask,
+three masked selections, two scatters). Each function here takes the native kernel where the call fits it (CPU, bf16, rows of 16-element
 multiples, unit stride along a row) and hands every other call to ``cpu_ops``, whose contract it keeps.
 
 Rows are computed independently (the batch-invariant mode's requirement). Rotary gives the reference's
@@ -18,7 +20,7 @@ import threading
 
 import torch
 
-from prefixflow.kernels import cpu_ops, native_build
+from prefixflow.kernels import cpu_ops, native_build, reference
 
 USE_NATIVE = True  # False: every call on ``cpu_ops`` (benchmarks/cpu_path.py's ``pf-torch-elementwise``)
 _lock = threading.Lock()
@@ -40,7 +42,8 @@ def _library() -> ctypes.CDLL | None:
                 lib.pf_rms_norm.argtypes = [p, i64, p, i64, p, p, p, i64, i32, f32]
                 lib.pf_rotary.argtypes = [p, i64, i32, p, i64, i32, i32, p, p, i64, p, p, i64]
                 lib.pf_silu_and_mul.argtypes = [p, i64, i32, p, i64]
-                for fn in (lib.pf_rms_norm, lib.pf_rotary, lib.pf_silu_and_mul):
+                lib.pf_store_kv.argtypes = [p, i64, p, i64, p, p, i64, p, i64, i64]
+                for fn in (lib.pf_rms_norm, lib.pf_rotary, lib.pf_silu_and_mul, lib.pf_store_kv):
                     fn.restype = ctypes.c_int
             _lib = lib
             _ready = True
@@ -173,3 +176,61 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         "silu_and_mul",
     )
     return out.view(*x.shape[:-1], half)
+
+
+def _token_rows_fit(x: torch.Tensor, like: torch.Tensor) -> bool:
+    """A CPU [tokens, heads, head_dim] tensor of ``like``'s dtype and row shape, each token's heads
+    contiguous (its rows may lie apart: v is a view of the fused qkv output)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == like.dtype
+        and x.dim() == 3
+        and x.shape[1:] == like.shape[2:]
+        and x.stride(2) == 1
+        and x.stride(1) == x.shape[2]
+    )
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``reference.store_kv``: token t's K/V into slot ``slot_mapping[t]`` (negative: not stored), one
+    byte copy per token where key, value and both caches share a dtype; else the reference."""
+    lib = _library()
+    if (
+        lib is None
+        or k_cache.shape != v_cache.shape
+        or v_cache.dtype != k_cache.dtype
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or k_cache.device.type != "cpu"
+        or not (_token_rows_fit(key, k_cache) and _token_rows_fit(value, k_cache))
+        or value.shape[0] != key.shape[0]
+        or slot_mapping.dtype != torch.int64
+        or slot_mapping.device.type != "cpu"
+        or slot_mapping.shape != (key.shape[0],)
+    ):
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
+    if key.shape[0] == 0:
+        return
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    item = key.element_size()
+    code = lib.pf_store_kv(
+        key.data_ptr(),
+        key.stride(0) * item,
+        value.data_ptr(),
+        value.stride(0) * item,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        num_slots,
+        slot_mapping.contiguous().data_ptr(),
+        key.shape[0],
+        key.shape[1] * key.shape[2] * item,
+    )
+    if code == -2:
+        raise IndexError(f"a KV slot lies outside the cache of {num_slots} slots")
+    _check(code, "store_kv")

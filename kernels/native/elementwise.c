@@ -21,6 +21,18 @@
 #define LANES 16
 #define PARALLEL_MIN_ELEMENTS 16384 /* below this a call runs on one thread: a team costs more than it saves */
 
+/* ``call`` for every row (``row``), over the OpenMP team from PARALLEL_MIN_ELEMENTS elements of work on,
+ * else on the calling thread with no parallel region at all: even a region of one thread costs libgomp a
+ * team set-up, about a microsecond, four calls a layer (RESULTS.md issue 24, "Fourteenth round"). */
+#define FOR_ROWS(rows, work, call)                                                    \
+    do {                                                                              \
+        if ((work) >= PARALLEL_MIN_ELEMENTS) {                                        \
+            _Pragma("omp parallel for schedule(static)") for (int64_t row = 0; row < (rows); row++) call; \
+        } else {                                                                      \
+            for (int64_t row = 0; row < (rows); row++) call;                          \
+        }                                                                             \
+    } while (0)
+
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 typedef uint32_t u16v __attribute__((vector_size(64)));
@@ -96,6 +108,30 @@ static inline v16 exp16(v16 x) {
     return p * s;
 }
 
+static inline void norm_row(const uint16_t *xr, const uint16_t *rr, const uint16_t *weight, uint16_t *o,
+                            uint16_t *nr, int chunks, int hidden, float eps) {
+    const uint16_t *src = xr;
+    v16 acc = {0};
+    if (rr != NULL) {
+        for (int c = 0; c < chunks; c++) {
+            v16 v = as_bf16(load_bf16(xr + c * LANES) + load_bf16(rr + c * LANES));
+            store_bf16(nr + c * LANES, v);
+            acc += v * v;
+        }
+        src = nr;
+    } else {
+        for (int c = 0; c < chunks; c++) {
+            v16 v = load_bf16(xr + c * LANES);
+            acc += v * v;
+        }
+    }
+    const float inv = 1.0f / sqrtf(sum16(acc) / (float)hidden + eps);
+    for (int c = 0; c < chunks; c++) {
+        v16 normed = as_bf16(load_bf16(src + c * LANES) * inv);
+        store_bf16(o + c * LANES, load_bf16(weight + c * LANES) * normed);
+    }
+}
+
 /* out = w * bf16(r / rms(r)), r = bf16(x + residual) (written to new_residual), or r = x without a
  * residual. Rows of ``hidden`` elements; x and residual rows ``*_stride`` elements apart, the outputs
  * contiguous. 0, or -1 when hidden is not a multiple of 16. */
@@ -104,34 +140,9 @@ int pf_rms_norm(const uint16_t *x, int64_t x_stride, const uint16_t *residual, i
                 float eps) {
     if (hidden % LANES) return -1;
     const int chunks = hidden / LANES;
-    const int64_t work = rows * hidden;
-#pragma omp parallel for schedule(static) if (work >= PARALLEL_MIN_ELEMENTS)
-    for (int64_t row = 0; row < rows; row++) {
-        const uint16_t *xr = x + row * x_stride;
-        uint16_t *o = out + row * hidden;
-        const uint16_t *src = xr;
-        v16 acc = {0};
-        if (residual != NULL) {
-            const uint16_t *rr = residual + row * residual_stride;
-            uint16_t *nr = new_residual + row * hidden;
-            for (int c = 0; c < chunks; c++) {
-                v16 v = as_bf16(load_bf16(xr + c * LANES) + load_bf16(rr + c * LANES));
-                store_bf16(nr + c * LANES, v);
-                acc += v * v;
-            }
-            src = nr;
-        } else {
-            for (int c = 0; c < chunks; c++) {
-                v16 v = load_bf16(xr + c * LANES);
-                acc += v * v;
-            }
-        }
-        const float inv = 1.0f / sqrtf(sum16(acc) / (float)hidden + eps);
-        for (int c = 0; c < chunks; c++) {
-            v16 normed = as_bf16(load_bf16(src + c * LANES) * inv);
-            store_bf16(o + c * LANES, load_bf16(weight + c * LANES) * normed);
-        }
-    }
+    FOR_ROWS(rows, rows * hidden,
+             norm_row(x + row * x_stride, residual ? residual + row * residual_stride : NULL, weight,
+                      out + row * hidden, residual ? new_residual + row * hidden : NULL, chunks, hidden, eps));
     return 0;
 }
 
@@ -147,6 +158,14 @@ static inline void rotate_head(const uint16_t *x, uint16_t *o, const float *cos,
     }
 }
 
+static inline void rotary_row(const uint16_t *q, int q_heads, const uint16_t *k, int k_heads, int head_dim,
+                              const float *cos, uint16_t *q_out, uint16_t *k_out) {
+    const int half = head_dim / 2;
+    const float *sin = cos + half;
+    for (int h = 0; h < q_heads; h++) rotate_head(q + h * head_dim, q_out + h * head_dim, cos, sin, half);
+    for (int h = 0; h < k_heads; h++) rotate_head(k + h * head_dim, k_out + h * head_dim, cos, sin, half);
+}
+
 /* Rotary embedding of q [rows, q_heads, head_dim] and k [rows, k_heads, head_dim] (rows ``*_stride``
  * elements apart, heads contiguous) into contiguous outputs, at ``positions`` (int64) of a float32
  * cache [max_position, head_dim] of cos then sin. 0, or -1 when head_dim / 2 is not a multiple of 16,
@@ -158,31 +177,40 @@ int pf_rotary(const uint16_t *q, int64_t q_stride, int q_heads, const uint16_t *
     if (half % LANES) return -1;
     for (int64_t row = 0; row < rows; row++)
         if (positions[row] < 0 || positions[row] >= max_position) return -2;
-    const int64_t work = rows * (q_heads + k_heads) * head_dim;
-#pragma omp parallel for schedule(static) if (work >= PARALLEL_MIN_ELEMENTS)
-    for (int64_t row = 0; row < rows; row++) {
-        const float *cos = cache + positions[row] * head_dim, *sin = cos + half;
-        for (int h = 0; h < q_heads; h++)
-            rotate_head(q + row * q_stride + h * head_dim, q_out + (row * q_heads + h) * head_dim, cos, sin, half);
-        for (int h = 0; h < k_heads; h++)
-            rotate_head(k + row * k_stride + h * head_dim, k_out + (row * k_heads + h) * head_dim, cos, sin, half);
-    }
+    FOR_ROWS(rows, rows * (q_heads + k_heads) * head_dim,
+             rotary_row(q + row * q_stride, q_heads, k + row * k_stride, k_heads, head_dim,
+                        cache + positions[row] * head_dim, q_out + row * q_heads * head_dim,
+                        k_out + row * k_heads * head_dim));
     return 0;
+}
+
+static inline void silu_row(const uint16_t *g, int inter, uint16_t *o) {
+    const uint16_t *u = g + inter;
+    for (int c = 0; c < inter; c += LANES) {
+        v16 gate = load_bf16(g + c);
+        store_bf16(o + c, gate / (exp16(-gate) + 1.0f) * load_bf16(u + c));
+    }
 }
 
 /* out[r] = silu(x[r, :inter]) * x[r, inter:], silu(g) = g / (1 + exp(-g)); x rows ``x_stride`` apart,
  * out contiguous. 0, or -1 when inter is not a multiple of 16. */
 int pf_silu_and_mul(const uint16_t *x, int64_t x_stride, int inter, uint16_t *out, int64_t rows) {
     if (inter % LANES) return -1;
-    const int64_t work = rows * inter;
-#pragma omp parallel for schedule(static) if (work >= PARALLEL_MIN_ELEMENTS)
-    for (int64_t row = 0; row < rows; row++) {
-        const uint16_t *g = x + row * x_stride, *u = g + inter;
-        uint16_t *o = out + row * inter;
-        for (int c = 0; c < inter; c += LANES) {
-            v16 gate = load_bf16(g + c);
-            store_bf16(o + c, gate / (exp16(-gate) + 1.0f) * load_bf16(u + c));
-        }
-    }
+    FOR_ROWS(rows, rows * inter, silu_row(x + row * x_stride, inter, out + row * inter));
+    return 0;
+}
+
+/* The paged KV store: key and value row r (``row_bytes`` each: a token's heads, contiguous; rows
+ * ``*_stride`` bytes apart) copied into slot ``slots[r]`` of each cache of ``num_slots`` slots; a negative
+ * slot is skipped (padding, tokens already cached). Any dtype, the caches' own: a byte copy. 0, or -2
+ * when a slot lies outside the caches (checked before anything is written). */
+int pf_store_kv(const char *key, int64_t key_stride, const char *value, int64_t value_stride, char *k_cache,
+                char *v_cache, int64_t num_slots, const int64_t *slots, int64_t rows, int64_t row_bytes) {
+    for (int64_t row = 0; row < rows; row++)
+        if (slots[row] >= num_slots) return -2;
+    FOR_ROWS(rows, rows * row_bytes / 16, if (slots[row] >= 0) {
+        memcpy(k_cache + slots[row] * row_bytes, key + row * key_stride, (size_t)row_bytes);
+        memcpy(v_cache + slots[row] * row_bytes, value + row * value_stride, (size_t)row_bytes);
+    });
     return 0;
 }

@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_auto_on_cpu_is_the_torch_reference() -> None:
-    from prefixflow.kernels import cpu_row_attention
+    from prefixflow.kernels import cpu_native_ops, cpu_row_attention
 
     ops = kernels.select("auto", "cpu")
     assert ops.name == "torch"
-    assert ops.store_kv is reference.store_kv
+    # one native copy per token where it runs, else the reference (tests/kernels/test_cpu_native_ops.py)
+    assert ops.store_kv is cpu_native_ops.store_kv
     # the native row kernel where it runs, else the batched SDPA path; both checked against the reference
     assert ops.paged_attention is cpu_row_attention.paged_attention
 

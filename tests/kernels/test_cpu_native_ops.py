@@ -138,3 +138,48 @@ def test_a_position_outside_the_cache_is_refused():
     cache = build_rope_cache(64, 16, 10000.0)
     with pytest.raises(IndexError, match="outside the cos/sin cache of 16"):
         cpu_native_ops.rotary(q, k, torch.tensor([3, 16]), cache)
+
+
+def _paged_caches(dtype: torch.dtype, num_blocks: int = 64, heads: int = 3, head_dim: int = 64):
+    gen = torch.Generator().manual_seed(num_blocks)
+    k_cache = torch.randn(num_blocks, 16, heads, head_dim, generator=gen).to(dtype)
+    return k_cache, torch.randn(num_blocks, 16, heads, head_dim, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [0, 1, 5, 700])
+def test_store_kv_equals_the_reference(dtype, tokens, threads):
+    gen = torch.Generator().manual_seed(tokens)
+    k_cache, v_cache = _paged_caches(dtype)
+    # k contiguous (rotary's output), v a view of the fused projection's output, rows apart
+    k = torch.randn(tokens, 3, 64, generator=gen).to(dtype)
+    qkv = torch.randn(tokens, 15 * 64, generator=gen).to(dtype)
+    v = qkv[:, 12 * 64 :].reshape(tokens, 3, 64)
+    slots = torch.randperm(64 * 16, generator=gen)[:tokens]
+    slots[::3] = -1  # padding and tokens already cached: not stored
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    reference.store_kv(k, v, want_k, want_v, slots)
+    cpu_native_ops.store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    if tokens > 1:
+        assert not torch.equal(k_cache, _paged_caches(dtype)[0])  # something was stored
+
+
+def test_store_kv_refuses_a_slot_outside_the_cache_before_writing():
+    k_cache, v_cache = _paged_caches(BF16, num_blocks=4)
+    before = k_cache.clone()
+    k = torch.ones(3, 3, 64, dtype=BF16)
+    with pytest.raises(IndexError, match="outside the cache of 64 slots"):
+        cpu_native_ops.store_kv(k, k, k_cache, v_cache, torch.tensor([0, 5, 64]))
+    assert torch.equal(k_cache, before)
+
+
+def test_store_kv_converting_dtypes_takes_the_reference():
+    gen = torch.Generator().manual_seed(11)
+    k_cache, v_cache = _paged_caches(torch.float32, num_blocks=4)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    k = torch.randn(4, 3, 64, generator=gen).to(BF16)  # bf16 rows into a float32 cache
+    slots = torch.tensor([0, 17, -1, 63])
+    reference.store_kv(k, k, want_k, want_v, slots)
+    cpu_native_ops.store_kv(k, k, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
