@@ -36,7 +36,6 @@ _ERRORS = {
 _fn: Callable[..., int] | None = None
 _fn_ready = False
 _lock = threading.Lock()
-_local = threading.local()
 
 
 def _function() -> Callable[..., int] | None:
@@ -90,27 +89,12 @@ def available(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
-def _metadata(
-    block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """int32 contiguous copies of the step's metadata, made once per step: every layer hands the same
-    contents, recognised by value (a caller may refill the same tensors in place between steps)."""
-    last = getattr(_local, "meta", None)
-    if (
-        last is not None
-        and torch.equal(last[0][1], query_start_loc)
-        and torch.equal(last[0][2], seq_lens)
-        and torch.equal(last[0][0], block_tables)
-    ):
-        made: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = last[1]
-        return made
-    made = (
-        block_tables.to(torch.int32).contiguous(),
-        query_start_loc.to(torch.int32).contiguous(),
-        seq_lens.to(torch.int32).contiguous(),
-    )
-    _local.meta = ((block_tables.clone(), query_start_loc.clone(), seq_lens.clone()), made)
-    return made
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """The kernel's int32 contiguous metadata: the engine's own, as they are (its step metadata is built
+    int32), a copy of anyone else's. Converted per call, never cached: a cache recognising the step's
+    tensors by value cost three ``torch.equal`` a layer, and by version counter cannot work on
+    inference tensors (RESULTS.md issue 24, "Fourteenth round")."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
 def paged_attention_rows(
@@ -134,7 +118,7 @@ def paged_attention_rows(
         )
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"K cache {k_cache.dtype} and V cache {v_cache.dtype} differ")
-    tables, starts, lens = _metadata(block_tables, query_start_loc, seq_lens)
+    tables, starts, lens = _int32(block_tables), _int32(query_start_loc), _int32(seq_lens)
     if starts.shape[0] != lens.shape[0] + 1 or tables.shape[0] < lens.shape[0]:
         raise ValueError("query_start_loc needs one entry more than seq_lens, block_tables a row per request")
     q = q.contiguous()

@@ -208,6 +208,69 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h
     return 0;
 }
 
+/* What every thread of a step reads: the cache, the queries and outputs, the metadata and the tiles. */
+typedef struct {
+    const Cache *c;
+    const void *q;
+    void *out;
+    int q_dtype, num_q_heads;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *query_start, *seq_lens, *tiles;
+    int64_t num_tiles;
+    float scale;
+    size_t stride, tile_vecs;
+} Step;
+
+/* One tile: every KV head of up to TILE_ROWS rows of one request, results written to ``out``. */
+static int run_tile(const Step *s, int64_t it, char *buf, size_t vec_off) {
+    const Cache *c = s->c;
+    const int G = c->group, D = c->head_dim, C = D / LANES;
+    const size_t qsize = s->q_dtype == DTYPE_BF16 ? 2 : 4;
+    const int32_t *tile = s->tiles + 3 * it;
+    const int first = tile[0], b = tile[1], rows = tile[2];
+    const int ctx = s->seq_lens[b] - (s->query_start[b + 1] - first) + 1;
+    float *scores = (float *)buf;
+    v16 *qv = (v16 *)(buf + vec_off), *acc = qv + s->tile_vecs;
+    for (int h = 0; h < c->num_kv_heads; h++) {
+        for (int r = 0; r < rows; r++) {
+            const char *qr = (const char *)s->q + ((size_t)(first + r) * s->num_q_heads + (size_t)h * G) * D * qsize;
+            for (int i = 0; i < G * C; i++)
+                qv[(size_t)r * G * C + i] = load16(qr + (size_t)i * LANES * qsize, s->q_dtype) * s->scale;
+        }
+        if (attend(c, s->block_tables + (int64_t)b * s->table_stride, ctx, rows, h, qv, scores, s->stride, acc))
+            return -1;
+        for (int r = 0; r < rows; r++) {
+            char *o = (char *)s->out + ((size_t)(first + r) * s->num_q_heads + (size_t)h * G) * D * qsize;
+            const float *res = (const float *)(acc + (size_t)r * G * C);
+            if (s->q_dtype == DTYPE_BF16) {
+                uint16_t *ob = (uint16_t *)o;
+                for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
+            } else {
+                memcpy(o, res, (size_t)G * D * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}
+
+/* The tiles on this thread: with ``shared``, the calling team's share (tiles handed out one at a time),
+ * else every tile in order on the calling thread. Returns 0, -1 (a block id outside the cache) or -3. */
+static int run_tiles(const Step *s, int shared) {
+    const size_t vec_off = ((size_t)TILE_ROWS * s->c->group * s->stride * sizeof(float) + 63) / 64 * 64;
+    char *buf = (char *)aligned_alloc(64, vec_off + 2 * s->tile_vecs * sizeof(v16));
+    int status = buf ? 0 : -3;
+    if (shared) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < s->num_tiles; it++)
+            if (!status) status = run_tile(s, it, buf, vec_off);
+    } else {
+        for (int64_t it = 0; it < s->num_tiles && !status; it++) status = run_tile(s, it, buf, vec_off);
+    }
+    free(buf);
+    return status;
+}
+
 /* Varlen causal attention over a paged cache, the contract of kernels/reference.py paged_attention.
  * q, out: [num_tokens, Hq, D] contiguous (dtype q_dtype); caches: [num_blocks, block_size, Hkv, D]
  * contiguous (kv_dtype); block_tables: [num_reqs, table_stride] int32; query_start: [num_reqs + 1]
@@ -258,50 +321,23 @@ int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens
     Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D};
     const size_t stride = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
     const size_t tile_vecs = (size_t)TILE_ROWS * G * C;
+    Step st = {&c, q, out, q_dtype, num_q_heads, block_tables, table_stride, query_start, seq_lens, tiles,
+               num_tiles, scale, stride, tile_vecs};
     int status = 0;
-    /* no more threads than tiles: a lone decode row runs on the calling thread, with no team to wake */
+    /* no more threads than tiles; one thread (a lone decode row, or torch at one thread) runs on the
+     * calling thread with no parallel region: libgomp's team set-up costs a microsecond a layer */
     int team = num_threads < 1 ? 1 : (num_tiles < num_threads ? (int)(num_tiles > 0 ? num_tiles : 1) : num_threads);
+    if (team == 1) {
+        status = run_tiles(&st, 0);
+    } else {
 #pragma omp parallel num_threads(team)
-    {
-        /* per thread: scores (TILE_ROWS x G x stride floats), then the queries and the results */
-        size_t vec_off = ((size_t)TILE_ROWS * G * stride * sizeof(float) + 63) / 64 * 64;
-        char *buf = (char *)aligned_alloc(64, vec_off + 2 * tile_vecs * sizeof(v16));
-        if (!buf) {
+        {
+            int mine = run_tiles(&st, 1);
+            if (mine) {
 #pragma omp atomic write
-            status = -3;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < num_tiles; it++) {
-            if (!buf) continue;
-            const int32_t *tile = tiles + 3 * it;
-            const int first = tile[0], b = tile[1], rows = tile[2];
-            const int ctx = seq_lens[b] - (query_start[b + 1] - first) + 1;
-            float *scores = (float *)buf;
-            v16 *qv = (v16 *)(buf + vec_off), *acc = qv + tile_vecs;
-            for (int h = 0; h < num_kv_heads; h++) {
-                for (int r = 0; r < rows; r++) {
-                    const char *qr = (const char *)q + ((size_t)(first + r) * num_q_heads + (size_t)h * G) * D * qsize;
-                    for (int i = 0; i < G * C; i++)
-                        qv[(size_t)r * G * C + i] = load16(qr + (size_t)i * LANES * qsize, q_dtype) * scale;
-                }
-                if (attend(&c, block_tables + (int64_t)b * table_stride, ctx, rows, h, qv, scores, stride, acc)) {
-#pragma omp atomic write
-                    status = -1;
-                    break;
-                }
-                for (int r = 0; r < rows; r++) {
-                    char *o = (char *)out + ((size_t)(first + r) * num_q_heads + (size_t)h * G) * D * qsize;
-                    const float *res = (const float *)(acc + (size_t)r * G * C);
-                    if (q_dtype == DTYPE_BF16) {
-                        uint16_t *ob = (uint16_t *)o;
-                        for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
-                    } else {
-                        memcpy(o, res, (size_t)G * D * sizeof(float));
-                    }
-                }
+                status = mine;
             }
         }
-        free(buf);
     }
     free(tiles);
     free(owned);

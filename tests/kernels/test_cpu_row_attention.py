@@ -162,3 +162,19 @@ def test_a_build_is_cached_by_source_and_cpu(monkeypatch, tmp_path):
         assert "-march=x86-64-v3" in native_build.flags()
         avx2 = native_build._build("paged_attention", cc)
         assert avx2 != first and avx2.exists()
+
+
+def test_metadata_refilled_in_place_between_steps_is_read_again():
+    """Metadata the kernel converts to int32 (anyone's int64) is converted per call: a step that refills
+    the same tensors in place (as decode buffers do) must not attend with the last step's lengths."""
+    batch = build_paged_batch([(1, 40), (1, 70)], 9, 3, 64, block_size=16, device=torch.device("cpu"))
+    args = list(step_args(batch))
+    args[3:6] = [t.long() for t in args[3:6]]  # int64 as the engine's: the kernel works on int32 copies
+    first = cpu_row_attention.paged_attention_rows(*args, 0.125)
+    assert torch.equal(cpu_row_attention.paged_attention_rows(*args, 0.125), first)
+    seq_lens = args[5]
+    seq_lens.sub_(7)  # the next step, shorter contexts, in the same tensor
+    want = reference.paged_attention(*args, 0.125)
+    got = cpu_row_attention.paged_attention_rows(*args, 0.125)
+    assert relative_error(got, want) < 1e-5
+    assert not torch.equal(got, first)
