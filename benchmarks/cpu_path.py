@@ -35,7 +35,7 @@ Engines (``--engines``):
   PREFIXFLOW_NATIVE_MARCH=haswell python -m benchmarks.cpu_path --engines
   pf-float32-rows,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
 - ``pf-torch-elementwise``: the default with norm, rotary and SiLU-and-mul on kernels/cpu_ops.py's torch
-  calls (before the native calls of kernels/cpu_native_ops.py);
+  calls and the KV store on kernels/reference.py's (before the native calls of kernels/cpu_native_ops.py);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
   ``pf-int8-head``: the same with the tied LM head in int8 too; ``pf-fp32mm``: ``cpu_int8="off"``;
 - ``hf``: transformers ``generate`` on the same GGUF (dequantized to float32), one static batch;
@@ -92,7 +92,7 @@ ENGINES = {
     "pf-math-decode": {},  # the default with bf16 decodes on the two-matmul path even where the CPU has AMX
     "pf-padded-chunks": {},  # the default with attention chunks cut by the K/V and mask budgets only
     "pf-torch-attention": {},  # the default with every step on kernels/cpu_attention.py (no native row kernel)
-    "pf-torch-elementwise": {},  # the default with norm, rotary and SiLU on torch calls (kernels/cpu_ops.py)
+    "pf-torch-elementwise": {},  # the default with norm, rotary, SiLU and the KV store on torch calls
     "pf-rows-on-amx": {},  # the default with short-query steps on the row kernel on a CPU with AMX tiles too
     "pf-rows-on-avx2": {},  # the default with the row kernel on an AVX2-only CPU too
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
@@ -139,7 +139,7 @@ def chunking(engine: str) -> Iterator[None]:
     ``pf-padded-chunks``: attention chunks cut by the budgets only (before the padding rule);
     ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU; ``pf-torch-attention`` and
     every variant of the torch attention path: the native row kernel off (kernels/cpu_row_attention.py);
-    ``pf-torch-elementwise``: norm, rotary and SiLU on torch calls (kernels/cpu_native_ops.py off)."""
+    ``pf-torch-elementwise``: norm, rotary, SiLU and the KV store on torch calls (cpu_native_ops off)."""
     from prefixflow.engine.quantization import int8_path
     from prefixflow.kernels import cpu_attention, cpu_linear, cpu_native_ops, cpu_row_attention
 
