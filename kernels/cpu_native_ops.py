@@ -5,8 +5,10 @@ Why: at a small batch these ops are dispatch, not arithmetic. ``cpu_ops`` spends
 per op (casts, the op, products, a cast back), a few microseconds each, 30 layers a step, on one
 thread however many the step has (benchmarks/RESULTS.md issue 24, "Twelfth round" to "Fourteenth
 round"). The KV store is the same story: ``reference.store_kv`` is eight torch calls a layer (a mask,
-three masked selections, two scatters). Each function here takes the native kernel where the call fits it (CPU, bf16, rows of 16-element
-multiples, unit stride along a row) and hands every other call to ``cpu_ops``, whose contract it keeps.
+three masked selections, two scatters). Each function here takes the native kernel where the call
+fits it (CPU, bf16, rows of 16-element multiples, unit stride along a row; the store: any dtype the
+caches share) and hands every other call to ``cpu_ops`` (the store to ``reference``), whose contract
+it keeps.
 
 Rows are computed independently (the batch-invariant mode's requirement). Rotary gives the reference's
 bits; the norm and SiLU can differ from ``reference.py`` by one bf16 rounding step (a sum of squares and
@@ -16,38 +18,32 @@ an ``exp`` in another order), tested against it within that.
 from __future__ import annotations
 
 import ctypes
-import threading
+import functools
 
 import torch
 
 from prefixflow.kernels import cpu_ops, native_build, reference
 
 USE_NATIVE = True  # False: every call on ``cpu_ops`` (benchmarks/cpu_path.py's ``pf-torch-elementwise``)
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_ready = False
+
+
+@functools.cache
+def _built() -> ctypes.CDLL | None:
+    """The library with its signatures declared, once (native_build caches the build and the load)."""
+    lib = native_build.load("elementwise")
+    if lib is not None:
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        lib.pf_rms_norm.argtypes = [p, i64, p, i64, p, p, p, i64, i32, f32]
+        lib.pf_rotary.argtypes = [p, i64, i32, p, i64, i32, i32, p, p, i64, p, p, i64]
+        lib.pf_silu_and_mul.argtypes = [p, i64, i32, p, i64]
+        lib.pf_store_kv.argtypes = [p, i64, p, i64, p, p, i64, p, i64, i64]
+        for fn in (lib.pf_rms_norm, lib.pf_rotary, lib.pf_silu_and_mul, lib.pf_store_kv):
+            fn.restype = ctypes.c_int
+    return lib
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _ready
-    if not USE_NATIVE:
-        return None
-    if _ready:
-        return _lib
-    with _lock:
-        if not _ready:
-            lib = native_build.load("elementwise")
-            if lib is not None:
-                p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-                lib.pf_rms_norm.argtypes = [p, i64, p, i64, p, p, p, i64, i32, f32]
-                lib.pf_rotary.argtypes = [p, i64, i32, p, i64, i32, i32, p, p, i64, p, p, i64]
-                lib.pf_silu_and_mul.argtypes = [p, i64, i32, p, i64]
-                lib.pf_store_kv.argtypes = [p, i64, p, i64, p, p, i64, p, i64, i64]
-                for fn in (lib.pf_rms_norm, lib.pf_rotary, lib.pf_silu_and_mul, lib.pf_store_kv):
-                    fn.restype = ctypes.c_int
-            _lib = lib
-            _ready = True
-    return _lib
+    return _built() if USE_NATIVE else None
 
 
 def available() -> bool:
@@ -105,11 +101,12 @@ def rms_norm(
     return out if new_residual is None else (out, new_residual)
 
 
-def _heads_fit(x: torch.Tensor) -> bool:
-    """A CPU bf16 [rows, heads, head_dim] tensor whose heads lie contiguous within a row."""
+def _heads_fit(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """A CPU [rows, heads, head_dim] tensor of ``dtype`` whose heads lie contiguous within a row (its
+    rows may lie apart: q, k and v are views of the fused qkv output)."""
     return (
         x.device.type == "cpu"
-        and x.dtype == torch.bfloat16
+        and x.dtype == dtype
         and x.dim() == 3
         and x.stride(2) == 1
         and x.stride(1) == x.shape[2]
@@ -137,7 +134,7 @@ def rotary(
     ):
         return cpu_ops.rotary(q, k, positions, cos_sin_cache)
     rows = q.shape[0]
-    where = positions if positions.dtype == torch.int64 and positions.is_contiguous() else positions.long()
+    where = positions.to(torch.int64).contiguous()  # no copy when it is already so
     q_out = torch.empty(q.shape, dtype=q.dtype)
     k_out = torch.empty(k.shape, dtype=k.dtype)
     code = lib.pf_rotary(
@@ -148,7 +145,7 @@ def rotary(
         k.stride(0),
         k.shape[1],
         head_dim,
-        where.contiguous().data_ptr(),
+        where.data_ptr(),
         cos_sin_cache.data_ptr(),
         cos_sin_cache.shape[0],
         q_out.data_ptr(),
@@ -178,19 +175,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], half)
 
 
-def _token_rows_fit(x: torch.Tensor, like: torch.Tensor) -> bool:
-    """A CPU [tokens, heads, head_dim] tensor of ``like``'s dtype and row shape, each token's heads
-    contiguous (its rows may lie apart: v is a view of the fused qkv output)."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == like.dtype
-        and x.dim() == 3
-        and x.shape[1:] == like.shape[2:]
-        and x.stride(2) == 1
-        and x.stride(1) == x.shape[2]
-    )
-
-
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -207,15 +191,14 @@ def store_kv(
         or v_cache.dtype != k_cache.dtype
         or not (k_cache.is_contiguous() and v_cache.is_contiguous())
         or k_cache.device.type != "cpu"
-        or not (_token_rows_fit(key, k_cache) and _token_rows_fit(value, k_cache))
+        or not (_heads_fit(key, k_cache.dtype) and _heads_fit(value, k_cache.dtype))
+        or not key.shape[1:] == value.shape[1:] == k_cache.shape[2:]
         or value.shape[0] != key.shape[0]
         or slot_mapping.dtype != torch.int64
         or slot_mapping.device.type != "cpu"
         or slot_mapping.shape != (key.shape[0],)
     ):
         reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
-        return
-    if key.shape[0] == 0:
         return
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     item = key.element_size()

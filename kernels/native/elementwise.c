@@ -208,6 +208,7 @@ int pf_store_kv(const char *key, int64_t key_stride, const char *value, int64_t 
                 char *v_cache, int64_t num_slots, const int64_t *slots, int64_t rows, int64_t row_bytes) {
     for (int64_t row = 0; row < rows; row++)
         if (slots[row] >= num_slots) return -2;
+    /* work in 16-byte units: a copy moves a cache line faster than an op computes its elements */
     FOR_ROWS(rows, rows * row_bytes / 16, if (slots[row] >= 0) {
         memcpy(k_cache + slots[row] * row_bytes, key + row * key_stride, (size_t)row_bytes);
         memcpy(v_cache + slots[row] * row_bytes, value + row * value_stride, (size_t)row_bytes);

@@ -169,7 +169,7 @@ def test_metadata_refilled_in_place_between_steps_is_read_again():
     the same tensors in place (as decode buffers do) must not attend with the last step's lengths."""
     batch = build_paged_batch([(1, 40), (1, 70)], 9, 3, 64, block_size=16, device=torch.device("cpu"))
     args = list(step_args(batch))
-    args[3:6] = [t.long() for t in args[3:6]]  # int64 as the engine's: the kernel works on int32 copies
+    args[3:6] = [t.long() for t in args[3:6]]  # int64 (not the engine's int32): converted per call
     first = cpu_row_attention.paged_attention_rows(*args, 0.125)
     assert torch.equal(cpu_row_attention.paged_attention_rows(*args, 0.125), first)
     seq_lens = args[5]
