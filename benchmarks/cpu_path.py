@@ -34,6 +34,14 @@ Engines (``--engines``):
   ``MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
   PREFIXFLOW_NATIVE_MARCH=haswell python -m benchmarks.cpu_path --engines
   pf-float32-rows,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
+- ``pf-float32-dense``: float32 with every product on the dense matmul (``quantization="none"``: the
+  float32 default before the native matvec of kernels/cpu_gguf_matvec.py); ``pf-matvec-8``: the default
+  with float32 products of up to 8 rows on that matvec (the default: 16); ``pf-dense-head``: the
+  default with the tied LM head dense (not its Q8_0 blocks). An AVX2 host emulated (the ISA limits make
+  ``dtype="auto"`` float32, kernels/cpu_features.py): ``MKL_ENABLE_INSTRUCTIONS=AVX2
+  ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PREFIXFLOW_NATIVE_MARCH=haswell python -m
+  benchmarks.cpu_path --engines pf-default,pf-dense-head,pf-float32-dense,hf --threads 1,2 --batches
+  1,16,64``;
 - ``pf-torch-elementwise``: the default with norm, rotary and SiLU-and-mul on kernels/cpu_ops.py's torch
   calls and the KV store on kernels/reference.py's (before the native calls of kernels/cpu_native_ops.py);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
@@ -97,6 +105,9 @@ ENGINES = {
     "pf-rows-on-avx2": {},  # the default with the row kernel on an AVX2-only CPU too
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
     "pf-float32-rows": {"dtype": "float32"},  # pf-float32 with the row kernel on (off by default in float32)
+    "pf-float32-dense": {"dtype": "float32", "quantization": "none"},  # float32, every product dense
+    "pf-matvec-8": {},  # the default with float32 products of up to 8 rows on the native matvec (not 16)
+    "pf-dense-head": {},  # the default with the tied LM head dense in float32 (no Q8_0 blocks)
 }
 # the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
 TORCH_ATTENTION = {
@@ -140,7 +151,7 @@ def chunking(engine: str) -> Iterator[None]:
     ``pf-math-decode``: bf16 decodes on the two-matmul path whatever the CPU; ``pf-torch-attention`` and
     every variant of the torch attention path: the native row kernel off (kernels/cpu_row_attention.py);
     ``pf-torch-elementwise``: norm, rotary, SiLU and the KV store on torch calls (cpu_native_ops off)."""
-    from prefixflow.engine.quantization import int8_path
+    from prefixflow.engine.quantization import dual_gguf, int8_path, weight_path
     from prefixflow.kernels import cpu_attention, cpu_linear, cpu_native_ops, cpu_row_attention
 
     saved, head, math_min = cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN
@@ -157,6 +168,10 @@ def chunking(engine: str) -> Iterator[None]:
     float32_rows = cpu_row_attention.FLOAT32_ROWS
     native_elementwise = cpu_native_ops.USE_NATIVE
     cpu_native_ops.USE_NATIVE = engine != "pf-torch-elementwise" and native_elementwise
+    matvec_rows, packed_head = dual_gguf.FLOAT32_PACKED_MAX_ROWS, weight_path.PACKED_HEAD
+    if engine == "pf-matvec-8":
+        dual_gguf.FLOAT32_PACKED_MAX_ROWS = 8
+    weight_path.PACKED_HEAD = engine != "pf-dense-head" and packed_head
     cpu_row_attention.AVX2_ROWS = engine == "pf-rows-on-avx2" or avx2_rows
     cpu_row_attention.FLOAT32_ROWS = engine in ("pf-rows-on-avx2", "pf-float32-rows") or float32_rows
     cpu_row_attention.USE_NATIVE = engine not in TORCH_ATTENTION and native
@@ -182,6 +197,7 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_row_attention.USE_NATIVE, cpu_row_attention.AMX_ROWS_MAX_QUERY = native, amx_rows
         cpu_row_attention.AVX2_ROWS, cpu_row_attention.FLOAT32_ROWS = avx2_rows, float32_rows
         cpu_native_ops.USE_NATIVE = native_elementwise
+        dual_gguf.FLOAT32_PACKED_MAX_ROWS, weight_path.PACKED_HEAD = matvec_rows, packed_head
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -188,7 +188,7 @@ def identity_of(
     else:
         assert location.preset is not None
         out.update(_preset_digests(location.preset))
-    out.update(_weights(location, dtype, quantization, sparsity, device))
+    out.update(_weights(location, dtype, quantization, sparsity, device, cpu_int8))
     _add_sparse_kernel(out, device, dtype)
     out.update(_linear_kernel(device, dtype, cpu_int8, out))
     out["digest"] = _digest(
@@ -244,6 +244,7 @@ def _weights(
     quantization: str | None,
     sparsity: str | None = None,
     device: str = "cpu",
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """``quantization`` and ``weight_bytes`` from the shapes alone (engine/quantization/footprint.py)."""
     from prefixflow.engine.loading import presets
@@ -251,7 +252,7 @@ def _weights(
 
     if location.kind == "gguf":
         assert location.path is not None
-        return describe_gguf_weights(location.path, dtype, quantization, sparsity, device)
+        return describe_gguf_weights(location.path, dtype, quantization, sparsity, device, cpu_int8)
     if location.kind == "hf":
         assert location.path is not None
         config = json.loads((location.path / "config.json").read_text())

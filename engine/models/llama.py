@@ -22,9 +22,9 @@ from prefixflow.engine.models.linear import INVARIANT_MIN_ROWS, Linear, invarian
 from prefixflow.engine.models.norm import RMSNorm
 from prefixflow.engine.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from prefixflow.engine.models.vocab_parallel import VocabParallelEmbedding, gather_logits
-from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig
+from prefixflow.engine.quantization import NO_QUANTIZATION, QuantizationConfig, dual_gguf
 from prefixflow.engine.runner.attention import AttentionBackend
-from prefixflow.kernels import KernelBackend
+from prefixflow.kernels import KernelBackend, cpu_gguf_matvec
 from prefixflow.kernels.cpu_int8 import Int8Weight, int8_linear, pack_int8
 from prefixflow.kernels.cpu_linear import dense_linear
 
@@ -206,12 +206,24 @@ class LlamaForCausalLM(nn.Module):
 
         self.min_rows = 0
         self.int8_head: Int8Weight | None = None  # the tied LM head in int8 (cpu_int8; use_int8_head)
+        self.packed_head: torch.Tensor | None = None  # the tied LM head as Q8_0 blocks (use_packed_head)
 
     def use_int8_head(self) -> None:
         """The tied LM head multiplies an int8 copy of the embedding (the embedding itself stays as
         loaded for the lookup); an untied head is a ``Linear`` and follows its method."""
         if self.lm_head is None and self.embed_tokens is not None:
             self.int8_head = pack_int8(self.embed_tokens.weight)
+
+    def use_packed_head(self) -> bool:
+        """Decodes of few float32 rows multiply the tied LM head as the Q8_0 blocks its embedding was
+        dequantized from (a quarter of the bytes, on the native matvec), where those blocks are
+        recovered exactly (kernels/cpu_gguf_matvec.py ``q8_0_blocks``). Whether they were."""
+        if self.lm_head is None and self.embed_tokens is not None and cpu_gguf_matvec.available():
+            blocks = cpu_gguf_matvec.q8_0_blocks(self.embed_tokens.weight)
+            if blocks is not None:
+                self.packed_head = blocks
+                self.register_buffer("packed_head_blocks", blocks, persistent=False)  # in weight_bytes
+        return self.packed_head is not None
 
     def make_batch_invariant(self) -> None:
         """Every matmul of the model, the tied LM head included, runs on ``INVARIANT_MIN_ROWS`` to
@@ -247,7 +259,15 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
             weight, int8_head = self.embed_tokens.weight, self.int8_head  # tied: the embedding is the head
-            if int8_head is not None:
+            few = hidden.shape[0] <= dual_gguf.FLOAT32_PACKED_MAX_ROWS and not self.min_rows
+            packed = (
+                cpu_gguf_matvec.matvec("Q8_0", self.packed_head, hidden)
+                if few and self.packed_head is not None
+                else None
+            )
+            if packed is not None:
+                local = packed
+            elif int8_head is not None:
                 local = invariant_rows(lambda rows: int8_linear(rows, int8_head), hidden, self.min_rows)
             else:
                 local = invariant_rows(lambda rows: dense_linear(rows, weight), hidden, self.min_rows)

@@ -14,6 +14,13 @@ The dense copy is the checkpoint's dequantization rounded to the activation dtyp
 ``DenseMethod`` holds (so products of more than ``PACKED_MAX_ROWS`` rows give the dense path's bits);
 the packed path is the same blocks through ``weight_only_kernel``. Batch-invariant mode pads every
 product to at least 16 rows, so it never takes the packed path.
+
+Float32 rows (every CPU without native bf16, and ``dtype="float32"``): torch's pack ops have no fast
+float32 path (its int4 op ran 5.7x slower than the dense matmul on AVX2), so the layer keeps the
+file's blocks as they lie and products of at most ``FLOAT32_PACKED_MAX_ROWS`` rows run through the
+native matvec (kernels/cpu_gguf_matvec.py); a call it cannot take, or a longer product, runs dense.
+Those results differ from the dense matmul's by float32 rounding only (the weights are the same
+numbers); ``FLOAT32_PACKED_MAX_ROWS`` is measured in benchmarks/RESULTS.md issue 24, "Fifteenth round".
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from prefixflow.engine.quantization.gguf_blocks import GGUFMethod
+from prefixflow.engine.quantization.gguf_blocks import GGUFMethod, packed_param
 from prefixflow.engine.quantization.method import KernelContext
+from prefixflow.engine.quantization.params import buffer
+from prefixflow.kernels import cpu_gguf_matvec
 from prefixflow.kernels.cpu_linear import (
     PREPACKED,
     PrepackedWeight,
@@ -34,6 +43,7 @@ from prefixflow.kernels.cpu_linear import (
 from prefixflow.kernels.quant_weight import dequantize
 
 PACKED_MAX_ROWS = 4  # products of at most this many rows take the packed blocks (measured: below)
+FLOAT32_PACKED_MAX_ROWS = 16  # the same for float32 rows on the native matvec (measured: module doc)
 
 
 class DualGGUFMethod(GGUFMethod):
@@ -44,6 +54,7 @@ class DualGGUFMethod(GGUFMethod):
         self.name = f"gguf-{kind.lower()}+dense"
         self.dense: torch.Tensor | None = None
         self.prepacked: PrepackedWeight | None = None
+        self.blocks: torch.Tensor | None = None  # float32 rows: the file's blocks, for the native matvec
 
     def process_after_loading(self, layer: nn.Module, ctx: KernelContext) -> None:
         self.check_complete()
@@ -55,13 +66,29 @@ class DualGGUFMethod(GGUFMethod):
             else:
                 self.dense = dense
                 layer.register_buffer("dense_weight", dense, persistent=False)  # counted in weight_bytes
+            if ctx.dtype == torch.float32:
+                self.blocks = buffer(layer, packed_param(self.kind)).contiguous()
+                for name in self.specs:
+                    delattr(layer, name)
+                layer.register_buffer("gguf_blocks", self.blocks, persistent=False)
+                return
         super().process_after_loading(layer, ctx)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        if rows > PACKED_MAX_ROWS:
+        if self.blocks is not None:
+            out = (
+                cpu_gguf_matvec.matvec(self.kind, self.blocks, x) if rows <= FLOAT32_PACKED_MAX_ROWS else None
+            )
+            if out is not None:
+                return out if bias is None else out + bias
+        if rows > PACKED_MAX_ROWS or self.blocks is not None:
             if self.prepacked is not None:
                 return prepacked_linear(x, self.prepacked, bias)
             if self.dense is not None:
                 return dense_linear(x, self.dense, bias)
         return super().apply(layer, x, bias)
+
+    @property
+    def kernel_name(self) -> str:
+        return "native-matvec" if self.blocks is not None else super().kernel_name

@@ -43,7 +43,12 @@ def describe_weights(
 
 
 def describe_gguf_weights(
-    path: Path, dtype: str, quantization: str | None, sparsity: str | None = None, device: str = "cpu"
+    path: Path,
+    dtype: str,
+    quantization: str | None,
+    sparsity: str | None = None,
+    device: str = "cpu",
+    cpu_int8: str = "auto",
 ) -> dict[str, Any]:
     """The same for a GGUF file, from its header's tensor table, plus ``weight_path``: whether its
     packed blocks stay packed on ``device`` or run dense, and why (engine/quantization/weight_path.py)."""
@@ -53,7 +58,7 @@ def describe_gguf_weights(
     from prefixflow.engine.gguf.tensors import hf_name
     from prefixflow.engine.quantization.dual_gguf import DualGGUFMethod
     from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFMethod
-    from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
+    from prefixflow.engine.quantization.weight_path import apply_weight_path, packed_head, weight_path_for
 
     types: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -68,7 +73,7 @@ def describe_gguf_weights(
         stored[hf] = _numel(dims) // block * size
     qc = {"quant_method": "gguf", "tensor_types": types}
     quant: QuantizationConfig = resolve_quantization({"quantization_config": qc}, quantization, sparsity)
-    path_taken = weight_path_for(quant, quantization, device, dtype, path)
+    path_taken = weight_path_for(quant, quantization, device, dtype, path, cpu_int8)
     quant = apply_weight_path(quant, path_taken)
     size = torch.empty((), dtype=torch_dtype(dtype)).element_size()
     total = 0
@@ -85,6 +90,9 @@ def describe_gguf_weights(
             )
         else:
             total += _numel(shape) * size
+    embed = "model.embed_tokens.weight"
+    if packed_head(path_taken, dtype) and "lm_head.weight" not in shapes and types.get(embed) == "Q8_0":
+        total += stored[embed]  # the tied head's Q8_0 blocks beside the dense embedding
     out: dict[str, Any] = {"quantization": quant.describe(), "weight_bytes": total}
     if path_taken is not None:
         out["weight_path"] = path_taken.describe()

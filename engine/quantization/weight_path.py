@@ -7,8 +7,13 @@ own dense path. The rule, decided from the model's shapes and the host before an
 (so ``describe_model`` reports the same choice the engine makes):
 
 - CPU, float32, no ``quantization=`` given, and the dense weights take at most 1/8 of the memory
-  this process may use (the smaller of physical memory and the cgroup limit): **dense** float32,
-  the checkpoint's dequantization bit for bit (only the summation order of the matmul differs);
+  this process may use (the smaller of physical memory and the cgroup limit): **dense+packed**, the
+  checkpoint's dequantization to dense float32 bit for bit (only the summation order of the matmul
+  differs) for products of more than 16 rows, and the file's blocks through the native matvec for
+  decodes of 1-16 rows, which streams a sixth of the bytes (1.3-3.6x the dense matmul per layer at
+  16 to 1 rows on AVX2, RESULTS.md issue 24 "Fifteenth round"); a tied Q8_0 embedding serves those
+  decodes as the LM head in its blocks too (``packed_head``); **dense** where no C compiler builds the
+  matvec;
 - for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16) **dense+packed**:
   the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on, but products of
   one to four rows (decodes at batch 1-4) ran faster on the packed blocks (batch 1 1.3x end to end on
@@ -32,9 +37,10 @@ from typing import Any, Literal
 
 from prefixflow.engine.dtypes import DTYPE_BYTES
 from prefixflow.engine.quantization.config import QuantizationConfig
-from prefixflow.engine.quantization.dual_gguf import PACKED_MAX_ROWS, DualGGUFMethod
+from prefixflow.engine.quantization.dual_gguf import FLOAT32_PACKED_MAX_ROWS, PACKED_MAX_ROWS, DualGGUFMethod
 from prefixflow.engine.quantization.gguf_blocks import BLOCK_BYTES, GGUFConfig, GGUFMethod
 from prefixflow.engine.quantization.method import DenseMethod, LinearMethod
+from prefixflow.kernels import cpu_gguf_matvec
 
 MEMORY_SHARE = 8  # dense weights may take 1/MEMORY_SHARE of usable memory (KV pool, activations, others)
 
@@ -111,10 +117,13 @@ def choose_weight_path(
     dense_bytes: int,
     memory_bytes: int | None = None,
     native: bool | None = None,
+    matvec: bool | None = None,
+    cpu_int8: str = "auto",
 ) -> WeightPath | None:
     """The path for a GGUF model's packed layers (None for anything else). ``dense_bytes``: what those
-    layers take dense in ``dtype``; ``memory_bytes``: usable memory, ``native``: native bf16 matmuls
-    (both read from the host when None)."""
+    layers take dense in ``dtype``; ``memory_bytes``: usable memory, ``native``: native bf16 matmuls,
+    ``matvec``: the native float32 matvec of the blocks builds here (all read from the host when None);
+    ``cpu_int8``: ``EngineConfig.cpu_int8`` ("on" runs the dense layers in int8, so they are dense)."""
     kinds = packed_kinds(quant)
     if not kinds:
         return None
@@ -141,6 +150,12 @@ def choose_weight_path(
             f"cpu, {dtype}: dense weights would take {mib:,.0f} MiB, over 1/{MEMORY_SHARE} of usable memory "
             f"({have}); {blocks} stays packed (slower per token, but it fits)",
         )
+    if cpu_int8 == "on":
+        return WeightPath(
+            "dense",
+            f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because "
+            "cpu_int8='on' runs every dense layer in int8 (engine/quantization/int8_path.py)",
+        )
     if dtype != "float32":
         return WeightPath(
             "dense+packed",
@@ -151,7 +166,16 @@ def choose_weight_path(
             "(benchmarks/RESULTS.md 'Issue 24'; dtype='auto' takes bf16 here for a GGUF block file, "
             "dtype='float32' for float32 numerics); quantization='gguf' keeps it packed only",
         )
-    why = "no packed float32 CPU kernel is as fast as the dense matmul"
+    if cpu_gguf_matvec.available() if matvec is None else matvec:
+        return WeightPath(
+            "dense+packed",
+            f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB) for products of more "
+            f"than {FLOAT32_PACKED_MAX_ROWS} rows, where the dense matmul is fastest; the {blocks} blocks kept "
+            f"as they lie for products of {FLOAT32_PACKED_MAX_ROWS} rows or fewer (decodes at batch "
+            f"1-{FLOAT32_PACKED_MAX_ROWS}) on the native matvec, which streams a sixth of the bytes "
+            "(benchmarks/RESULTS.md 'Issue 24', 'Fifteenth round'); quantization='gguf' keeps it packed only",
+        )
+    why = "no packed float32 CPU kernel is as fast as the dense matmul (no C compiler for the native matvec)"
     return WeightPath(
         "dense",
         f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because {why} "
@@ -178,6 +202,22 @@ def native_bf16() -> bool:
     return amx_tiles() or avx512_bf16()
 
 
+PACKED_HEAD = True  # False: the tied head always dense (benchmarks/cpu_path.py's ``pf-dense-head``)
+
+
+def packed_head(path: WeightPath | None, dtype: str, batch_invariant: bool = False) -> bool:
+    """Whether a tied LM head is kept as Q8_0 blocks too, for decodes of few float32 rows (the layers'
+    dense+packed path in float32; llama.LlamaForCausalLM.use_packed_head, where the blocks must be
+    recovered exactly). Batch-invariant mode multiplies at least 16 rows, so never there."""
+    return (
+        PACKED_HEAD
+        and path is not None
+        and path.path == "dense+packed"
+        and dtype == "float32"
+        and not batch_invariant
+    )
+
+
 def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> QuantizationConfig:
     """The config the model is built with once ``path`` is chosen."""
     if path is not None and path.path == "dense" and isinstance(quant, GGUFConfig):
@@ -188,12 +228,18 @@ def apply_weight_path(quant: QuantizationConfig, path: WeightPath | None) -> Qua
 
 
 def weight_path_for(
-    quant: QuantizationConfig, requested: str | None, device: str, dtype: str, gguf_file: Path | None
+    quant: QuantizationConfig,
+    requested: str | None,
+    device: str,
+    dtype: str,
+    gguf_file: Path | None,
+    cpu_int8: str = "auto",
 ) -> WeightPath | None:
     """``choose_weight_path`` for a model read from ``gguf_file`` (None: an in-memory source, kept as is)."""
     if not packed_kinds(quant) or gguf_file is None:
         return None
-    return choose_weight_path(quant, requested, device, dtype, gguf_dense_bytes(gguf_file, dtype))
+    dense = gguf_dense_bytes(gguf_file, dtype)
+    return choose_weight_path(quant, requested, device, dtype, dense, cpu_int8=cpu_int8)
 
 
 def gguf_dense_bytes(path: Path, dtype: str) -> int:

@@ -37,7 +37,7 @@ from prefixflow.engine.models.weights import load_weights
 from prefixflow.engine.quantization import KernelContext, resolve_quantization
 from prefixflow.engine.quantization.int8_path import choose_cpu_int8
 from prefixflow.engine.quantization.report import weight_bytes
-from prefixflow.engine.quantization.weight_path import apply_weight_path, weight_path_for
+from prefixflow.engine.quantization.weight_path import apply_weight_path, packed_head, weight_path_for
 from prefixflow.engine.runner.attention import make_attention_backend
 from prefixflow.engine.runner.decode_graphs import DecodeGraphs
 from prefixflow.engine.runner.step_inputs import StepInputs
@@ -88,7 +88,9 @@ class ModelShard:
             source.location.path if source.location is not None and source.location.kind == "gguf" else None
         )
         dtype_name = str(self.dtype).removeprefix("torch.")
-        self.weight_path = weight_path_for(quant, cfg.quantization, device.type, dtype_name, gguf_file)
+        self.weight_path = weight_path_for(
+            quant, cfg.quantization, device.type, dtype_name, gguf_file, cfg.cpu_int8
+        )
         self.quantization = apply_weight_path(quant, self.weight_path)
         with torch.device(device):
             self.model = LlamaForCausalLM(
@@ -106,6 +108,8 @@ class ModelShard:
         )
         if self.int8.lm_head:
             self.model.use_int8_head()
+        elif packed_head(self.weight_path, dtype_name, cfg.batch_invariant):
+            self.model.use_packed_head()
         if cfg.batch_invariant:
             self.model.make_batch_invariant()
         self.weight_bytes = weight_bytes(self.model)

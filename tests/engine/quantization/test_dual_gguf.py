@@ -12,22 +12,22 @@ from gguf import quants
 
 from prefixflow.engine import LLM, SamplingParams, describe_model
 from prefixflow.engine.models.linear import Linear
-from prefixflow.engine.quantization.dual_gguf import PACKED_MAX_ROWS, DualGGUFMethod
+from prefixflow.engine.quantization.dual_gguf import FLOAT32_PACKED_MAX_ROWS, PACKED_MAX_ROWS, DualGGUFMethod
 from prefixflow.engine.quantization.gguf_blocks import GGUFMethod, packed_param
 from prefixflow.engine.quantization.method import DenseMethod, KernelContext
 from prefixflow.engine.quantization.report import linear_kernels
 from prefixflow.engine.quantization.weight_path import native_bf16
+from prefixflow.kernels import cpu_gguf_matvec
 
 pytestmark = pytest.mark.usefixtures("private_cache")
-BF16 = KernelContext(torch.device("cpu"), torch.bfloat16)
 
 
-def _layer(method, blocks: torch.Tensor, out: int, inp: int) -> Linear:
-    """A bf16 CPU layer of ``method`` loaded from Q4_1 ``blocks`` (the dense method dequantizes them)."""
-    layer = Linear(inp, out, dtype=torch.bfloat16, method=method, prefixes=["model.layers.0.mlp.down_proj"])
+def _layer(method, blocks: torch.Tensor, out: int, inp: int, dtype: torch.dtype = torch.bfloat16) -> Linear:
+    """A CPU layer of ``method`` loaded from Q4_1 ``blocks`` (the dense method dequantizes them)."""
+    layer = Linear(inp, out, dtype=dtype, method=method, prefixes=["model.layers.0.mlp.down_proj"])
     name = packed_param("Q4_1")
     layer.load(name, blocks, 0)
-    layer.process_after_loading(BF16)
+    layer.process_after_loading(KernelContext(torch.device("cpu"), dtype))
     return layer
 
 
@@ -45,6 +45,24 @@ def test_few_rows_take_the_packed_bits_and_more_rows_the_dense_bits():
         assert torch.equal(dual(x), want), rows
     x = torch.randn(1, inp).to(torch.bfloat16)
     assert not torch.equal(packed(x), dense(x))  # the two paths differ, so the checks above can fail
+
+
+@pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler")
+def test_float32_few_rows_take_the_native_matvec_of_the_file_blocks():
+    out, inp = 96, 128
+    data = np.random.default_rng(1).standard_normal((out, inp)).astype(np.float32)
+    raw = torch.from_numpy(quants.quantize(data, Q.Q4_1).reshape(out, inp // 32, -1).copy())
+    dual = _layer(DualGGUFMethod("Q4_1"), raw, out, inp, torch.float32)
+    dense = _layer(DenseMethod(), raw, out, inp, torch.float32)
+    assert dual.method.kernel_name == "native-matvec" and torch.equal(dual.gguf_blocks, raw)
+    assert not hasattr(dual, "kernel_qweight")  # no torch pack op built: its float32 path is slow
+    for rows in (1, FLOAT32_PACKED_MAX_ROWS, FLOAT32_PACKED_MAX_ROWS + 1, 40):
+        x = torch.randn(rows, inp)
+        want = cpu_gguf_matvec.matvec("Q4_1", raw, x) if rows <= FLOAT32_PACKED_MAX_ROWS else dense(x)
+        assert torch.equal(dual(x), want), rows
+        assert torch.allclose(dual(x), dense(x), rtol=0, atol=1e-4)
+    x = torch.randn(1, inp)
+    assert not torch.equal(dual(x), dense(x))  # other sums: the check above can tell the paths apart
 
 
 @pytest.mark.skipif(not native_bf16(), reason="dense+packed is the bf16 path of a CPU with native bf16")

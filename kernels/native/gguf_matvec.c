@@ -1,0 +1,167 @@
+/* llama.cpp's Q8_0, Q4_0 and Q4_1 weight blocks times a few float32 rows, the blocks read as they lie.
+ *
+ * Why: a decode step of a few rows reads every weight once for two flops each, so its time is the bytes
+ * it streams. Dense float32 weights are 4 bytes a weight; these blocks are 1.06 (Q8_0), 0.56 (Q4_0) and
+ * 0.63 (Q4_1). torch has no fast product of packed blocks and float32 rows on the CPU (its int4 pack
+ * op ran 5.7x slower than the dense matmul on AVX2, benchmarks/RESULTS.md issue 24, "Fifteenth round").
+ *
+ * A block holds 32 inputs of one output: float16 d (and m for Q4_1), then the codes q (Q4: input j in
+ * the low nibble of byte j, input j + 16 in its high nibble). The weight is d * q (Q8_0), d * (q - 8)
+ * (Q4_0) or d * q + m (Q4_1), so a block's share of an output is d * (x . q) + m * sum(x) with m = -8d
+ * for Q4_0 and 0 for Q8_0: the codes are converted to float exactly, the sums of x are taken once per
+ * call and shared by every output. The float32 sums run in another order than a dense matmul's, so
+ * results differ from it by float32 rounding, never by the weights.
+ *
+ * Each output is one thread's sequential sum over its blocks, so its bits do not depend on the thread
+ * count; rows are independent of each other too. Built by kernels/native_build.py.
+ */
+#include <stdint.h>
+#include <omp.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define BLOCK 32
+#define GROUP_ROWS 4 /* rows that share one pass over the weights: each block is decoded once for them */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
+
+ALWAYS_INLINE float half_at(const uint8_t *p) {
+    uint16_t bits;
+    memcpy(&bits, p, sizeof bits);
+#ifdef __F16C__
+    return _cvtsh_ss(bits);
+#else
+    _Float16 h;
+    memcpy(&h, &bits, sizeof h);
+    return (float)h;
+#endif
+}
+
+/* A block's scale d and offset m (w = d * q + m; m = -8d for Q4_0, 0 for Q8_0) and where its codes lie. */
+ALWAYS_INLINE const uint8_t *block_head(int kind, const uint8_t *blk, float *d, float *m) {
+    *d = half_at(blk);
+    *m = kind == Q4_1 ? half_at(blk + 2) : (kind == Q4_0 ? -8.0f * *d : 0.0f);
+    return blk + (kind == Q4_1 ? 4 : 2);
+}
+
+#ifdef __AVX2__
+/* The 32 codes of a block as four vectors of 8 floats, inputs 0-7, 8-15, 16-23, 24-31. */
+ALWAYS_INLINE void decode(int kind, const uint8_t *qs, __m256 q[4]) {
+    if (kind == Q8_0) {
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i))));
+        return;
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+ALWAYS_INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One output against ``rows`` (a constant once inlined: the accumulators stay in registers). */
+ALWAYS_INLINE void one_output(int kind, const int rows, const uint8_t *w, int64_t blocks, int64_t bytes,
+                              const float *x, int64_t x_stride, const float *sums, float *out, int64_t out_stride) {
+    __m256 acc[GROUP_ROWS];
+    float acc_m[GROUP_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), acc_m[r] = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float d, m;
+        __m256 q[4];
+        decode(kind, block_head(kind, w + b * bytes, &d, &m), q);
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + r * x_stride + b * BLOCK;
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xr), q[0]);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), q[1], t);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), q[2], t);
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), q[3], t);
+            acc[r] = _mm256_fmadd_ps(dv, t, acc[r]);
+            acc_m[r] += m * sums[r * blocks + b];
+        }
+    }
+    for (int r = 0; r < rows; r++) out[r * out_stride] = hsum8(acc[r]) + acc_m[r];
+}
+#else
+/* The portable form of the same arithmetic, one code at a time. */
+ALWAYS_INLINE void one_output(int kind, const int rows, const uint8_t *w, int64_t blocks, int64_t bytes,
+                              const float *x, int64_t x_stride, const float *sums, float *out, int64_t out_stride) {
+    float acc[GROUP_ROWS] = {0};
+    for (int64_t b = 0; b < blocks; b++) {
+        float d, m;
+        const uint8_t *qs = block_head(kind, w + b * bytes, &d, &m);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + r * x_stride + b * BLOCK;
+            float t = 0.0f;
+            for (int j = 0; j < BLOCK; j++) {
+                const int code = kind == Q8_0 ? (int)(int8_t)qs[j] : (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4);
+                t += xr[j] * (float)code;
+            }
+            acc[r] += d * t + m * sums[r * blocks + b];
+        }
+    }
+    for (int r = 0; r < rows; r++) out[r * out_stride] = acc[r];
+}
+#endif
+
+/* Outputs first..last-1 against a group of ``rows`` rows, specialised per row count. */
+static void outputs(int kind, int rows, const uint8_t *w, int64_t first, int64_t last, int64_t blocks,
+                    int64_t bytes, const float *x, int64_t x_stride, const float *sums, float *out,
+                    int64_t out_stride) {
+#define OUTPUTS(R)                                                                                        \
+    for (int64_t n = first; n < last; n++)                                                                \
+        one_output(kind, R, w + n * blocks * bytes, blocks, bytes, x, x_stride, sums, out + n, out_stride); \
+    break;
+    switch (rows) {
+    case 1: OUTPUTS(1)
+    case 2: OUTPUTS(2)
+    case 3: OUTPUTS(3)
+    default: OUTPUTS(4)
+    }
+#undef OUTPUTS
+}
+
+/* out[r, n] = sum_k x[r, k] * W[n, k] for W given as ``n_out`` rows of ``k / 32`` blocks of ``kind``
+ * (0 Q8_0, 1 Q4_0, 2 Q4_1), x rows ``x_stride`` floats apart, out rows ``out_stride`` apart. ``sums``:
+ * scratch of rows * k / 32 floats. Outputs are split over ``threads`` (1: no OpenMP region at all).
+ * 0, or -1 for an unknown kind or k not a multiple of 32. */
+int pf_gguf_matvec(int kind, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t x_stride,
+                   int64_t rows, float *out, int64_t out_stride, float *sums, int threads) {
+    if (kind < Q8_0 || kind > Q4_1 || k % BLOCK) return -1;
+    const int64_t blocks = k / BLOCK, bytes = kind == Q8_0 ? 34 : (kind == Q4_0 ? 18 : 20);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *xb = x + r * x_stride + b * BLOCK;
+            float s = 0.0f;
+            for (int j = 0; j < BLOCK; j++) s += xb[j];
+            sums[r * blocks + b] = s;
+        }
+    for (int64_t r0 = 0; r0 < rows; r0 += GROUP_ROWS) {
+        const int group = rows - r0 < GROUP_ROWS ? (int)(rows - r0) : GROUP_ROWS;
+        const float *xg = x + r0 * x_stride, *sg = sums + r0 * blocks;
+        float *og = out + r0 * out_stride;
+        if (threads <= 1 || n_out < 2 * threads) {
+            outputs(kind, group, w, 0, n_out, blocks, bytes, xg, x_stride, sg, og, out_stride);
+            continue;
+        }
+#pragma omp parallel num_threads(threads)
+        {
+            /* contiguous shares of the outputs, one per thread: each output is still one thread's sum */
+            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+            const int64_t first = n_out * me / team, last = n_out * (me + 1) / team;
+            outputs(kind, group, w, first, last, blocks, bytes, xg, x_stride, sg, og, out_stride);
+        }
+    }
+    return 0;
+}
