@@ -35,7 +35,7 @@ def test_the_priced_path_is_the_one_describe_model_reports(folder, quantization)
     described = describe_model(SMOLLM2, dtype="float32", device="cpu", quantization=quantization)
     path = advice.model["engine_path"]
     packed = (
-        described["weight_path"]["path"] == "packed"
+        described["weight_path"]["path"] == "packed"  # float32 dense+packed is priced dense
         if "weight_path" in described
         else bool(described["quantization"].get("packed"))
     )
@@ -62,6 +62,15 @@ def test_on_a_gpu_the_packed_bytes_set_the_bound(folder) -> None:
     dense = _advice(folder, SMOLLM2, gpu="h100", quantization="none").estimates[0]
     assert packed.precision == "int4" and dense.precision == "bf16"
     assert packed.lower_bound_s < dense.lower_bound_s
+
+
+def test_float32_dense_plus_packed_is_priced_dense_and_bf16_as_before() -> None:
+    quant = {"method": "gguf", "packed": ["Q4_1"], "dequantized": []}
+    both = {"path": "dense+packed", "reason": ""}
+    f32 = from_description({"dtype": "float32", "quantization": quant, "weight_path": both})
+    assert f32.precision is None and "decodes of 1-16 rows" in f32.label
+    bf16 = from_description({"dtype": "bfloat16", "quantization": quant, "weight_path": both})
+    assert bf16.precision == "int4"
 
 
 def test_the_torch_free_rules_agree_with_describe_model() -> None:
