@@ -13,7 +13,7 @@ a single layer's packed product was faster only up to 2-4 rows, but in a step th
 The dense copy is the checkpoint's dequantization rounded to the activation dtype, bit for bit what
 ``DenseMethod`` holds (so products of more than ``PACKED_MAX_ROWS`` rows give the dense path's bits);
 the packed path is the same blocks through ``weight_only_kernel``. Batch-invariant mode pads every
-product to at least 16 rows, so it never takes the packed path.
+product to at least 16 rows and takes the dense copy for every product, whatever its rows.
 
 Float32 rows (every CPU without native bf16, and ``dtype="float32"``): torch's pack ops have no fast
 float32 path (its int4 op ran 5.7x slower than the dense matmul on AVX2), so the layer keeps the
@@ -77,9 +77,9 @@ class DualGGUFMethod(GGUFMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
         if self.blocks is not None:
-            out = (
-                cpu_gguf_matvec.matvec(self.kind, self.blocks, x) if rows <= FLOAT32_PACKED_MAX_ROWS else None
-            )
+            # batch-invariant mode (min_rows) pads products to 16 rows: one kernel for every row count
+            few = rows <= FLOAT32_PACKED_MAX_ROWS and not getattr(layer, "min_rows", 0)
+            out = cpu_gguf_matvec.matvec(self.kind, self.blocks, x) if few else None
             if out is not None:
                 return out if bias is None else out + bias
         if rows > PACKED_MAX_ROWS or self.blocks is not None:

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from prefixflow.engine import LLM, SamplingParams, describe_model
-from prefixflow.engine.models.linear import Linear
+from prefixflow.engine.models.linear import INVARIANT_MIN_ROWS, Linear
 from prefixflow.engine.quantization.dual_gguf import FLOAT32_PACKED_MAX_ROWS, PACKED_MAX_ROWS, DualGGUFMethod
 from prefixflow.engine.quantization.gguf_blocks import GGUFMethod, packed_param
 from prefixflow.engine.quantization.method import DenseMethod, KernelContext
@@ -63,6 +63,9 @@ def test_float32_few_rows_take_the_native_matvec_of_the_file_blocks():
         assert torch.allclose(dual(x), dense(x), rtol=0, atol=1e-4)
     x = torch.randn(1, inp)
     assert not torch.equal(dual(x), dense(x))  # other sums: the check above can tell the paths apart
+    dual.min_rows = dense.min_rows = INVARIANT_MIN_ROWS  # batch-invariant mode: the dense copy only
+    x = torch.randn(FLOAT32_PACKED_MAX_ROWS + 4, inp)
+    assert torch.equal(dual(x[:1]), dense(x[:1])) and torch.equal(dual(x)[:1], dual(x[:1]))
 
 
 @pytest.mark.skipif(not native_bf16(), reason="dense+packed is the bf16 path of a CPU with native bf16")
