@@ -6,8 +6,8 @@ Why: a decode of a few rows streams every weight for two flops each, and dense f
 but float32 rows ran 5.7x slower than the dense matmul on AVX2, so the float32 CPU path (every CPU
 without native bf16) had no packed option for decodes (benchmarks/RESULTS.md issue 24, "Fifteenth round").
 
-``matvec`` returns None where the call does not fit (no C compiler, not float32, a strided row, a kind
-it does not know): the caller keeps its dense path, which is always correct.
+``matvec`` returns None where the call does not fit (no C compiler, a CPU without AVX2, not float32, a
+kind it does not know): the caller keeps its dense path, which is always correct.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def _built() -> ctypes.CDLL | None:
     """The library with its signature declared, once (native_build caches the build and the load)."""
     lib = native_build.load("gguf_matvec")
     if lib is not None:
+        lib.pf_gguf_matvec_simd.restype = ctypes.c_int
+        if (
+            not lib.pf_gguf_matvec_simd()
+        ):  # no AVX2 in this build: the dense matmul is faster than scalar code
+            return None
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.pf_gguf_matvec.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
         lib.pf_gguf_matvec.restype = ctypes.c_int
@@ -36,7 +41,7 @@ def _built() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """Whether the native library is built and loaded."""
+    """Whether the native library is built and loaded with its AVX2 kernel (x86 since Haswell)."""
     return _built() is not None
 
 

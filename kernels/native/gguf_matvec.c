@@ -13,7 +13,9 @@
  * results differ from it by float32 rounding, never by the weights.
  *
  * Each output is one thread's sequential sum over its blocks, so its bits do not depend on the thread
- * count; rows are independent of each other too. Built by kernels/native_build.py.
+ * count; rows are independent of each other too. AVX2 only (every x86 CPU since Haswell): a scalar
+ * form would lose to the dense matmul, so elsewhere ``pf_gguf_matvec_simd`` says 0 and the engine keeps
+ * its dense path. Built by kernels/native_build.py.
  */
 #include <stdint.h>
 #include <omp.h>
@@ -93,28 +95,17 @@ ALWAYS_INLINE void one_output(int kind, const int rows, const uint8_t *w, int64_
     }
     for (int r = 0; r < rows; r++) out[r * out_stride] = hsum8(acc[r]) + acc_m[r];
 }
-#else
-/* The portable form of the same arithmetic, one code at a time. */
-ALWAYS_INLINE void one_output(int kind, const int rows, const uint8_t *w, int64_t blocks, int64_t bytes,
-                              const float *x, int64_t x_stride, const float *sums, float *out, int64_t out_stride) {
-    float acc[GROUP_ROWS] = {0};
-    for (int64_t b = 0; b < blocks; b++) {
-        float d, m;
-        const uint8_t *qs = block_head(kind, w + b * bytes, &d, &m);
-        for (int r = 0; r < rows; r++) {
-            const float *xr = x + r * x_stride + b * BLOCK;
-            float t = 0.0f;
-            for (int j = 0; j < BLOCK; j++) {
-                const int code = kind == Q8_0 ? (int)(int8_t)qs[j] : (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4);
-                t += xr[j] * (float)code;
-            }
-            acc[r] += d * t + m * sums[r * blocks + b];
-        }
-    }
-    for (int r = 0; r < rows; r++) out[r * out_stride] = acc[r];
-}
 #endif
 
+int pf_gguf_matvec_simd(void) {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef __AVX2__
 /* Outputs first..last-1 against a group of ``rows`` rows, specialised per row count. */
 static void outputs(int kind, int rows, const uint8_t *w, int64_t first, int64_t last, int64_t blocks,
                     int64_t bytes, const float *x, int64_t x_stride, const float *sums, float *out,
@@ -165,3 +156,4 @@ int pf_gguf_matvec(int kind, const uint8_t *w, int64_t n_out, int64_t k, const f
     }
     return 0;
 }
+#endif

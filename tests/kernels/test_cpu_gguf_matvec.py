@@ -3,13 +3,15 @@ gguf package's own numpy code, in float64: the same weights, so only float32 rou
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from prefixflow.kernels import cpu_gguf_matvec
+from prefixflow.kernels import cpu_gguf_matvec, native_build
 
 pytestmark = pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="needs a C compiler")
 
@@ -76,3 +78,19 @@ def test_calls_it_cannot_take_return_none() -> None:
     assert cpu_gguf_matvec.matvec("Q4_1", raw, torch.randn(1, 64)) is None  # 34-byte blocks are not Q4_1
     empty = cpu_gguf_matvec.matvec("Q8_0", raw, torch.randn(0, 64))
     assert empty is not None and empty.shape == (0, 8)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86 build without AVX2")
+def test_a_build_without_avx2_is_not_offered(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Scalar code would lose to the dense matmul, so a build without AVX2 reports itself unavailable
+    (and the weight path stays dense)."""
+    monkeypatch.setenv(native_build.MARCH_ENV, "x86-64")
+    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(native_build, "_loaded", {})
+    cpu_gguf_matvec._built.cache_clear()
+    try:
+        assert not cpu_gguf_matvec.available()
+        raw, _ = blocks_of("Q8_0", 8, 64)
+        assert cpu_gguf_matvec.matvec("Q8_0", raw, torch.randn(1, 64)) is None
+    finally:
+        cpu_gguf_matvec._built.cache_clear()
