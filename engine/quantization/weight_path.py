@@ -12,8 +12,8 @@ own dense path. The rule, decided from the model's shapes and the host before an
   differs) for products of more than 16 rows, and the file's blocks through the native matvec for
   decodes of 1-16 rows, which streams a sixth of the bytes (1.3-3.6x the dense matmul per layer at
   16 to 1 rows on AVX2, RESULTS.md issue 24 "Fifteenth round"); a tied Q8_0 embedding serves those
-  decodes as the LM head in its blocks too (``packed_head``); **dense** where no C compiler builds the
-  matvec;
+  decodes as the LM head in its blocks too (``packed_head``); **dense** where the matvec cannot run (no
+  C compiler, no AVX2);
 - for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16) **dense+packed**:
   the dense bf16 matmul is 1.5-2x faster than torch's int4 pack op from batch 16 on, but products of
   one to four rows (decodes at batch 1-4) ran faster on the packed blocks (batch 1 1.3x end to end on
@@ -175,7 +175,7 @@ def choose_weight_path(
             f"1-{FLOAT32_PACKED_MAX_ROWS}) on the native matvec, which streams a sixth of the bytes "
             "(benchmarks/RESULTS.md 'Issue 24', 'Fifteenth round'); quantization='gguf' keeps it packed only",
         )
-    why = "no packed float32 CPU kernel is as fast as the dense matmul (no C compiler for the native matvec)"
+    why = "no packed float32 CPU kernel is as fast as the dense matmul here (the native matvec needs a C compiler and AVX2)"
     return WeightPath(
         "dense",
         f"cpu, {dtype}: {blocks} dequantized at load to dense {dtype} ({mib:,.0f} MiB), because {why} "

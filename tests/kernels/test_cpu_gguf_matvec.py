@@ -13,7 +13,7 @@ from gguf import quants
 
 from prefixflow.kernels import cpu_gguf_matvec, native_build
 
-pytestmark = pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="needs a C compiler")
+pytestmark = pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="needs a C compiler and AVX2")
 
 
 def blocks_of(kind: str, out: int, inp: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

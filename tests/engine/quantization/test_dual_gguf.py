@@ -47,7 +47,7 @@ def test_few_rows_take_the_packed_bits_and_more_rows_the_dense_bits():
     assert not torch.equal(packed(x), dense(x))  # the two paths differ, so the checks above can fail
 
 
-@pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler")
+@pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler and AVX2")
 def test_float32_few_rows_take_the_native_matvec_of_the_file_blocks():
     out, inp = 96, 128
     data = np.random.default_rng(1).standard_normal((out, inp)).astype(np.float32)

@@ -17,7 +17,9 @@ from tests.engine.gguf.test_gguf_loader import tiny_hf_model, write_gguf
 
 pytestmark = [
     pytest.mark.usefixtures("private_cache"),
-    pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler"),
+    pytest.mark.skipif(
+        not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler and AVX2"
+    ),
 ]
 
 

@@ -103,7 +103,7 @@ def engines(q4_file):
     }
 
 
-@pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler")
+@pytest.mark.skipif(not cpu_gguf_matvec.available(), reason="the native matvec needs a C compiler and AVX2")
 def test_default_cpu_engine_runs_a_q4_1_file_dense_plus_packed_in_float32(engines):
     default, dense, packed = engines[None], engines["none"], engines["gguf"]
     assert set(linear_kernels(default.engine.runner.shard.model)) == {"gguf-q4_1+dense/native-matvec"}
