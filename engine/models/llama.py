@@ -225,6 +225,13 @@ class LlamaForCausalLM(nn.Module):
                 self.register_buffer("packed_head_blocks", blocks, persistent=False)  # in weight_bytes
         return self.packed_head is not None
 
+    def _packed_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The tied head's Q8_0 blocks times a few rows (``use_packed_head``), or None: no blocks, more
+        rows than the matvec takes, batch-invariant mode, or a call the kernel cannot take."""
+        if self.packed_head is None or self.min_rows or hidden.shape[0] > dual_gguf.FLOAT32_PACKED_MAX_ROWS:
+            return None
+        return cpu_gguf_matvec.matvec("Q8_0", self.packed_head, hidden)
+
     def make_batch_invariant(self) -> None:
         """Every matmul of the model, the tied LM head included, runs on ``INVARIANT_MIN_ROWS`` to
         ``INVARIANT_MAX_ROWS`` rows at a time, so a row's bits never depend on how many other rows share the step."""
@@ -259,12 +266,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             assert self.embed_tokens is not None, "the LM head lives on the last pipeline stage"
             weight, int8_head = self.embed_tokens.weight, self.int8_head  # tied: the embedding is the head
-            few = hidden.shape[0] <= dual_gguf.FLOAT32_PACKED_MAX_ROWS and not self.min_rows
-            packed = (
-                cpu_gguf_matvec.matvec("Q8_0", self.packed_head, hidden)
-                if few and self.packed_head is not None
-                else None
-            )
+            packed = self._packed_logits(hidden)
             if packed is not None:
                 local = packed
             elif int8_head is not None:

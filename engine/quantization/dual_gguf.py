@@ -76,17 +76,19 @@ class DualGGUFMethod(GGUFMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
+        # float32: the native matvec for few rows, except in batch-invariant mode (min_rows), which pads
+        # products to 16 rows and must take one kernel whatever the row count; bf16: the pack op for few rows
         if self.blocks is not None:
-            # batch-invariant mode (min_rows) pads products to 16 rows: one kernel for every row count
-            few = rows <= FLOAT32_PACKED_MAX_ROWS and not getattr(layer, "min_rows", 0)
-            out = cpu_gguf_matvec.matvec(self.kind, self.blocks, x) if few else None
-            if out is not None:
-                return out if bias is None else out + bias
-        if rows > PACKED_MAX_ROWS or self.blocks is not None:
-            if self.prepacked is not None:
-                return prepacked_linear(x, self.prepacked, bias)
-            if self.dense is not None:
-                return dense_linear(x, self.dense, bias)
+            if rows <= FLOAT32_PACKED_MAX_ROWS and not getattr(layer, "min_rows", 0):
+                out = cpu_gguf_matvec.matvec(self.kind, self.blocks, x)
+                if out is not None:
+                    return out if bias is None else out + bias
+        elif rows <= PACKED_MAX_ROWS:
+            return super().apply(layer, x, bias)
+        if self.prepacked is not None:
+            return prepacked_linear(x, self.prepacked, bias)
+        if self.dense is not None:
+            return dense_linear(x, self.dense, bias)
         return super().apply(layer, x, bias)
 
     @property

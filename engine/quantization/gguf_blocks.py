@@ -23,10 +23,10 @@ from torch import nn
 from prefixflow.engine.quantization.config import QuantizationConfig
 from prefixflow.engine.quantization.method import DenseMethod, KernelMethod, LinearMethod
 from prefixflow.engine.quantization.params import CheckpointError, ParamSpec, buffer
+from prefixflow.kernels.cpu_gguf_matvec import BLOCK as BLOCK  # the block layout, defined once
+from prefixflow.kernels.cpu_gguf_matvec import BLOCK_BYTES as BLOCK_BYTES
 from prefixflow.kernels.quant_weight import PackedWeight, dequantize, pack_along_rows
 
-BLOCK = 32
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 PREFIX = "gguf_"
 
 
