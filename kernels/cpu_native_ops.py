@@ -1,18 +1,19 @@
-"""Norm, rotary and SiLU-and-mul on bf16 CPU rows, and the paged KV store, one native call each
-(kernels/native/elementwise.c).
+"""Norm, rotary and SiLU-and-mul on bf16 or float32 CPU rows, and the paged KV store, one native call
+each (kernels/native/elementwise.c).
 
 Why: at a small batch these ops are dispatch, not arithmetic. ``cpu_ops`` spends 5 to 20 torch calls
 per op (casts, the op, products, a cast back), a few microseconds each, 30 layers a step, on one
 thread however many the step has (benchmarks/RESULTS.md issue 24, "Twelfth round" to "Fourteenth
 round"). The KV store is the same story: ``reference.store_kv`` is eight torch calls a layer (a mask,
 three masked selections, two scatters). Each function here takes the native kernel where the call
-fits it (CPU, bf16, rows of 16-element multiples, unit stride along a row; the store: any dtype the
-caches share) and hands every other call to ``cpu_ops`` (the store to ``reference``), whose contract
-it keeps.
+fits it (CPU, bf16 or float32, rows of 16-element multiples, unit stride along a row; the store: any
+dtype the caches share) and hands every other call to ``cpu_ops`` (the store to ``reference``), whose
+contract it keeps. Float32 rows are the default of a CPU without native bf16 (AVX2), where the torch
+ops were about 5 % of a batch-64 step and more of a small one (RESULTS.md issue 24, "Sixteenth round").
 
 Rows are computed independently (the batch-invariant mode's requirement). Rotary gives the reference's
-bits; the norm and SiLU can differ from ``reference.py`` by one bf16 rounding step (a sum of squares and
-an ``exp`` in another order), tested against it within that.
+bits; the norm and SiLU can differ from ``reference.py`` by one bf16 rounding step, or a few float32 ulps
+(a sum of squares and an ``exp`` in another order), tested against it within that.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def _built() -> ctypes.CDLL | None:
     lib = native_build.load("elementwise")
     if lib is not None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        lib.pf_rms_norm.argtypes = [p, i64, p, i64, p, p, p, i64, i32, f32]
-        lib.pf_rotary.argtypes = [p, i64, i32, p, i64, i32, i32, p, p, i64, p, p, i64]
-        lib.pf_silu_and_mul.argtypes = [p, i64, i32, p, i64]
+        lib.pf_rms_norm.argtypes = [p, i64, p, i64, p, p, p, i64, i32, f32, i32]
+        lib.pf_rotary.argtypes = [p, i64, i32, p, i64, i32, i32, p, p, i64, p, p, i64, i32]
+        lib.pf_silu_and_mul.argtypes = [p, i64, i32, p, i64, i32]
         lib.pf_store_kv.argtypes = [p, i64, p, i64, p, p, i64, p, i64, i64]
         for fn in (lib.pf_rms_norm, lib.pf_rotary, lib.pf_silu_and_mul, lib.pf_store_kv):
             fn.restype = ctypes.c_int
@@ -51,11 +52,14 @@ def available() -> bool:
     return _library() is not None
 
 
+ROW_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def _rows_fit(x: torch.Tensor, width: int) -> bool:
-    """A CPU bf16 matrix whose rows are contiguous and ``width`` a multiple of 16."""
+    """A CPU bf16 or float32 matrix whose rows are contiguous and ``width`` a multiple of 16."""
     return (
         x.device.type == "cpu"
-        and x.dtype == torch.bfloat16
+        and x.dtype in ROW_DTYPES
         and x.dim() == 2
         and x.stride(-1) == 1
         and width % 16 == 0
@@ -77,9 +81,12 @@ def rms_norm(
     if (
         lib is None
         or not _rows_fit(x, hidden)
-        or weight.dtype != torch.bfloat16
+        or weight.dtype != x.dtype
         or not weight.is_contiguous()
-        or (residual is not None and (not _rows_fit(residual, hidden) or residual.shape != x.shape))
+        or (
+            residual is not None
+            and (not _rows_fit(residual, hidden) or residual.shape != x.shape or residual.dtype != x.dtype)
+        )
     ):
         return cpu_ops.rms_norm(x, weight, eps, residual)
     rows = x.shape[0]
@@ -96,12 +103,13 @@ def rms_norm(
         rows,
         hidden,
         eps,
+        x.dtype == torch.float32,
     )
     _check(code, "rms_norm")
     return out if new_residual is None else (out, new_residual)
 
 
-def _heads_fit(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
+def _heads_fit(x: torch.Tensor, dtype: torch.dtype) -> bool:
     """A CPU [rows, heads, head_dim] tensor of ``dtype`` whose heads lie contiguous within a row (its
     rows may lie apart: q, k and v are views of the fused qkv output)."""
     return (
@@ -122,7 +130,8 @@ def rotary(
     head_dim = q.shape[-1]
     if (
         lib is None
-        or not (_heads_fit(q) and _heads_fit(k))
+        or q.dtype not in ROW_DTYPES
+        or not (_heads_fit(q, q.dtype) and _heads_fit(k, q.dtype))
         or k.shape[0] != q.shape[0]
         or k.shape[2] != head_dim
         or (head_dim // 2) % 16
@@ -151,6 +160,7 @@ def rotary(
         q_out.data_ptr(),
         k_out.data_ptr(),
         rows,
+        q.dtype == torch.float32,
     )
     if code == -2:
         raise IndexError(
@@ -169,7 +179,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return cpu_ops.silu_and_mul(x)
     out = torch.empty(rows.shape[0], half, dtype=x.dtype)
     _check(
-        lib.pf_silu_and_mul(rows.data_ptr(), rows.stride(0), half, out.data_ptr(), rows.shape[0]),
+        lib.pf_silu_and_mul(
+            rows.data_ptr(), rows.stride(0), half, out.data_ptr(), rows.shape[0], x.dtype == torch.float32
+        ),
         "silu_and_mul",
     )
     return out.view(*x.shape[:-1], half)

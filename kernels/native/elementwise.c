@@ -1,17 +1,19 @@
-/* A decoder layer's elementwise ops on bf16 rows, one call each: RMSNorm (with the residual add),
- * rotary embedding of q and k, and SiLU(gate) * up.
+/* A decoder layer's elementwise ops on bf16 or float32 rows, one call each: RMSNorm (with the residual
+ * add), rotary embedding of q and k, and SiLU(gate) * up.
  *
  * Why: at a small batch each of these is a handful of torch calls on a few KiB (casts to float32, the
  * op, a multiply, a cast back), and each call costs microseconds of dispatch whatever its size. Over 30
  * layers that is a fixed cost per decode step of the same order as the arithmetic of a batch-8 step, and
  * it runs on one thread however many the step has (RESULTS.md issue 24, "Twelfth round"). Here each op
- * is one pass over its rows, float32 in registers, rounded once into bf16 (round to nearest even).
+ * is one pass over its rows, float32 in registers, rounded once into bf16 (round to nearest even) or
+ * stored as is for float32 rows (``f32`` = 1: the float32 default of a CPU without native bf16).
  *
  * Each row's arithmetic depends only on that row, never on the row count or the thread count, so the
  * batch-invariant mode keeps its guarantee. Rotary is the reference's arithmetic bit for bit (products
  * rounded to float32 before they are added, hence no fused multiply-add here); the norm's sum of squares
  * (16 lanes, a fixed tree) and SiLU's exp (a polynomial) may differ from torch's in the last float32
- * bit, so an output can differ by one bf16 rounding step. Built by kernels/native_build.py.
+ * bit, so a bf16 output can differ by one bf16 rounding step, a float32 one by a few float32 ulps.
+ * Built by kernels/native_build.py.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #define LANES 16
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define PARALLEL_MIN_ELEMENTS 16384 /* below this a call runs on one thread: a team costs more than it saves */
 
 /* ``call`` for every row (``row``), over the OpenMP team from PARALLEL_MIN_ELEMENTS elements of work on,
@@ -70,6 +73,25 @@ static inline v16 as_bf16(v16 x) {
     return r;
 }
 
+/* Rows of bf16 (f32 = 0) or float32 (f32 = 1): a constant once inlined, so each entry point below
+ * compiles one loop per element type. */
+ALWAYS_INLINE v16 load_row(const void *p, int64_t i, const int f32) {
+    if (!f32) return load_bf16((const uint16_t *)p + i);
+    v16 r;
+    memcpy(&r, (const float *)p + i, sizeof r);
+    return r;
+}
+
+ALWAYS_INLINE void store_row(void *p, int64_t i, v16 x, const int f32) {
+    if (f32)
+        memcpy((float *)p + i, &x, sizeof x);
+    else
+        store_bf16((uint16_t *)p + i, x);
+}
+
+/* The value x takes once stored in a row of the element type and read back. */
+ALWAYS_INLINE v16 as_row(v16 x, const int f32) { return f32 ? x : as_bf16(x); }
+
 static inline float sum16(v16 v) {
     float a[8], b[4];
     for (int i = 0; i < 8; i++) a[i] = v[i] + v[i + 8];
@@ -108,95 +130,115 @@ static inline v16 exp16(v16 x) {
     return p * s;
 }
 
-static inline void norm_row(const uint16_t *xr, const uint16_t *rr, const uint16_t *weight, uint16_t *o,
-                            uint16_t *nr, int chunks, int hidden, float eps) {
-    const uint16_t *src = xr;
+/* One row of the norm; ``xo``, ``ro`` and ``oo`` are the row's element offsets in x, the residual and the
+ * outputs (the new residual shares the output's). */
+ALWAYS_INLINE void norm_row(const void *x, int64_t xo, const void *res, int64_t ro, const void *weight, void *o,
+                            int64_t oo, void *nr, int chunks, int hidden, float eps, const int f32) {
+    const void *src = x;
+    int64_t so = xo;
     v16 acc = {0};
-    if (rr != NULL) {
+    if (res != NULL) {
         for (int c = 0; c < chunks; c++) {
-            v16 v = as_bf16(load_bf16(xr + c * LANES) + load_bf16(rr + c * LANES));
-            store_bf16(nr + c * LANES, v);
+            v16 v = as_row(load_row(x, xo + c * LANES, f32) + load_row(res, ro + c * LANES, f32), f32);
+            store_row(nr, oo + c * LANES, v, f32);
             acc += v * v;
         }
-        src = nr;
+        src = nr, so = oo;
     } else {
         for (int c = 0; c < chunks; c++) {
-            v16 v = load_bf16(xr + c * LANES);
+            v16 v = load_row(x, xo + c * LANES, f32);
             acc += v * v;
         }
     }
     const float inv = 1.0f / sqrtf(sum16(acc) / (float)hidden + eps);
     for (int c = 0; c < chunks; c++) {
-        v16 normed = as_bf16(load_bf16(src + c * LANES) * inv);
-        store_bf16(o + c * LANES, load_bf16(weight + c * LANES) * normed);
+        v16 normed = as_row(load_row(src, so + c * LANES, f32) * inv, f32);
+        store_row(o, oo + c * LANES, load_row(weight, c * LANES, f32) * normed, f32);
     }
 }
 
-/* out = w * bf16(r / rms(r)), r = bf16(x + residual) (written to new_residual), or r = x without a
- * residual. Rows of ``hidden`` elements; x and residual rows ``*_stride`` elements apart, the outputs
- * contiguous. 0, or -1 when hidden is not a multiple of 16. */
-int pf_rms_norm(const uint16_t *x, int64_t x_stride, const uint16_t *residual, int64_t residual_stride,
-                const uint16_t *weight, uint16_t *out, uint16_t *new_residual, int64_t rows, int hidden,
-                float eps) {
+/* out = w * r / rms(r) (the normalised r rounded to the element type before the weight), r = x + residual
+ * (rounded likewise; written to new_residual), or r = x without a residual. Rows of ``hidden`` elements,
+ * bf16 (f32 = 0) or float32 (f32 = 1), weight included; x and residual rows ``*_stride`` elements apart,
+ * the outputs contiguous. 0, or -1 when hidden is not a multiple of 16. */
+int pf_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
+                void *out, void *new_residual, int64_t rows, int hidden, float eps, int f32) {
     if (hidden % LANES) return -1;
     const int chunks = hidden / LANES;
-    FOR_ROWS(rows, rows * hidden,
-             norm_row(x + row * x_stride, residual ? residual + row * residual_stride : NULL, weight,
-                      out + row * hidden, residual ? new_residual + row * hidden : NULL, chunks, hidden, eps));
+#define NORM(F)                                                                                              \
+    FOR_ROWS(rows, rows * hidden,                                                                            \
+             norm_row(x, row * x_stride, residual, row * residual_stride, weight, out, row * hidden,         \
+                      residual ? new_residual : NULL, chunks, hidden, eps, F))
+    if (f32)
+        NORM(1);
+    else
+        NORM(0);
+#undef NORM
     return 0;
 }
 
-/* Neox rotary of one head: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), each half ``half`` wide. */
-static inline void rotate_head(const uint16_t *x, uint16_t *o, const float *cos, const float *sin, int half) {
+/* Neox rotary of one head at element offset ``xo`` (input) and ``oo`` (output): (x1, x2) ->
+ * (x1 cos - x2 sin, x2 cos + x1 sin), each half ``half`` wide. */
+ALWAYS_INLINE void rotate_head(const void *x, int64_t xo, void *o, int64_t oo, const float *cos, const float *sin,
+                               int half, const int f32) {
     for (int c = 0; c < half; c += LANES) {
-        v16 x1 = load_bf16(x + c), x2 = load_bf16(x + half + c), cs, sn;
+        v16 x1 = load_row(x, xo + c, f32), x2 = load_row(x, xo + half + c, f32), cs, sn;
         memcpy(&cs, cos + c, sizeof cs);
         memcpy(&sn, sin + c, sizeof sn);
         v16 a = x1 * cs, b = x2 * sn, d = x2 * cs, e = x1 * sn;
-        store_bf16(o + c, a - b);
-        store_bf16(o + half + c, d + e);
+        store_row(o, oo + c, a - b, f32);
+        store_row(o, oo + half + c, d + e, f32);
     }
 }
 
-static inline void rotary_row(const uint16_t *q, int q_heads, const uint16_t *k, int k_heads, int head_dim,
-                              const float *cos, uint16_t *q_out, uint16_t *k_out) {
+ALWAYS_INLINE void rotary_row(const void *q, int64_t qo, int q_heads, const void *k, int64_t ko, int k_heads,
+                              int head_dim, const float *cos, void *q_out, int64_t qoo, void *k_out, int64_t koo,
+                              const int f32) {
     const int half = head_dim / 2;
     const float *sin = cos + half;
-    for (int h = 0; h < q_heads; h++) rotate_head(q + h * head_dim, q_out + h * head_dim, cos, sin, half);
-    for (int h = 0; h < k_heads; h++) rotate_head(k + h * head_dim, k_out + h * head_dim, cos, sin, half);
+    for (int h = 0; h < q_heads; h++) rotate_head(q, qo + h * head_dim, q_out, qoo + h * head_dim, cos, sin, half, f32);
+    for (int h = 0; h < k_heads; h++) rotate_head(k, ko + h * head_dim, k_out, koo + h * head_dim, cos, sin, half, f32);
 }
 
-/* Rotary embedding of q [rows, q_heads, head_dim] and k [rows, k_heads, head_dim] (rows ``*_stride``
- * elements apart, heads contiguous) into contiguous outputs, at ``positions`` (int64) of a float32
- * cache [max_position, head_dim] of cos then sin. 0, or -1 when head_dim / 2 is not a multiple of 16,
- * -2 when a position lies outside the cache. */
-int pf_rotary(const uint16_t *q, int64_t q_stride, int q_heads, const uint16_t *k, int64_t k_stride, int k_heads,
-              int head_dim, const int64_t *positions, const float *cache, int64_t max_position, uint16_t *q_out,
-              uint16_t *k_out, int64_t rows) {
+/* Rotary embedding of q [rows, q_heads, head_dim] and k [rows, k_heads, head_dim], bf16 (f32 = 0) or float32
+ * (f32 = 1) (rows ``*_stride`` elements apart, heads contiguous) into contiguous outputs, at ``positions``
+ * (int64) of a float32 cache [max_position, head_dim] of cos then sin. 0, or -1 when head_dim / 2 is not
+ * a multiple of 16, -2 when a position lies outside the cache. */
+int pf_rotary(const void *q, int64_t q_stride, int q_heads, const void *k, int64_t k_stride, int k_heads,
+              int head_dim, const int64_t *positions, const float *cache, int64_t max_position, void *q_out,
+              void *k_out, int64_t rows, int f32) {
     const int half = head_dim / 2;
     if (half % LANES) return -1;
     for (int64_t row = 0; row < rows; row++)
         if (positions[row] < 0 || positions[row] >= max_position) return -2;
-    FOR_ROWS(rows, rows * (q_heads + k_heads) * head_dim,
-             rotary_row(q + row * q_stride, q_heads, k + row * k_stride, k_heads, head_dim,
-                        cache + positions[row] * head_dim, q_out + row * q_heads * head_dim,
-                        k_out + row * k_heads * head_dim));
+#define ROTARY(F)                                                                                            \
+    FOR_ROWS(rows, rows * (q_heads + k_heads) * head_dim,                                                    \
+             rotary_row(q, row * q_stride, q_heads, k, row * k_stride, k_heads, head_dim,                    \
+                        cache + positions[row] * head_dim, q_out, row * q_heads * head_dim, k_out,           \
+                        row * k_heads * head_dim, F))
+    if (f32)
+        ROTARY(1);
+    else
+        ROTARY(0);
+#undef ROTARY
     return 0;
 }
 
-static inline void silu_row(const uint16_t *g, int inter, uint16_t *o) {
-    const uint16_t *u = g + inter;
+ALWAYS_INLINE void silu_row(const void *x, int64_t xo, int inter, void *o, int64_t oo, const int f32) {
     for (int c = 0; c < inter; c += LANES) {
-        v16 gate = load_bf16(g + c);
-        store_bf16(o + c, gate / (exp16(-gate) + 1.0f) * load_bf16(u + c));
+        v16 gate = load_row(x, xo + c, f32);
+        store_row(o, oo + c, gate / (exp16(-gate) + 1.0f) * load_row(x, xo + inter + c, f32), f32);
     }
 }
 
-/* out[r] = silu(x[r, :inter]) * x[r, inter:], silu(g) = g / (1 + exp(-g)); x rows ``x_stride`` apart,
- * out contiguous. 0, or -1 when inter is not a multiple of 16. */
-int pf_silu_and_mul(const uint16_t *x, int64_t x_stride, int inter, uint16_t *out, int64_t rows) {
+/* out[r] = silu(x[r, :inter]) * x[r, inter:], silu(g) = g / (1 + exp(-g)); bf16 (f32 = 0) or float32
+ * (f32 = 1) rows ``x_stride`` elements apart, out contiguous. 0, or -1 when inter is not a multiple of 16. */
+int pf_silu_and_mul(const void *x, int64_t x_stride, int inter, void *out, int64_t rows, int f32) {
     if (inter % LANES) return -1;
-    FOR_ROWS(rows, rows * inter, silu_row(x + row * x_stride, inter, out + row * inter));
+    if (f32)
+        FOR_ROWS(rows, rows * inter, silu_row(x, row * x_stride, inter, out, row * inter, 1));
+    else
+        FOR_ROWS(rows, rows * inter, silu_row(x, row * x_stride, inter, out, row * inter, 0));
     return 0;
 }
 
