@@ -20,7 +20,11 @@ float32 path (its int4 op ran 5.7x slower than the dense matmul on AVX2), so the
 file's blocks as they lie and products of at most ``FLOAT32_PACKED_MAX_ROWS`` rows run through the
 native matvec (kernels/cpu_gguf_matvec.py); a call it cannot take, or a longer product, runs dense.
 Those results differ from the dense matmul's by float32 rounding only (the weights are the same
-numbers); ``FLOAT32_PACKED_MAX_ROWS`` is measured in benchmarks/RESULTS.md issue 24, "Fifteenth round".
+numbers). ``FLOAT32_PACKED_MAX_ROWS``: with 8 rows a pass over the blocks, end to end on an emulated
+AVX2 host (SmolLM2, 128-token prompts, 32 new tokens), up to 64 rows against up to 16 ran 1.02-1.04x at
+batch 32-64 on 1 thread and 1.06-1.20x on 2 (benchmarks/RESULTS.md issue 24, "Sixteenth round"); a
+step's weights come from DRAM, and one pass over the blocks per 8 rows still reads less than the dense
+matmul does at 64 rows.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from prefixflow.kernels.cpu_linear import (
 from prefixflow.kernels.quant_weight import dequantize
 
 PACKED_MAX_ROWS = 4  # products of at most this many rows take the packed blocks (measured: below)
-FLOAT32_PACKED_MAX_ROWS = 16  # the same for float32 rows on the native matvec (measured: module doc)
+FLOAT32_PACKED_MAX_ROWS = 64  # the same for float32 rows on the native matvec (measured: module doc)
 
 
 class DualGGUFMethod(GGUFMethod):

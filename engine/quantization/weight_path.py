@@ -9,9 +9,9 @@ own dense path. The rule, decided from the model's shapes and the host before an
 - CPU, float32, no ``quantization=`` given, and the dense weights take at most 1/8 of the memory
   this process may use (the smaller of physical memory and the cgroup limit): **dense+packed**, the
   checkpoint's dequantization to dense float32 bit for bit (only the summation order of the matmul
-  differs) for products of more than 16 rows, and the file's blocks through the native matvec for
-  decodes of 1-16 rows, which streams a sixth of the bytes (1.3-3.6x the dense matmul per layer at
-  16 to 1 rows on AVX2, RESULTS.md issue 24 "Fifteenth round"); a tied Q8_0 embedding serves those
+  differs) for products of more than 64 rows, and the file's blocks through the native matvec for
+  decodes of 1-64 rows, which streams a sixth of the bytes (1.06-3.6x the dense matmul per step at
+  64 to 1 rows on AVX2, RESULTS.md issue 24 "Fifteenth round" and "Sixteenth round"); a tied Q8_0 embedding serves those
   decodes as the LM head in its blocks too (``packed_head``); **dense** where the matvec cannot run (no
   C compiler, no AVX2);
 - for bfloat16/float16 activations on a CPU with native bf16 matmuls (AMX, AVX512-BF16) **dense+packed**:

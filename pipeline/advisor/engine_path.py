@@ -45,12 +45,10 @@ def from_description(described: dict[str, Any]) -> EnginePath:
             method, None, f"{method} {'/'.join(kinds)} dequantized, dense" if kinds else "dense"
         )
     if weight_path == "dense+packed" and described.get("dtype") == "float32":
-        # the dense float32 copy runs every product of more than 16 rows; decodes of fewer take the
-        # blocks and run faster, so pricing it dense is the cautious side
+        # the dense float32 copy runs every product of more rows than a decode step has (64); decodes
+        # take the blocks and run faster, so pricing it dense is the cautious side
         kinds = [k for k in quant.get("packed") or [] if k in GGUF_PACKED]
-        return EnginePath(
-            method, None, f"{method} {'/'.join(kinds)} dense (+ blocks for decodes of 1-16 rows)"
-        )
+        return EnginePath(method, None, f"{method} {'/'.join(kinds)} dense (+ blocks for decodes)")
     if method == "gguf":
         kinds = [k for k in quant.get("packed") or [] if k in GGUF_PACKED]
         if not kinds:

@@ -25,7 +25,7 @@ def blocks_of(kind: str, out: int, inp: int, seed: int = 0) -> tuple[torch.Tenso
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 64])
 def test_equals_the_dequantized_product_to_float32_rounding(kind: str, rows: int) -> None:
     raw, w = blocks_of(kind, 70, 192)
     x = torch.randn(rows, 192)
@@ -54,20 +54,23 @@ def test_strided_rows_and_leading_dims() -> None:
     assert torch.allclose(got.double(), x.double() @ w.t(), rtol=0, atol=1e-4)
 
 
-def test_bits_do_not_depend_on_the_thread_count_or_the_batch_mates() -> None:
+def test_bits_do_not_depend_on_the_thread_count_or_the_other_rows_values() -> None:
     raw, _ = blocks_of("Q4_0", 200, 128, seed=2)
-    x = torch.randn(6, 128)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = cpu_gguf_matvec.matvec("Q4_0", raw, x)
-        torch.set_num_threads(2)
-        two = cpu_gguf_matvec.matvec("Q4_0", raw, x)
-    finally:
-        torch.set_num_threads(before)
-    assert one is not None and two is not None and torch.equal(one, two)
-    alone = cpu_gguf_matvec.matvec("Q4_0", raw, x[4:5])
-    assert alone is not None and torch.equal(alone, one[4:5])
+    for rows in (2, 6, 11):  # the codes' form, one pass of the weights' form, a pass and a remainder
+        x = torch.randn(rows, 128)
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = cpu_gguf_matvec.matvec("Q4_0", raw, x)
+            torch.set_num_threads(2)
+            two = cpu_gguf_matvec.matvec("Q4_0", raw, x)
+        finally:
+            torch.set_num_threads(before)
+        assert one is not None and two is not None and torch.equal(one, two)
+        others = torch.randn(rows, 128)
+        others[rows - 1] = x[rows - 1]
+        mates = cpu_gguf_matvec.matvec("Q4_0", raw, others)
+        assert mates is not None and torch.equal(mates[rows - 1], one[rows - 1])
 
 
 def test_calls_it_cannot_take_return_none() -> None:

@@ -113,15 +113,16 @@ def test_bf16_with_batch_invariant_kernels_identical_to_spec_off(batch):
 
 
 def test_float32_gguf_blocks_with_batch_invariant_kernels_identical_to_spec_off(q4_file):
-    """A float32 GGUF file multiplies products of 1-16 rows on its blocks and larger ones dense, so a
+    """A float32 GGUF file multiplies products of 1-64 rows on its blocks and larger ones dense, so a
     verification step may round unlike the decodes it replaces; batch_invariant keeps every product
     dense, and then speculation changes no token (docs/engine.md)."""
     from prefixflow.engine.quantization.dual_gguf import FLOAT32_PACKED_MAX_ROWS
 
-    items = prompts(7, seed=8, vocab=200)
+    items = prompts(14, seed=8, vocab=200)
     invariant = dict(ENGINE, batch_invariant=True)
     off, _, _ = run(str(q4_file), items, GREEDY, None, **invariant)
     on, stats, _ = run(str(q4_file), items, GREEDY, NGRAM4, **invariant)
     assert on == off
     assert stats.speculation["ngram"]["accepted"] > 0
-    assert 7 * (NGRAM4["num_speculative_tokens"] + 1) > FLOAT32_PACKED_MAX_ROWS  # steps cross the switch
+    crossing = len(items) * (NGRAM4["num_speculative_tokens"] + 1)
+    assert crossing > FLOAT32_PACKED_MAX_ROWS  # steps cross the switch

@@ -68,7 +68,7 @@ def test_float32_dense_plus_packed_is_priced_dense_and_bf16_as_before() -> None:
     quant = {"method": "gguf", "packed": ["Q4_1"], "dequantized": []}
     both = {"path": "dense+packed", "reason": ""}
     f32 = from_description({"dtype": "float32", "quantization": quant, "weight_path": both})
-    assert f32.precision is None and "decodes of 1-16 rows" in f32.label
+    assert f32.precision is None and "blocks for decodes" in f32.label
     bf16 = from_description({"dtype": "bfloat16", "quantization": quant, "weight_path": both})
     assert bf16.precision == "int4"
 
