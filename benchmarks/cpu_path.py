@@ -35,8 +35,9 @@ Engines (``--engines``):
   PREFIXFLOW_NATIVE_MARCH=haswell python -m benchmarks.cpu_path --engines
   pf-float32-rows,pf-float32-torch-attention --threads 1 --batches 1,16,64``;
 - ``pf-float32-dense``: float32 with every product on the dense matmul (``quantization="none"``: the
-  float32 default before the native matvec of kernels/cpu_gguf_matvec.py); ``pf-matvec-8``: the default
-  with float32 products of up to 8 rows on that matvec (the default: 16); ``pf-dense-head``: the
+  float32 default before the native matvec of kernels/cpu_gguf_matvec.py); ``pf-matvec-8``, ``-16``,
+  ``-32``, ``-64``: the default with float32 products of up to that many rows on that matvec (the default:
+  64; 16 before the sixteenth round); ``pf-dense-head``: the
   default with the tied LM head dense (not its Q8_0 blocks). An AVX2 host emulated (the ISA limits make
   ``dtype="auto"`` float32, kernels/cpu_features.py): ``MKL_ENABLE_INSTRUCTIONS=AVX2
   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PREFIXFLOW_NATIVE_MARCH=haswell python -m
@@ -106,7 +107,10 @@ ENGINES = {
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
     "pf-float32-rows": {"dtype": "float32"},  # pf-float32 with the row kernel on (off by default in float32)
     "pf-float32-dense": {"dtype": "float32", "quantization": "none"},  # float32, every product dense
-    "pf-matvec-8": {},  # the default with float32 products of up to 8 rows on the native matvec (not 16)
+    "pf-matvec-8": {},  # the default with float32 products of up to 8 rows on the native matvec
+    "pf-matvec-16": {},  # ... up to 16 rows (the default of the fifteenth round)
+    "pf-matvec-32": {},  # ... up to 32 rows
+    "pf-matvec-64": {},  # ... up to 64 rows (the default now)
     "pf-dense-head": {},  # the default with the tied LM head dense in float32 (no Q8_0 blocks)
 }
 # the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
@@ -169,8 +173,8 @@ def chunking(engine: str) -> Iterator[None]:
     native_elementwise = cpu_native_ops.USE_NATIVE
     cpu_native_ops.USE_NATIVE = engine != "pf-torch-elementwise" and native_elementwise
     matvec_rows, packed_head = dual_gguf.FLOAT32_PACKED_MAX_ROWS, weight_path.PACKED_HEAD
-    if engine == "pf-matvec-8":
-        dual_gguf.FLOAT32_PACKED_MAX_ROWS = 8
+    if engine.startswith("pf-matvec-"):
+        dual_gguf.FLOAT32_PACKED_MAX_ROWS = int(engine.removeprefix("pf-matvec-"))
     weight_path.PACKED_HEAD = engine != "pf-dense-head" and packed_head
     cpu_row_attention.AVX2_ROWS = engine == "pf-rows-on-avx2" or avx2_rows
     cpu_row_attention.FLOAT32_ROWS = engine in ("pf-rows-on-avx2", "pf-float32-rows") or float32_rows
