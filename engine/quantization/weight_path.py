@@ -10,7 +10,7 @@ own dense path. The rule, decided from the model's shapes and the host before an
   this process may use (the smaller of physical memory and the cgroup limit): **dense+packed**, the
   checkpoint's dequantization to dense float32 bit for bit (only the summation order of the matmul
   differs) for products of more than 64 rows, and the file's blocks through the native matvec for
-  decodes of 1-64 rows, which streams a sixth of the bytes (1.06-3.6x the dense matmul per step at
+  decodes of 1-64 rows, which streams a sixth of the bytes (1.05-3.6x the dense matmul per step at
   64 to 1 rows on AVX2, RESULTS.md issue 24 "Fifteenth round" and "Sixteenth round"); a tied Q8_0 embedding serves those
   decodes as the LM head in its blocks too (``packed_head``); **dense** where the matvec cannot run (no
   C compiler, no AVX2);
