@@ -18,7 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Lanes of a vector: 16 with AVX-512; 8 elsewhere (AVX2), where a 16-lane vector is two 256-bit halves
+ * and the 16-token reduction's shuffles cross them (that build ran 0.5x the torch path at batch-64
+ * decodes, RESULTS.md issue 24, "Sixteenth round"). A row's bits are the same whatever tile it is in, for
+ * either width; the two widths sum in different orders. */
+#ifdef __AVX512F__
 #define LANES 16
+#else
+#define LANES 8
+#endif
 #define DTYPE_F32 0
 #define DTYPE_BF16 1
 
@@ -57,20 +65,20 @@ static inline float exp_nonpos(float x) {
     return p * s;
 }
 
-/* The sum of 16 lanes in a fixed tree (the same order for every row). */
+/* The sum of LANES lanes in a fixed tree, halves paired (the same order for every row). */
 static inline float reduce_lanes(const float *l) {
-    float a[8], b[4];
-    for (int i = 0; i < 8; i++) a[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
-    return (b[0] + b[2]) + (b[1] + b[3]);
+    float t[LANES];
+    memcpy(t, l, sizeof t);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) t[i] = t[i] + t[i + w];
+    return t[0];
 }
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-typedef uint32_t u16v __attribute__((vector_size(64)));
-typedef uint16_t h16v __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(LANES * 4))); /* LANES float32 lanes (16 with AVX-512) */
+typedef uint32_t u16v __attribute__((vector_size(LANES * 4)));
+typedef uint16_t h16v __attribute__((vector_size(LANES * 2)));
 
-/* 16 consecutive values of a float32 or bf16 row as float32 lanes. */
+/* LANES consecutive values of a float32 or bf16 row as float32 lanes. */
 static inline v16 load16(const void *src, int dtype) {
     v16 r;
     if (dtype == DTYPE_BF16) {
@@ -84,6 +92,7 @@ static inline v16 load16(const void *src, int dtype) {
     return r;
 }
 
+#if LANES == 16
 /* Lane i of the result is the sum of the 16 lanes of v[i], in a fixed tree: four rounds of pairing
  * halves (the same order for every row, and no horizontal add per token). */
 static inline v16 sum_lanes16(const v16 *v) {
@@ -100,6 +109,20 @@ static inline v16 sum_lanes16(const v16 *v) {
     return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+#else
+/* The same for 8 lanes: three rounds of pairing halves. */
+static inline v16 sum_lanes16(const v16 *v) {
+    v16 a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+#endif
 
 typedef struct {
     const void *k_cache, *v_cache;
@@ -107,7 +130,7 @@ typedef struct {
     int64_t num_blocks, token_stride; /* elements between consecutive tokens of a block (Hkv * D) */
 } Cache;
 
-#define MAX_CHUNKS 16 /* head_dim up to 256 */
+#define MAX_CHUNKS (256 / LANES) /* head_dim up to 256 */
 
 #define PREFETCH_AHEAD 32 /* V rows ahead of the weighted sum */
 
@@ -124,8 +147,8 @@ static inline void prefetch_row(const void *cache, const int32_t *table, int t, 
 /* One KV head of a tile of ``rows`` consecutive query rows of one request, row i over the first
  * ``ctx + i`` tokens of ``table``. ``q``: rows x group x C vectors (C = D / 16), already scaled;
  * ``scores``: rows x group x ``stride`` floats; ``acc``: rows x group x C vectors, the result.
- * Tokens go in tiles of 16: each K row is converted once and multiplied by every query head of every
- * row, and 16 tokens' partial sums are reduced together (``sum_lanes16``). Every row's own arithmetic
+ * Tokens go in tiles of LANES: each K row is converted once and multiplied by every query head of every
+ * row, and LANES tokens' partial sums are reduced together (``sum_lanes16``). Every row's own arithmetic
  * (its dot products, softmax and weighted sum, in token order) is the same whichever tile it is in,
  * so a decode row alone and the same row inside a prefill tile give the same bits. */
 static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h, const v16 *q, float *restrict scores,

@@ -126,9 +126,15 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     assert took_torch(float32) and not took_torch(float32, invariant=True)  # float32: torch unless invariant
     monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", True)
     assert not took_torch(float32)
+    monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", False)
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: False)
-    assert took_torch(prefill)  # AVX2 only: the torch path ...
-    assert not took_torch(prefill, invariant=True)  # ... but batch-invariant mode keeps the row kernel
+    assert took_torch(prefill) and took_torch(decode)  # AVX2 only: the torch path where a query has rows ...
+    decodes = build_paged_batch([(1, 40), (1, 9)], 4, 2, 16, block_size=8, device=cpu)
+    assert not took_torch(decodes)  # ... the row kernel where every query is one row, float32 included
+    assert not took_torch(prefill, invariant=True)  # ... and batch-invariant mode keeps the row kernel
+    monkeypatch.setattr(cpu_row_attention, "AVX2_ROWS_MAX_QUERY", 0)
+    assert took_torch(decodes)
+    monkeypatch.setattr(cpu_row_attention, "avx512", lambda: True)
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
     assert took_torch(decode)  # AMX tiles: flash SDPA, until the row kernel is measured there
     monkeypatch.setattr(cpu_row_attention, "AMX_ROWS_MAX_QUERY", 16)
@@ -178,3 +184,40 @@ def test_metadata_refilled_in_place_between_steps_is_read_again():
     got = cpu_row_attention.paged_attention_rows(*args, 0.125)
     assert relative_error(got, want) < 1e-5
     assert not torch.equal(got, first)
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or not _has_avx2(), reason="needs an AVX2 CPU"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_avx2_build_works_in_8_lanes_and_keeps_the_contract(monkeypatch, tmp_path, dtype):
+    """Without AVX-512 the kernel takes 8-lane vectors (another reduction tree than the 16-lane one): built
+    here for Haswell, it equals the reference and a row's bits still depend on nothing but the row."""
+    monkeypatch.setenv(native_build.MARCH_ENV, "haswell")
+    monkeypatch.setenv(native_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(native_build, "_loaded", {})
+    monkeypatch.setattr(cpu_row_attention, "_fn", None)
+    monkeypatch.setattr(cpu_row_attention, "_fn_ready", False)
+    attend = cpu_row_attention.paged_attention_rows
+    batch = build_paged_batch(MIXED, 9, 3, 64, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=3)
+    got = attend(*step_args(batch), 0.125)
+    assert list(tmp_path.glob("paged_attention-*.so"))  # this call ran the Haswell build
+    want = reference.paged_attention(*step_args(batch), 0.125)
+    assert relative_error(got, want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    b = MIXED.index(TARGET)
+    start = int(batch.query_start_loc[b])
+    alone = attend(*request_alone(batch, b, slice(0, 33)), 0.125)
+    assert torch.equal(got[start : start + 33], alone)
+    chunks = [
+        attend(*request_alone(batch, b, slice(lo, hi)), 0.125) for lo, hi in ((0, 20), (20, 32), (32, 33))
+    ]
+    assert torch.equal(torch.cat(chunks), alone)
