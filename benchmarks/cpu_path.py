@@ -28,8 +28,8 @@ Engines (``--engines``):
   the native row kernel of kernels/cpu_row_attention.py); the four variants above run with it off too;
   ``pf-rows-on-amx``: the default with steps of queries up to 16 rows on the row kernel on a CPU with AMX
   tiles too (the default keeps SDPA there until this is measured); ``pf-rows-on-avx2``: every step on the
-  row kernel on an AVX2-only CPU, float32 caches included (the default takes it there for decode steps
-  only, ``AVX2_ROWS_MAX_QUERY``);
+  row kernel on an AVX2-only CPU, float32 caches included (the default there since the sixteenth round;
+  ``pf-torch-attention`` is the other side);
   ``pf-float32-torch-attention`` / ``pf-float32-rows``: ``pf-float32`` with the row kernel off / on (the
   runs below were made while float32 caches took it by default, so there ``pf-float32`` is the row kernel). An AVX2 host emulated on an AVX-512 one (what decided ``AVX2_ROWS``):
   ``MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
@@ -104,7 +104,7 @@ ENGINES = {
     "pf-torch-attention": {},  # the default with every step on kernels/cpu_attention.py (no native row kernel)
     "pf-torch-elementwise": {},  # the default with norm, rotary, SiLU and the KV store on torch calls
     "pf-rows-on-amx": {},  # the default with short-query steps on the row kernel on a CPU with AMX tiles too
-    "pf-rows-on-avx2": {},  # the default with the row kernel for every step on an AVX2-only CPU (not decodes only)
+    "pf-rows-on-avx2": {},  # the row kernel for every step on an AVX2-only CPU (the default there now)
     "pf-float32-torch-attention": {"dtype": "float32"},  # pf-float32 with the row kernel off
     "pf-float32-rows": {"dtype": "float32"},  # pf-float32 with the row kernel on (off by default in float32)
     "pf-float32-dense": {"dtype": "float32", "quantization": "none"},  # float32, every product dense

@@ -157,12 +157,12 @@ def paged_attention_rows(
 AMX_ROWS_MAX_QUERY = 0
 # Without AVX-512 the kernel works in 8 lanes (its 16-lane form, two 256-bit halves whose 16-token
 # reduction shuffled across them, ran 0.82-1.00x the torch path end to end: RESULTS.md issue 24
-# "Eleventh round"). In 8 lanes it ran decodes 1.3-1.8x the torch path's attention (float32, SmolLM2's
-# heads, 16-64 requests over 150-300 tokens) but prompts of 128 rows 0.85-0.96x ("Sixteenth round"), so
-# there steps whose longest query is at most ``AVX2_ROWS_MAX_QUERY`` rows take it (a float32 cache too),
-# and ``AVX2_ROWS`` sends every step (the A/B); batch-invariant mode takes it for every step anyway.
-AVX2_ROWS = False
-AVX2_ROWS_MAX_QUERY = 1
+# "Eleventh round"). In 8 lanes, per call, it ran decodes 1.3-1.8x the torch path's attention (float32,
+# SmolLM2's heads, 16-64 requests over 150-300 tokens) and prompts of 128 rows 0.85-0.96x; end to end,
+# every step on it ran 1.01-1.09x the torch path and level with decode steps only (0.98-1.04x), so there
+# every step takes it, whatever the cache dtype: a row's bits then depend on nothing but the row, which
+# keeps float32 speculation exact ("Sixteenth round"). False: every step on cpu_attention (the A/B).
+AVX2_ROWS = True
 # A float32 cache: the row kernel ran 0.98-0.99x the torch path end to end on the Zen 5 (one-off runs
 # 1.04-1.05x; the matmuls dominate a float32 step), so the default keeps cpu_attention there too.
 FLOAT32_ROWS = False
@@ -180,18 +180,19 @@ def _longest_query_at_most(q: torch.Tensor, query_start_loc: torch.Tensor, rows:
 
 def _rows_fit(q: torch.Tensor, k_cache: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """Every step of a bf16 cache on an AVX-512 CPU without AMX tiles; with them, steps of queries of at
-    most ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, steps of queries of at most
-    ``AVX2_ROWS_MAX_QUERY`` rows (every step with ``AVX2_ROWS``); a float32 cache on AVX-512,
-    ``FLOAT32_ROWS``."""
+    most ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, every step with ``AVX2_ROWS``; a float32 cache on
+    AVX-512, ``FLOAT32_ROWS``."""
     if not avx512():
-        if AVX2_ROWS and (k_cache.dtype != torch.float32 or FLOAT32_ROWS):
-            return True
-        return _longest_query_at_most(q, query_start_loc, AVX2_ROWS_MAX_QUERY)
+        return AVX2_ROWS
     if k_cache.dtype == torch.float32 and not FLOAT32_ROWS:
         return False
     if not amx_tiles():
         return True
-    return _longest_query_at_most(q, query_start_loc, AMX_ROWS_MAX_QUERY)
+    if q.shape[0] <= AMX_ROWS_MAX_QUERY:
+        return True
+    if AMX_ROWS_MAX_QUERY <= 0 or query_start_loc.numel() < 2:
+        return False
+    return int((query_start_loc[1:] - query_start_loc[:-1]).max()) <= AMX_ROWS_MAX_QUERY
 
 
 def paged_attention(
@@ -205,7 +206,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """The torch backend's paged attention: the native row kernel where it can run and is the faster
     (every step of a bf16 cache on an AVX-512 CPU without AMX tiles; ``AMX_ROWS_MAX_QUERY``,
-    ``AVX2_ROWS_MAX_QUERY`` and ``FLOAT32_ROWS`` for the others), else cpu_attention."""
+    ``AVX2_ROWS`` and ``FLOAT32_ROWS`` for the others), else cpu_attention."""
     args = (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
     if USE_NATIVE and available(q, k_cache) and _rows_fit(q, k_cache, query_start_loc):
         return paged_attention_rows(*args)
