@@ -61,6 +61,11 @@ def avx512_bf16() -> bool:
     return _probe("_is_avx512_bf16_supported") and _onednn_allows("AVX512_CORE_BF16") and _aten_avx512()
 
 
+def avx2() -> bool:
+    """AVX2 (Haswell, Zen 1 on): the ISA the native kernels' 8-lane forms are measured on."""
+    return _probe("_is_avx2_supported")
+
+
 def avx512() -> bool:
     """AVX-512 Foundation (Skylake-SP, Ice Lake, Zen 4 on): 512-bit vectors for the native kernels."""
     return _probe("_is_avx512_supported") and _onednn_allows("AVX512_CORE") and _aten_avx512()

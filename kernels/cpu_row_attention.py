@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from prefixflow.kernels import cpu_attention, invariant_attention, native_build
-from prefixflow.kernels.cpu_features import amx_tiles, avx512
+from prefixflow.kernels.cpu_features import amx_tiles, avx2, avx512
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _ERRORS = {
@@ -161,7 +161,8 @@ AMX_ROWS_MAX_QUERY = 0
 # SmolLM2's heads, 16-64 requests over 150-300 tokens) and prompts of 128 rows 0.85-0.96x; end to end,
 # every step on it ran 1.01-1.09x the torch path and level with decode steps only (0.98-1.04x), so there
 # every step takes it, whatever the cache dtype: a row's bits then depend on nothing but the row, which
-# keeps float32 speculation exact ("Sixteenth round"). False: every step on cpu_attention (the A/B).
+# keeps float32 speculation exact ("Sixteenth round"). False: every step on cpu_attention (the A/B). A CPU
+# with neither AVX-512 nor AVX2 (other architectures included) keeps cpu_attention: not measured there.
 AVX2_ROWS = True
 # A float32 cache: the row kernel ran 0.98-0.99x the torch path end to end on the Zen 5 (one-off runs
 # 1.04-1.05x; the matmuls dominate a float32 step), so the default keeps cpu_attention there too.
@@ -180,10 +181,10 @@ def _longest_query_at_most(q: torch.Tensor, query_start_loc: torch.Tensor, rows:
 
 def _rows_fit(q: torch.Tensor, k_cache: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """Every step of a bf16 cache on an AVX-512 CPU without AMX tiles; with them, steps of queries of at
-    most ``AMX_ROWS_MAX_QUERY`` rows; without AVX-512, every step with ``AVX2_ROWS``; a float32 cache on
-    AVX-512, ``FLOAT32_ROWS``."""
+    most ``AMX_ROWS_MAX_QUERY`` rows; with AVX2 but not AVX-512, every step with ``AVX2_ROWS``; a float32
+    cache on AVX-512, ``FLOAT32_ROWS``; neither AVX-512 nor AVX2, none."""
     if not avx512():
-        return AVX2_ROWS
+        return AVX2_ROWS and avx2()
     if k_cache.dtype == torch.float32 and not FLOAT32_ROWS:
         return False
     if not amx_tiles():

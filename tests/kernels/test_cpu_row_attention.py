@@ -128,11 +128,15 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     assert not took_torch(float32)
     monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", False)
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: False)
+    monkeypatch.setattr(cpu_row_attention, "avx2", lambda: True)
     # AVX2 only: the row kernel for every step, a float32 cache included ...
     assert not took_torch(prefill) and not took_torch(decode) and not took_torch(float32)
     monkeypatch.setattr(cpu_row_attention, "AVX2_ROWS", False)
     assert took_torch(prefill) and took_torch(float32)  # ... or, switched off, the torch path ...
     assert not took_torch(prefill, invariant=True)  # ... where batch-invariant mode keeps the row kernel
+    monkeypatch.setattr(cpu_row_attention, "AVX2_ROWS", True)
+    monkeypatch.setattr(cpu_row_attention, "avx2", lambda: False)
+    assert took_torch(prefill) and took_torch(decode)  # neither AVX-512 nor AVX2: not measured, torch
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: True)
     monkeypatch.setattr(cpu_row_attention, "amx_tiles", lambda: True)
     assert took_torch(decode)  # AMX tiles: flash SDPA, until the row kernel is measured there
