@@ -19,6 +19,7 @@ import ctypes
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,51 @@ HEAD = (49152, 576)
 Q4_1, Q8_0 = 2, 0
 
 
-def _build(source: str, where: Path, name: str) -> ctypes.CDLL:
+Matvec = Callable[[int, torch.Tensor, int, int, torch.Tensor, int, torch.Tensor, int], None]
+
+
+def _build(source: str, where: Path, name: str) -> Matvec:
+    """The revision's ``pf_gguf_matvec`` as ``(kind, blocks, n, k, x, rows, out, threads)``. Before the
+    sixteenth round the C function took a scratch buffer for the block sums (``float *sums``); this
+    passes one to a revision that asks for it."""
     path = where / f"{name}.c"
     path.write_text(source)
     lib_path = where / f"{name}.so"
     subprocess.run(["cc", *native_build.flags(), str(path), "-o", str(lib_path)], check=True)
-    lib = ctypes.CDLL(str(lib_path))
+    fn = ctypes.CDLL(str(lib_path)).pf_gguf_matvec
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.pf_gguf_matvec.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
-    return lib
+    takes_sums = "float *sums" in source
+    fn.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, *([p] if takes_sums else []), i32]
+
+    def matvec(
+        kind: int,
+        blocks: torch.Tensor,
+        n: int,
+        k: int,
+        x: torch.Tensor,
+        rows: int,
+        out: torch.Tensor,
+        threads: int,
+    ) -> None:
+        if takes_sums:  # allocated per call, as the engine's wrapper did then
+            sums = torch.empty(rows * (k // 32))
+            fn(
+                kind,
+                blocks.data_ptr(),
+                n,
+                k,
+                x.data_ptr(),
+                k,
+                rows,
+                out.data_ptr(),
+                n,
+                sums.data_ptr(),
+                threads,
+            )
+        else:
+            fn(kind, blocks.data_ptr(), n, k, x.data_ptr(), k, rows, out.data_ptr(), n, threads)
+
+    return matvec
 
 
 def _blocks(n: int, k: int, block_bytes: int) -> torch.Tensor:
@@ -75,49 +112,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     row_counts = [int(r) for r in args.rows.split(",")]
     xs = {k: torch.randn(max(row_counts), k) for k in (576, 1536)}
     out = torch.empty(max(row_counts) * HEAD[0])
-    sums = torch.empty(max(row_counts) * 1536 // 32)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"base": _build(base_source, Path(tmp), "base"), "here": _build(here, Path(tmp), "here")}
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
-
-            def call(
-                lib: ctypes.CDLL,
-                kind: int,
-                blocks: torch.Tensor,
-                n: int,
-                k: int,
-                rows: int,
-                threads: int = threads,
-            ) -> None:
-                x = xs[k]
-                lib.pf_gguf_matvec(
-                    kind,
-                    blocks.data_ptr(),
-                    n,
-                    k,
-                    x.data_ptr(),
-                    k,
-                    rows,
-                    out.data_ptr(),
-                    n,
-                    sums.data_ptr(),
-                    threads,
-                )
-
             for rows in row_counts:
                 best: dict[str, float] = {}
                 for _ in range(args.repeats):
                     for side, lib in libs.items():
                         start = time.perf_counter()
                         for n, k, blocks in layers:
-                            call(lib, Q4_1, blocks, n, k, rows)
+                            lib(Q4_1, blocks, n, k, xs[k], rows, out, threads)
                         best[f"{side}_layers_ms"] = min(
                             best.get(f"{side}_layers_ms", 1e9), time.perf_counter() - start
                         )
                         start = time.perf_counter()
-                        call(lib, Q8_0, head, *HEAD, rows)
+                        lib(Q8_0, head, *HEAD, xs[HEAD[1]], rows, out, threads)
                         best[f"{side}_head_ms"] = min(
                             best.get(f"{side}_head_ms", 1e9), time.perf_counter() - start
                         )

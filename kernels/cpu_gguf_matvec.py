@@ -35,7 +35,7 @@ def _built() -> ctypes.CDLL | None:
         ):  # no AVX2 in this build: the dense matmul is faster than scalar code
             return None
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.pf_gguf_matvec.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, p, i32]
+        lib.pf_gguf_matvec.argtypes = [i32, p, i64, i64, p, i64, i64, p, i64, i32]
         lib.pf_gguf_matvec.restype = ctypes.c_int
     return lib
 
@@ -69,7 +69,6 @@ def matvec(kind: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor | N
     out = torch.empty(rows.shape[0], n_out, dtype=torch.float32)
     if rows.shape[0] == 0:
         return out.view(*x.shape[:-1], n_out)
-    sums = torch.empty(rows.shape[0] * blocks.shape[1], dtype=torch.float32)
     code = lib.pf_gguf_matvec(
         KINDS[kind],
         blocks.data_ptr(),
@@ -80,7 +79,6 @@ def matvec(kind: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor | N
         rows.shape[0],
         out.data_ptr(),
         n_out,
-        sums.data_ptr(),
         torch.get_num_threads(),
     )
     if code:

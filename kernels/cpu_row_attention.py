@@ -170,15 +170,6 @@ FLOAT32_ROWS = False
 USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
 
 
-def _longest_query_at_most(q: torch.Tensor, query_start_loc: torch.Tensor, rows: int) -> bool:
-    """Whether no request of the step has more than ``rows`` query rows."""
-    if q.shape[0] <= rows:
-        return True
-    if rows <= 0 or query_start_loc.numel() < 2:
-        return False
-    return int((query_start_loc[1:] - query_start_loc[:-1]).max()) <= rows
-
-
 def _rows_fit(q: torch.Tensor, k_cache: torch.Tensor, query_start_loc: torch.Tensor) -> bool:
     """Every step of a bf16 cache on an AVX-512 CPU without AMX tiles; with them, steps of queries of at
     most ``AMX_ROWS_MAX_QUERY`` rows; with AVX2 but not AVX-512, every step with ``AVX2_ROWS``; a float32

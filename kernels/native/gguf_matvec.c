@@ -187,14 +187,14 @@ static void outputs(int kind, int rows, const uint8_t *w, int64_t first, int64_t
 
 /* out[r, n] = sum_k x[r, k] * W[n, k] for W given as ``n_out`` rows of ``k / 32`` blocks of ``kind``
  * (0 Q8_0, 1 Q4_0, 2 Q4_1), x rows ``x_stride`` floats apart, out rows ``out_stride`` apart, in passes of
- * GROUP_ROWS rows. ``sums``: scratch of rows * k / 32 floats (used by calls of at most CODES_MAX_ROWS rows).
- * Outputs are split over ``threads`` (1: no OpenMP region at all).
+ * GROUP_ROWS rows. Outputs are split over ``threads`` (1: no OpenMP region at all).
  * 0, or -1 for an unknown kind or k not a multiple of 32. */
 int pf_gguf_matvec(int kind, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t x_stride,
-                   int64_t rows, float *out, int64_t out_stride, float *sums, int threads) {
+                   int64_t rows, float *out, int64_t out_stride, int threads) {
     if (kind < Q8_0 || kind > Q4_1 || k % BLOCK) return -1;
     const int64_t blocks = k / BLOCK, bytes = kind == Q8_0 ? 34 : (kind == Q4_0 ? 18 : 20);
     const int codes = rows <= CODES_MAX_ROWS;
+    float sums[codes && rows > 0 ? rows * blocks : 1]; /* the codes' form: each row's block sums, at most 2 x k / 32 */
     for (int64_t r = 0; codes && r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
             const float *xb = x + r * x_stride + b * BLOCK;
