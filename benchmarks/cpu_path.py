@@ -44,6 +44,9 @@ Engines (``--engines``):
   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 PREFIXFLOW_NATIVE_MARCH=haswell python -m
   benchmarks.cpu_path --engines pf-default,pf-dense-head,pf-float32-dense,hf --threads 1,2 --batches
   1,16,64``;
+- ``pf-attention-base``: the default with the native row attention kernel as of ``--attention-base REV``
+  (kernels/native/paged_attention.c from git, built with the engine's flags): an end-to-end A/B of a
+  change to that kernel;
 - ``pf-torch-elementwise``: the default with norm, rotary and SiLU-and-mul on kernels/cpu_ops.py's torch
   calls and the KV store on kernels/reference.py's (before the native calls of kernels/cpu_native_ops.py);
 - ``pf-int8``: ``cpu_int8="on"`` (int8 w8a8 linear layers, kernels/cpu_int8.py; LM head float32);
@@ -113,7 +116,10 @@ ENGINES = {
     "pf-matvec-32": {},  # ... up to 32 rows
     "pf-matvec-64": {},  # ... up to 64 rows (the default now)
     "pf-dense-head": {},  # the default with the tied LM head dense in float32 (no Q8_0 blocks)
+    "pf-attention-base": {},  # the default with the row attention kernel of --attention-base REV
 }
+# pf-attention-base: kernels/native/paged_attention.c as of --attention-base, built in main()
+BASE_ATTENTION: dict[str, Any] = {}
 # the variants of kernels/cpu_attention.py's torch path: the native row kernel is off for their runs
 TORCH_ATTENTION = {
     "pf-torch-attention",
@@ -171,6 +177,9 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_row_attention.AVX2_ROWS,
     )
     float32_rows = cpu_row_attention.FLOAT32_ROWS
+    row_fn = cpu_row_attention._function()
+    if engine == "pf-attention-base":
+        cpu_row_attention._fn = BASE_ATTENTION["fn"]
     native_elementwise = cpu_native_ops.USE_NATIVE
     cpu_native_ops.USE_NATIVE = engine != "pf-torch-elementwise" and native_elementwise
     matvec_rows, packed_head = dual_gguf.FLOAT32_PACKED_MAX_ROWS, weight_path.PACKED_HEAD
@@ -196,6 +205,7 @@ def chunking(engine: str) -> Iterator[None]:
     try:
         yield
     finally:
+        cpu_row_attention._fn = row_fn
         cpu_linear.CHUNK_MIN_OUT, int8_path.INT8_LM_HEAD, cpu_attention._MATH_MIN = saved, head, math_min
         cpu_attention._PER_HEAD_MIN, cpu_attention._split = per_head, split
         cpu_attention._SDPA_DECODES = sdpa_decodes
@@ -203,6 +213,25 @@ def chunking(engine: str) -> Iterator[None]:
         cpu_row_attention.AVX2_ROWS, cpu_row_attention.FLOAT32_ROWS = avx2_rows, float32_rows
         cpu_native_ops.USE_NATIVE = native_elementwise
         dual_gguf.FLOAT32_PACKED_MAX_ROWS, weight_path.PACKED_HEAD = matvec_rows, packed_head
+
+
+def base_attention(rev: str) -> Any:
+    """kernels/native/paged_attention.c as of ``rev``, built with the engine's flags (same C signature)."""
+    import tempfile
+
+    from benchmarks.row_attention_ab import build
+    from prefixflow.kernels import native_build
+
+    src = native_build.SOURCE_DIR / "paged_attention.c"
+    root = src.parents[2]
+    text = subprocess.run(
+        ["git", "show", f"{rev}:{src.relative_to(root).as_posix()}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return build(text, Path(tempfile.mkdtemp(prefix="pf-attention-base-")), "base")
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -360,7 +389,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--turns", type=int, default=4, help="chat")
     ap.add_argument("--scale", type=float, default=0.25, help="chat: length scale")
     ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--attention-base", default="HEAD", help="pf-attention-base: the revision of its kernel")
     args = ap.parse_args(argv)
+    if "pf-attention-base" in args.engines.split(","):
+        BASE_ATTENTION["fn"] = base_attention(args.attention_base)
     if args.workload != "fixed":
         return workload_main(args)
     engines = args.engines.split(",")

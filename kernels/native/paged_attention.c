@@ -17,6 +17,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 /* Lanes of a vector: 16 with AVX-512; 8 elsewhere (AVX2), where a 16-lane vector is two 256-bit halves
  * and the 16-token reduction's shuffles cross them (that build ran 0.5x the torch path at batch-64
@@ -78,6 +81,52 @@ typedef float v16 __attribute__((vector_size(LANES * 4))); /* LANES float32 lane
 typedef uint32_t u16v __attribute__((vector_size(LANES * 4)));
 typedef uint16_t h16v __attribute__((vector_size(LANES * 2)));
 
+/* a * b + c, rounded once where the CPU fuses it. Spelled out because the compiler may fuse either
+ * product of ``x * y + z * w`` once a loop is unrolled, which would change a row's bits between builds. */
+static inline v16 fma16(v16 a, v16 b, v16 c) {
+#if LANES == 16
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    return (v16)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
+
+static inline v16 splat(float f) { return (v16){0} + f; }
+
+/* PF_SCALAR_EXP: the scalar loop (a test builds both and compares bits) */
+#if !defined(PF_SCALAR_EXP) && (LANES == 16 || (defined(__AVX2__) && defined(__FMA__)))
+#define VECTOR_EXP 1
+/* ``exp_nonpos`` on LANES scores at once: the same operations in the same order, so each lane's bits are
+ * the scalar function's (the scalar loop left the softmax a tenth of a decode's attention). */
+static inline v16 exp_nonpos16(v16 x) {
+#if LANES == 16
+    x = (v16)_mm512_max_ps((__m512)splat(-87.0f), (__m512)x); /* NaN stays NaN, as in the scalar clamp */
+    v16 n = (v16)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_CUR_DIRECTION);
+#else
+    x = (v16)_mm256_max_ps((__m256)splat(-87.0f), (__m256)x);
+    v16 n = (v16)_mm256_round_ps((__m256)(x * 1.44269504088896341f), _MM_FROUND_CUR_DIRECTION);
+#endif
+    v16 r = fma16(n, splat(-0.693359375f), x);
+    r = fma16(n, splat(2.12194440e-4f), r);
+    v16 p = splat(1.9875691500e-4f);
+    p = fma16(p, r, splat(1.3981999507e-3f));
+    p = fma16(p, r, splat(8.3334519073e-3f));
+    p = fma16(p, r, splat(4.1665795894e-2f));
+    p = fma16(p, r, splat(1.6666665459e-1f));
+    p = fma16(p, r, splat(5.0000001201e-1f));
+    p = fma16(p, r * r, r) + 1.0f;
+#if LANES == 16
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32((__m512)n), _mm512_set1_epi32(127)), 23);
+    return p * (v16)_mm512_castsi512_ps(e);
+#else
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32((__m256)n), _mm256_set1_epi32(127)), 23);
+    return p * (v16)_mm256_castsi256_ps(e);
+#endif
+}
+#endif
+
 /* LANES consecutive values of a float32 or bf16 row as float32 lanes. */
 static inline v16 load16(const void *src, int dtype) {
     v16 r;
@@ -128,17 +177,27 @@ typedef struct {
     const void *k_cache, *v_cache;
     int kv_dtype, block_size, num_kv_heads, head_dim, group;
     int64_t num_blocks, token_stride; /* elements between consecutive tokens of a block (Hkv * D) */
+    int block_shift;                  /* log2(block_size) when a power of two, else -1 */
 } Cache;
+
+/* Token t's slot in the cache (block id x block size + offset): a shift and a mask for the usual
+ * power-of-two block sizes, since an integer division per token and head cost more than its arithmetic. */
+static inline int64_t token_slot(const Cache *c, const int32_t *table, int t) {
+    if (c->block_shift >= 0)
+        return ((int64_t)table[t >> c->block_shift] << c->block_shift) + (t & (c->block_size - 1));
+    return (int64_t)table[t / c->block_size] * c->block_size + t % c->block_size;
+}
 
 #define MAX_CHUNKS (256 / LANES) /* head_dim up to 256 */
 
 #define PREFETCH_AHEAD 32 /* V rows ahead of the weighted sum */
+#define K_AHEAD 32        /* K rows ahead of the scores' tile */
 
 /* Ask for token t's row (every KV head: the first head's pass brings the others' into cache) early: the
  * step's K/V lies beyond the last-level cache (30 layers), and waiting for each row cost more than the
  * arithmetic (64 decodes over 1,024 tokens: 12.3 -> 7.7 ms). */
-static inline void prefetch_row(const void *cache, const int32_t *table, int t, int bs, size_t row_bytes) {
-    const char *row = (const char *)cache + ((size_t)table[t / bs] * bs + t % bs) * row_bytes;
+static inline void prefetch_row(const Cache *c, const void *cache, const int32_t *table, int t, size_t row_bytes) {
+    const char *row = (const char *)cache + (size_t)token_slot(c, table, t) * row_bytes;
     for (size_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(row + at);
 }
 
@@ -151,11 +210,15 @@ static inline void prefetch_row(const void *cache, const int32_t *table, int t, 
  * row, and LANES tokens' partial sums are reduced together (``sum_lanes16``). Every row's own arithmetic
  * (its dot products, softmax and weighted sum, in token order) is the same whichever tile it is in,
  * so a decode row alone and the same row inside a prefill tile give the same bits. */
-static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h, const v16 *q, float *restrict scores,
-                  size_t stride, v16 *acc) {
-    const int C = c->head_dim / LANES, G = c->group, bs = c->block_size, last = ctx + rows - 1;
+static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, const int32_t *table, int ctx, int rows,
+                                                             int h, const v16 *q, float *restrict scores, size_t stride,
+                                                             v16 *acc, const int C) {
+    const int G = c->group, last = ctx + rows - 1;
+    for (int b = 0; last > 0 && b <= (last - 1) / c->block_size; b++) /* every block the rows read */
+        if (table[b] < 0 || table[b] >= c->num_blocks) return -1;
     const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4;
     const size_t row_bytes = (size_t)c->token_stride * esize, head_off = (size_t)h * c->head_dim * esize;
+    for (int t = 0; h == 0 && t < K_AHEAD && t < last; t++) prefetch_row(c, c->k_cache, table, t, row_bytes);
     for (int t0 = 0; t0 < last; t0 += LANES) {
         v16 k[LANES][MAX_CHUNKS];
         int n = last - t0 < LANES ? last - t0 : LANES;
@@ -165,28 +228,29 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h
                 continue;
             }
             int t = t0 + i;
-            int32_t blk = table[t / bs];
-            if (blk < 0 || blk >= c->num_blocks) return -1;
-            const char *row = (const char *)c->k_cache + ((size_t)blk * bs + t % bs) * row_bytes + head_off;
+            const char *row = (const char *)c->k_cache + (size_t)token_slot(c, table, t) * row_bytes + head_off;
             for (int j = 0; j < C; j++) k[i][j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
         }
-        for (int i = 0; h == 0 && i < LANES && t0 + LANES + i < last; i++) /* the next tile's rows */
-            prefetch_row(c->k_cache, table, t0 + LANES + i, bs, row_bytes);
+        for (int i = 0; h == 0 && i < LANES && t0 + K_AHEAD + i < last; i++) /* a later tile's rows */
+            prefetch_row(c, c->k_cache, table, t0 + K_AHEAD + i, row_bytes);
         for (int r = 0; r < rows; r++) {
             if (t0 >= ctx + r) continue;
             for (int g = 0; g < G; g++) {
                 v16 part[LANES];
                 const v16 *qg = q + ((size_t)r * G + g) * C;
-                for (int i = 0; i < LANES; i++) {
-                    v16 s = qg[0] * k[i][0];
-                    for (int j = 1; j < C; j++) s += qg[j] * k[i][j];
-                    part[i] = s;
+                /* chunk by chunk over the tile's tokens: LANES independent chains (a token's own sum still
+                 * runs over its chunks in order, so its bits are those of one chain per token) */
+                for (int i = 0; i < LANES; i++) part[i] = qg[0] * k[i][0];
+                for (int j = 1; j < C; j++) {
+                    const v16 qj = qg[j];
+                    for (int i = 0; i < LANES; i++) part[i] = fma16(qj, k[i][j], part[i]);
                 }
                 v16 s = sum_lanes16(part);
                 memcpy(scores + ((size_t)r * G + g) * stride + t0, &s, sizeof s);
             }
         }
     }
+    for (int t = 0; h == 0 && t < PREFETCH_AHEAD && t < last; t++) prefetch_row(c, c->v_cache, table, t, row_bytes);
     float sum[TILE_ROWS * 64];
     for (int rg = 0; rg < rows * G; rg++) {
         const int len = ctx + rg / G;
@@ -198,12 +262,24 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h
         for (int j = 0; t + j < len; j++) lanes[j] = s[t + j] > lanes[j] ? s[t + j] : lanes[j];
         for (int j = 0; j < LANES; j++) m = lanes[j] > m ? lanes[j] : m;
         for (int j = 0; j < LANES; j++) lanes[j] = 0.0f;
+#ifdef VECTOR_EXP
+        v16 total = (v16){0};
+        for (t = 0; t + LANES <= len; t += LANES) {
+            v16 e;
+            memcpy(&e, s + t, sizeof e);
+            e = exp_nonpos16(e - m);
+            memcpy(s + t, &e, sizeof e);
+            total += e;
+        }
+        memcpy(lanes, &total, sizeof total);
+#else
         for (t = 0; t + LANES <= len; t += LANES)
             for (int j = 0; j < LANES; j++) {
                 float e = exp_nonpos(s[t + j] - m);
                 s[t + j] = e;
                 lanes[j] += e;
             }
+#endif
         for (int j = 0; t + j < len; j++) {
             float e = exp_nonpos(s[t + j] - m);
             s[t + j] = e;
@@ -213,15 +289,15 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h
     }
     for (int i = 0; i < rows * G * C; i++) acc[i] = (v16){0};
     for (int t = 0; t < last; t++) {
-        if (h == 0 && t + PREFETCH_AHEAD < last) prefetch_row(c->v_cache, table, t + PREFETCH_AHEAD, bs, row_bytes);
-        const char *row = (const char *)c->v_cache + ((size_t)table[t / bs] * bs + t % bs) * row_bytes + head_off;
+        if (h == 0 && t + PREFETCH_AHEAD < last) prefetch_row(c, c->v_cache, table, t + PREFETCH_AHEAD, row_bytes);
+        const char *row = (const char *)c->v_cache + (size_t)token_slot(c, table, t) * row_bytes + head_off;
         v16 v[MAX_CHUNKS];
         for (int j = 0; j < C; j++) v[j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
         for (int r = t < ctx ? 0 : t - ctx + 1; r < rows; r++)
             for (int g = 0; g < G; g++) {
                 float p = scores[((size_t)r * G + g) * stride + t];
                 v16 *a = acc + ((size_t)r * G + g) * C;
-                for (int j = 0; j < C; j++) a[j] += p * v[j];
+                for (int j = 0; j < C; j++) a[j] = fma16((v16){0} + p, v[j], a[j]);
             }
     }
     for (int rg = 0; rg < rows * G; rg++) {
@@ -229,6 +305,20 @@ static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h
         for (int j = 0; j < C; j++) acc[(size_t)rg * C + j] *= inv;
     }
     return 0;
+}
+
+/* ``attend_chunks`` with the usual chunk counts as constants (head dims 64 and 128), so that its loops over
+ * a row's chunks unroll and their vectors stay in registers; the same arithmetic in the same order. */
+static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h, const v16 *q, float *restrict scores,
+                  size_t stride, v16 *acc) {
+    switch (c->head_dim / LANES) {
+#ifndef PF_GENERIC_CHUNKS /* a test builds without the constants and compares bits */
+    case 4: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 4);
+    case 8: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 8);
+    case 16: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 16);
+#endif
+    default: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, c->head_dim / LANES);
+    }
 }
 
 /* What every thread of a step reads: the cache, the queries and outputs, the metadata and the tiles. */
@@ -341,7 +431,10 @@ int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens
     }
     for (int64_t r = 0; r < num_tokens; r++)
         if (!owned[r]) memset((char *)out + (size_t)r * num_q_heads * D * qsize, 0, (size_t)num_q_heads * D * qsize);
-    Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D};
+    int shift = -1;
+    for (int b = 0; b < 31; b++)
+        if (block_size == 1 << b) shift = b;
+    Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D, shift};
     const size_t stride = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
     const size_t tile_vecs = (size_t)TILE_ROWS * G * C;
     Step st = {&c, q, out, q_dtype, num_q_heads, block_tables, table_stride, query_start, seq_lens, tiles,

@@ -224,3 +224,48 @@ def test_an_avx2_build_works_in_8_lanes_and_keeps_the_contract(monkeypatch, tmp_
         attend(*request_alone(batch, b, slice(lo, hi)), 0.125) for lo, hi in ((0, 20), (20, 32), (32, 33))
     ]
     assert torch.equal(torch.cat(chunks), alone)
+
+
+def _variant(tmp_path, march: str, *defines: str):
+    """The kernel's source built for ``march`` with ``defines``, called as the engine calls it."""
+    import ctypes
+    import subprocess
+
+    cc = native_build._compiler()
+    assert cc is not None
+    name = "_".join([march, *defines]) or "plain"
+    lib = tmp_path / f"{name}.so"
+    subprocess.run(
+        [cc, f"-march={march}", *native_build.BASE_FLAGS, *(f"-D{d}" for d in defines),
+         str(native_build.SOURCE_DIR / "paged_attention.c"), "-o", str(lib)],
+        check=True,
+    )  # fmt: skip
+    base = cpu_row_attention._function()
+    assert base is not None
+    fn = ctypes.CDLL(str(lib)).pf_paged_attention
+    fn.argtypes, fn.restype = base.argtypes, base.restype
+    return fn
+
+
+@pytest.mark.parametrize("march", ["native", "haswell"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_vector_softmax_and_the_unrolled_chunks_keep_the_scalar_builds_bits(
+    monkeypatch, tmp_path, march, dtype
+):
+    """The softmax's exp runs LANES scores at once and the usual head dims get their chunk loops unrolled:
+    both must give every row the bits of the plain build (scalar exp, chunk count read at run time), so
+    that a change of build never moves an output. Head dims 64 and 80: one unrolled, one not."""
+    if march == "haswell" and (platform.machine() not in ("x86_64", "AMD64") or not _has_avx2()):
+        pytest.skip("needs an AVX2 CPU")
+    attend = cpu_row_attention.paged_attention_rows
+    for d in (64, 80):
+        batch = build_paged_batch(
+            MIXED, 9, 3, d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=11
+        )
+        outs = []
+        for defines in ((), ("PF_SCALAR_EXP", "PF_GENERIC_CHUNKS")):
+            monkeypatch.setattr(cpu_row_attention, "_fn", _variant(tmp_path, march, *defines))
+            outs.append(attend(*step_args(batch), d**-0.5))
+        assert torch.equal(outs[0], outs[1])
+        want = reference.paged_attention(*step_args(batch), d**-0.5)
+        assert relative_error(outs[0], want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
