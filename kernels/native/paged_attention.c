@@ -203,23 +203,27 @@ static inline void prefetch_row(const Cache *c, const void *cache, const int32_t
 
 #define TILE_ROWS 4 /* consecutive query rows of one request that share each K/V row's conversion */
 
-/* One KV head of a tile of ``rows`` consecutive query rows of one request, row i over the first
- * ``ctx + i`` tokens of ``table``. ``q``: rows x group x C vectors (C = D / 16), already scaled;
- * ``scores``: rows x group x ``stride`` floats; ``acc``: rows x group x C vectors, the result.
- * Tokens go in tiles of LANES: each K row is converted once and multiplied by every query head of every
- * row, and LANES tokens' partial sums are reduced together (``sum_lanes16``). Every row's own arithmetic
- * (its dot products, softmax and weighted sum, in token order) is the same whichever tile it is in,
- * so a decode row alone and the same row inside a prefill tile give the same bits. */
-static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, const int32_t *table, int ctx, int rows,
-                                                             int h, const v16 *q, float *restrict scores, size_t stride,
-                                                             v16 *acc, const int C) {
+/* A tile of ``rows`` consecutive query rows of one request, row i over the first ``ctx + i`` tokens of
+ * ``table``, every KV head. Per head h: ``q + h * qh`` holds rows x group x C vectors (C = D / LANES),
+ * already scaled; ``scores + h * sh`` rows x group x ``stride`` floats; ``acc + h * qh`` the result,
+ * ``sum`` the softmax denominators. Tokens go in tiles of LANES: each K row is converted once and
+ * multiplied by every query head of its group in every row, and LANES tokens' partial sums are reduced
+ * together (``sum_lanes16``). The heads take turns over spans of SPAN tokens, so a span's K and V rows
+ * come from memory once (the first head's pass asks for every head's part of a row) and from L1 for
+ * the others. Every row's own arithmetic (its dot products, softmax and weighted sum, in token order)
+ * is the same whichever tile or span it is in, so a decode row alone and the same row inside a prefill
+ * tile give the same bits. */
+/* tokens per turn of the heads: one tile (against a head's whole pass at a time, 1.0-1.3x per call, most at
+ * 1,024-token contexts; spans of 32-256 tokens lost some of it: RESULTS.md issue 24, "Seventeenth round") */
+#define SPAN LANES
+
+static inline __attribute__((always_inline)) void scores_span(const Cache *c, const int32_t *table, int ctx, int rows,
+                                                            int h, const v16 *q, float *restrict scores,
+                                                            size_t stride, int t_begin, int t_end, const int C) {
     const int G = c->group, last = ctx + rows - 1;
-    for (int b = 0; last > 0 && b <= (last - 1) / c->block_size; b++) /* every block the rows read */
-        if (table[b] < 0 || table[b] >= c->num_blocks) return -1;
     const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4;
     const size_t row_bytes = (size_t)c->token_stride * esize, head_off = (size_t)h * c->head_dim * esize;
-    for (int t = 0; h == 0 && t < K_AHEAD && t < last; t++) prefetch_row(c, c->k_cache, table, t, row_bytes);
-    for (int t0 = 0; t0 < last; t0 += LANES) {
+    for (int t0 = t_begin; t0 < t_end; t0 += LANES) {
         v16 k[LANES][MAX_CHUNKS];
         int n = last - t0 < LANES ? last - t0 : LANES;
         for (int i = 0; i < LANES; i++) {
@@ -227,8 +231,7 @@ static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, c
                 for (int j = 0; j < C; j++) k[i][j] = (v16){0};
                 continue;
             }
-            int t = t0 + i;
-            const char *row = (const char *)c->k_cache + (size_t)token_slot(c, table, t) * row_bytes + head_off;
+            const char *row = (const char *)c->k_cache + (size_t)token_slot(c, table, t0 + i) * row_bytes + head_off;
             for (int j = 0; j < C; j++) k[i][j] = load16(row + (size_t)j * LANES * esize, c->kv_dtype);
         }
         for (int i = 0; h == 0 && i < LANES && t0 + K_AHEAD + i < last; i++) /* a later tile's rows */
@@ -245,13 +248,15 @@ static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, c
                     const v16 qj = qg[j];
                     for (int i = 0; i < LANES; i++) part[i] = fma16(qj, k[i][j], part[i]);
                 }
-                v16 s = sum_lanes16(part);
-                memcpy(scores + ((size_t)r * G + g) * stride + t0, &s, sizeof s);
+                v16 sv = sum_lanes16(part);
+                memcpy(scores + ((size_t)r * G + g) * stride + t0, &sv, sizeof sv);
             }
         }
     }
-    for (int t = 0; h == 0 && t < PREFETCH_AHEAD && t < last; t++) prefetch_row(c, c->v_cache, table, t, row_bytes);
-    float sum[TILE_ROWS * 64];
+}
+
+/* Scores to softmax weights in place (the first ``ctx + r`` of row r's), their sums in ``sum``. */
+static inline void softmax_rows(float *restrict scores, size_t stride, int ctx, int rows, int G, float *sum) {
     for (int rg = 0; rg < rows * G; rg++) {
         const int len = ctx + rg / G;
         float *s = scores + (size_t)rg * stride, lanes[LANES], m = -3.4e38f;
@@ -287,8 +292,15 @@ static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, c
         }
         sum[rg] = reduce_lanes(lanes);
     }
-    for (int i = 0; i < rows * G * C; i++) acc[i] = (v16){0};
-    for (int t = 0; t < last; t++) {
+}
+
+static inline __attribute__((always_inline)) void values_span(const Cache *c, const int32_t *table, int ctx, int rows,
+                                                            int h, const float *scores, size_t stride, v16 *acc,
+                                                            int t_begin, int t_end, const int C) {
+    const int G = c->group, last = ctx + rows - 1;
+    const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4;
+    const size_t row_bytes = (size_t)c->token_stride * esize, head_off = (size_t)h * c->head_dim * esize;
+    for (int t = t_begin; t < t_end; t++) {
         if (h == 0 && t + PREFETCH_AHEAD < last) prefetch_row(c, c->v_cache, table, t + PREFETCH_AHEAD, row_bytes);
         const char *row = (const char *)c->v_cache + (size_t)token_slot(c, table, t) * row_bytes + head_off;
         v16 v[MAX_CHUNKS];
@@ -300,24 +312,46 @@ static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, c
                 for (int j = 0; j < C; j++) a[j] = fma16((v16){0} + p, v[j], a[j]);
             }
     }
-    for (int rg = 0; rg < rows * G; rg++) {
-        float inv = 1.0f / sum[rg];
-        for (int j = 0; j < C; j++) acc[(size_t)rg * C + j] *= inv;
+}
+
+static inline __attribute__((always_inline)) int attend_chunks(const Cache *c, const int32_t *table, int ctx, int rows,
+                                                             const v16 *q, float *restrict scores, size_t stride,
+                                                             v16 *acc, float *sum, const int C) {
+    const int G = c->group, H = c->num_kv_heads, last = ctx + rows - 1;
+    for (int b = 0; last > 0 && b <= (last - 1) / c->block_size; b++) /* every block the rows read */
+        if (table[b] < 0 || table[b] >= c->num_blocks) return -1;
+    const size_t esize = c->kv_dtype == DTYPE_BF16 ? 2 : 4, row_bytes = (size_t)c->token_stride * esize;
+    const size_t qh = (size_t)rows * G * C, sh = (size_t)rows * G * stride;
+    for (int t = 0; t < K_AHEAD && t < last; t++) prefetch_row(c, c->k_cache, table, t, row_bytes);
+    for (int t0 = 0; t0 < last; t0 += SPAN) {
+        const int t1 = t0 + SPAN < last ? t0 + SPAN : last;
+        for (int h = 0; h < H; h++) scores_span(c, table, ctx, rows, h, q + h * qh, scores + h * sh, stride, t0, t1, C);
+    }
+    for (int t = 0; t < PREFETCH_AHEAD && t < last; t++) prefetch_row(c, c->v_cache, table, t, row_bytes);
+    for (int h = 0; h < H; h++) softmax_rows(scores + h * sh, stride, ctx, rows, G, sum + (size_t)h * rows * G);
+    for (size_t i = 0; i < (size_t)H * qh; i++) acc[i] = (v16){0};
+    for (int t0 = 0; t0 < last; t0 += SPAN) {
+        const int t1 = t0 + SPAN < last ? t0 + SPAN : last;
+        for (int h = 0; h < H; h++) values_span(c, table, ctx, rows, h, scores + h * sh, stride, acc + h * qh, t0, t1, C);
+    }
+    for (int i = 0; i < H * rows * G; i++) {
+        float inv = 1.0f / sum[i];
+        for (int j = 0; j < C; j++) acc[(size_t)i * C + j] *= inv;
     }
     return 0;
 }
 
 /* ``attend_chunks`` with the usual chunk counts as constants (head dims 64 and 128), so that its loops over
  * a row's chunks unroll and their vectors stay in registers; the same arithmetic in the same order. */
-static int attend(const Cache *c, const int32_t *table, int ctx, int rows, int h, const v16 *q, float *restrict scores,
-                  size_t stride, v16 *acc) {
+static int attend(const Cache *c, const int32_t *table, int ctx, int rows, const v16 *q, float *restrict scores,
+                  size_t stride, v16 *acc, float *sum) {
     switch (c->head_dim / LANES) {
 #ifndef PF_GENERIC_CHUNKS /* a test builds without the constants and compares bits */
-    case 4: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 4);
-    case 8: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 8);
-    case 16: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, 16);
+    case 4: return attend_chunks(c, table, ctx, rows, q, scores, stride, acc, sum, 4);
+    case 8: return attend_chunks(c, table, ctx, rows, q, scores, stride, acc, sum, 8);
+    case 16: return attend_chunks(c, table, ctx, rows, q, scores, stride, acc, sum, 16);
 #endif
-    default: return attend_chunks(c, table, ctx, rows, h, q, scores, stride, acc, c->head_dim / LANES);
+    default: return attend_chunks(c, table, ctx, rows, q, scores, stride, acc, sum, c->head_dim / LANES);
     }
 }
 
@@ -335,27 +369,32 @@ typedef struct {
     size_t stride, tile_vecs;
 } Step;
 
-/* One tile: every KV head of up to TILE_ROWS rows of one request, results written to ``out``. */
+/* One tile: every KV head of up to TILE_ROWS rows of one request, results written to ``out``. ``buf``:
+ * the scores (TILE_ROWS x Hq x stride floats), then the queries and the results (tile_vecs vectors
+ * each, every head) and the sums (TILE_ROWS x Hq floats). */
 static int run_tile(const Step *s, int64_t it, char *buf, size_t vec_off) {
     const Cache *c = s->c;
-    const int G = c->group, D = c->head_dim, C = D / LANES;
+    const int G = c->group, D = c->head_dim, C = D / LANES, H = c->num_kv_heads;
     const size_t qsize = s->q_dtype == DTYPE_BF16 ? 2 : 4;
     const int32_t *tile = s->tiles + 3 * it;
     const int first = tile[0], b = tile[1], rows = tile[2];
     const int ctx = s->seq_lens[b] - (s->query_start[b + 1] - first) + 1;
+    const size_t qh = (size_t)rows * G * C;
     float *scores = (float *)buf;
     v16 *qv = (v16 *)(buf + vec_off), *acc = qv + s->tile_vecs;
-    for (int h = 0; h < c->num_kv_heads; h++) {
+    float *sum = (float *)(acc + s->tile_vecs);
+    for (int h = 0; h < H; h++)
         for (int r = 0; r < rows; r++) {
             const char *qr = (const char *)s->q + ((size_t)(first + r) * s->num_q_heads + (size_t)h * G) * D * qsize;
             for (int i = 0; i < G * C; i++)
-                qv[(size_t)r * G * C + i] = load16(qr + (size_t)i * LANES * qsize, s->q_dtype) * s->scale;
+                qv[h * qh + (size_t)r * G * C + i] = load16(qr + (size_t)i * LANES * qsize, s->q_dtype) * s->scale;
         }
-        if (attend(c, s->block_tables + (int64_t)b * s->table_stride, ctx, rows, h, qv, scores, s->stride, acc))
-            return -1;
+    if (attend(c, s->block_tables + (int64_t)b * s->table_stride, ctx, rows, qv, scores, s->stride, acc, sum))
+        return -1;
+    for (int h = 0; h < H; h++)
         for (int r = 0; r < rows; r++) {
             char *o = (char *)s->out + ((size_t)(first + r) * s->num_q_heads + (size_t)h * G) * D * qsize;
-            const float *res = (const float *)(acc + (size_t)r * G * C);
+            const float *res = (const float *)(acc + h * qh + (size_t)r * G * C);
             if (s->q_dtype == DTYPE_BF16) {
                 uint16_t *ob = (uint16_t *)o;
                 for (int i = 0; i < G * D; i++) ob[i] = f32_to_bf16(res[i]);
@@ -363,15 +402,15 @@ static int run_tile(const Step *s, int64_t it, char *buf, size_t vec_off) {
                 memcpy(o, res, (size_t)G * D * sizeof(float));
             }
         }
-    }
     return 0;
 }
 
 /* The tiles on this thread: with ``shared``, the calling team's share (tiles handed out one at a time),
  * else every tile in order on the calling thread. Returns 0, -1 (a block id outside the cache) or -3. */
 static int run_tiles(const Step *s, int shared) {
-    const size_t vec_off = ((size_t)TILE_ROWS * s->c->group * s->stride * sizeof(float) + 63) / 64 * 64;
-    char *buf = (char *)aligned_alloc(64, vec_off + 2 * s->tile_vecs * sizeof(v16));
+    const size_t vec_off = ((size_t)TILE_ROWS * s->num_q_heads * s->stride * sizeof(float) + 63) / 64 * 64;
+    char *buf = (char *)aligned_alloc(64, vec_off + 2 * s->tile_vecs * sizeof(v16) +
+                                              ((size_t)TILE_ROWS * s->num_q_heads * sizeof(float) + 63) / 64 * 64);
     int status = buf ? 0 : -3;
     if (shared) {
 #pragma omp for schedule(dynamic, 1)
@@ -436,7 +475,7 @@ int pf_paged_attention(const void *q, void *out, int q_dtype, int64_t num_tokens
         if (block_size == 1 << b) shift = b;
     Cache c = {k_cache, v_cache, kv_dtype, block_size, num_kv_heads, D, G, num_blocks, (int64_t)num_kv_heads * D, shift};
     const size_t stride = (size_t)(max_ctx + LANES - 1) / LANES * LANES;
-    const size_t tile_vecs = (size_t)TILE_ROWS * G * C;
+    const size_t tile_vecs = (size_t)TILE_ROWS * num_q_heads * C; /* every head of a tile */
     Step st = {&c, q, out, q_dtype, num_q_heads, block_tables, table_stride, query_start, seq_lens, tiles,
                num_tiles, scale, stride, tile_vecs};
     int status = 0;
