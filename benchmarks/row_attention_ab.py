@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--cases", default=None, help="requests:rows:ctx,... (default: CASES)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")] if args.cases else CASES
     src = native_build.SOURCE_DIR / "paged_attention.c"
     rel = src.relative_to(src.parents[2]).as_posix()
     base_src = subprocess.run(
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         here = build(src.read_text(), Path(tmp), "here")
         for dname in args.dtypes.split(","):
             dtype, code = DTYPES[dname]
-            for requests, rows, ctx in CASES:
+            for requests, rows, ctx in cases:
                 step = make_step(requests, rows, ctx, dtype, args.layers, seed=requests * 1000 + ctx)
                 times: dict[str, list[float]] = {"base": [], "here": []}
                 outs = {}

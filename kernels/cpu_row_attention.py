@@ -161,12 +161,15 @@ AMX_ROWS_MAX_QUERY = 0
 # SmolLM2's heads, 16-64 requests over 150-300 tokens) and prompts of 128 rows 0.85-0.96x; end to end,
 # every step on it ran 1.01-1.09x the torch path and level with decode steps only (0.98-1.04x), so there
 # every step takes it, whatever the cache dtype: a row's bits then depend on nothing but the row, which
-# keeps float32 speculation exact ("Sixteenth round"). False: every step on cpu_attention (the A/B). A CPU
-# with neither AVX-512 nor AVX2 (other architectures included) keeps cpu_attention: not measured there.
+# keeps float32 speculation exact ("Sixteenth round"). Since the seventeenth round's loops it runs
+# decodes 2.0-3.5x and prompts 1.5-2.5x the torch path per call. False: every step on cpu_attention (the
+# A/B). A CPU with neither AVX-512 nor AVX2 (other architectures included) keeps cpu_attention: not
+# measured there.
 AVX2_ROWS = True
-# A float32 cache: the row kernel ran 0.98-0.99x the torch path end to end on the Zen 5 (one-off runs
-# 1.04-1.05x; the matmuls dominate a float32 step), so the default keeps cpu_attention there too.
-FLOAT32_ROWS = False
+# A float32 cache on AVX-512: the row kernel ran 0.98-0.99x the torch path end to end on the Zen 5 before
+# the seventeenth round's loops and 1.06-1.08x after (batch 1-64, RESULTS.md issue 24, "Seventeenth
+# round"), so every step takes it there too. False: float32 caches on cpu_attention (the A/B).
+FLOAT32_ROWS = True
 USE_NATIVE = True  # False: every step on the torch kernels (benchmarks' A/B, tests)
 
 

@@ -123,10 +123,10 @@ def test_the_dispatcher_keeps_the_torch_path_where_the_kernel_does_not_fit(monke
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: True)
     assert took_torch(fp16) and took_torch(odd)  # no fp16 in the kernel; head_dim not a multiple of 16
     assert not took_torch(prefill)  # a bf16 cache, AVX-512 without AMX tiles: the row kernel for every step
-    assert took_torch(float32) and not took_torch(float32, invariant=True)  # float32: torch unless invariant
-    monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", True)
-    assert not took_torch(float32)
+    assert not took_torch(float32)  # a float32 cache too (FLOAT32_ROWS) ...
     monkeypatch.setattr(cpu_row_attention, "FLOAT32_ROWS", False)
+    # ... or, off, the torch path unless batch-invariant
+    assert took_torch(float32) and not took_torch(float32, invariant=True)
     monkeypatch.setattr(cpu_row_attention, "avx512", lambda: False)
     monkeypatch.setattr(cpu_row_attention, "avx2", lambda: True)
     # AVX2 only: the row kernel for every step, a float32 cache included ...
