@@ -136,7 +136,7 @@ def test_label_rows_count_up_before_the_scoring_batch_finishes(tmp_path: Path) -
     assert len(early) >= ROWS // 2, frames
 
 
-@pytest.mark.slow  # a subprocess in a pty decoding 24 x 120 tokens, about 30 s here
+@pytest.mark.slow  # a subprocess in a pty decoding 24 x 120 tokens, about 5 s here
 def test_tokens_count_per_engine_step_before_any_row_finishes(tmp_path: Path) -> None:
     """The issue's case: every row decodes at once and none finishes for a long while. The bar must
     show the token count climbing (and a tok/s above 0) while it still reads 0/N rows; counted only
@@ -155,7 +155,10 @@ def test_tokens_count_per_engine_step_before_any_row_finishes(tmp_path: Path) ->
         "PYTHONPATH": str(REPO),
         "COLUMNS": "200",
         "TERM": "xterm",
-        "PREFIXFLOW_PROGRESS_REFRESH": "0",
+        # a frame every 2 ms: the tiny model's 120 decode steps take well under a second, and the
+        # default ticker (50 ms with refresh 0) drew no frame between prefill and the last step on a fast
+        # host (a fresh-clone CI run, after the row attention kernel got faster)
+        "PREFIXFLOW_PROGRESS_REFRESH": "0.002",
     }
     code, screen = _run_in_pty(_argv(tmp_path, job_file, "out"), env)
     assert code == 0, screen[-3000:]
