@@ -37,7 +37,10 @@ def build(source: str, where: Path, name: str) -> Any:
     path = where / f"{name}.c"
     path.write_text(source)
     lib_path = where / f"{name}.so"
-    subprocess.run(["cc", *native_build.flags(), str(path), "-o", str(lib_path)], check=True)
+    compiler = native_build._compiler()
+    if compiler is None:
+        raise SystemExit("no C compiler found (set CC, or install cc, gcc or clang)")
+    subprocess.run([compiler, *native_build.flags(), str(path), "-o", str(lib_path)], check=True)
     fn = ctypes.CDLL(str(lib_path)).pf_paged_attention
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     fn.argtypes = [p, p, i32, i64, i32, p, p, i32, i64, i32, i32, i32, p, i64, p, p, i32, f32, i32]
