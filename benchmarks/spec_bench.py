@@ -51,6 +51,9 @@ MODES = {
     },
 }
 CANONICAL_SPLIT = {"ngram-canon"}  # modes whose forced drafts do not learn the target's split
+# auto as before the strict tail: a predicted tie for last always shared among its requests
+MODES["auto-shared-ties"] = MODES["auto"]
+SHARED_TIES = {"auto-shared-ties"}
 
 
 def time_speculator(llm: LLM) -> None:
@@ -193,6 +196,8 @@ def main() -> None:
         time_speculator(llm)
         if mode in CANONICAL_SPLIT and llm.engine.speculator is not None:
             llm.engine.speculator.forced.token_bytes = None
+        if mode in SHARED_TIES and llm.engine.speculator is not None:
+            llm.engine.speculator.tie_prior_stops = float("inf")
     loads = workloads(engines["off"])
     per = dict(tuple(int(x) for x in p.split(":")) for p in args.per_batch.split(","))
     results: dict = {}

@@ -33,7 +33,7 @@ from prefixflow.engine.speculative.policy import (
     plan_drafts,
 )
 from prefixflow.engine.speculative.runs import CROSS_REQUEST, JUMP_FORWARD, Origin, SpeculationStats
-from prefixflow.engine.speculative.tail import REFRESH_STEPS, tail_worths
+from prefixflow.engine.speculative.tail import REFRESH_STEPS, TIE_PRIOR_STOPS, tail_worths, tie_weight
 
 
 @dataclass
@@ -151,6 +151,7 @@ class Speculator:
         self.tail_age = REFRESH_STEPS  # steps since
         self.finished_tokens = 0  # output tokens of finished requests, and how many of them ended by a stop
         self.ended = 0
+        self.tie_prior_stops = TIE_PRIOR_STOPS  # benchmarks/spec_bench.py's ``auto-shared-ties`` raises it
 
     def state(self, req: Request) -> RequestSpecState:
         if req.spec is None:
@@ -213,12 +214,21 @@ class Speculator:
     def _tail_worths(self, budgets: list[int], outputs: int, base_tokens: int, base_rows: int) -> np.ndarray:
         """Per generating request, what its accepted drafts are worth when nothing waits (tail.py).
         The hazard of a stop per token is measured over every output so far, finished or running,
-        behind one stop per largest budget a priori."""
+        behind one stop per largest budget a priori; a predicted tie for last is counted as nobody's
+        as the stops seen make that hazard trustworthy (``tie_weight``)."""
         terms = StepTerms.of(self.cost)
         left = np.maximum(np.array(budgets, dtype=float), 0.0)
         hazard = (self.ended + 1.0) / (self.finished_tokens + outputs + max(float(left.max()), 1.0))
         step_time = terms.time(base_tokens, base_rows)
-        return tail_worths(left, hazard, terms.fixed, terms.per_draft, step_time, base_rows)
+        return tail_worths(
+            left,
+            hazard,
+            terms.fixed,
+            terms.per_draft,
+            step_time,
+            base_rows,
+            tie_weight(self.ended, self.tie_prior_stops),
+        )
 
     def prefill_drafts(self, scheduled: SchedulerOutput) -> dict[int, list[int]]:
         """Drafts for the requests whose last prompt chunk (or recompute after preemption) runs this

@@ -14,30 +14,52 @@ from prefixflow.engine.speculative.cost_model import DECAY, RIDGE, LinearCost
 from prefixflow.engine.speculative.decoder import RequestSpecState
 from prefixflow.engine.speculative.policy import MARGIN, Acceptance, Calibration, Candidate, plan_drafts
 from prefixflow.engine.speculative.runs import CROSS_REQUEST
-from prefixflow.engine.speculative.tail import last_chances, tail_worths
+from prefixflow.engine.speculative.tail import last_chances, tail_worths, tie_weight
 from tests.engine.speculative.helpers import AUTO_NGRAM, prompts, run
 
 
+@pytest.mark.parametrize("shared", [1.0, 0.0])
 @pytest.mark.parametrize("seed", range(6))
-def test_last_chances_match_a_simulation(seed):
+def test_last_chances_match_a_simulation(seed, shared):
+    """Shared (1): a tie for last is split among its requests; strict (0): only a request that ends
+    after every other one is last. Half the seeds put several requests on the largest budget."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 7))
     budgets = rng.integers(5, 120, n).astype(float)
+    if seed % 2:
+        budgets[: n // 2 + 1] = budgets.max()
     hazard = float(rng.choice([0.005, 0.03, 0.1]))
-    chances = last_chances(budgets, hazard)
+    chances = last_chances(budgets, hazard, shared)
     draws = 40_000
     steps = np.minimum(rng.exponential(1.0 / hazard, (draws, n)), budgets)
-    steps += rng.random(steps.shape) * 1e-9  # two outputs that both reach equal budgets: a tie, shared
-    simulated = np.bincount(steps.argmax(axis=1), minlength=n) / draws
-    assert chances.sum() == pytest.approx(1.0)
-    assert np.abs(chances - simulated).max() < 0.06, (chances, simulated)
+    if shared:
+        steps += rng.random(steps.shape) * 1e-9  # two outputs that both reach equal budgets: a tie, shared
+        simulated = np.bincount(steps.argmax(axis=1), minlength=n) / draws
+        assert chances.sum() == pytest.approx(1.0)
+    else:
+        ordered = np.sort(steps, axis=1)
+        alone = ordered[:, -1] > ordered[:, -2]  # a tie at the end is nobody's
+        simulated = np.bincount(steps.argmax(axis=1)[alone], minlength=n) / draws
+        assert chances.sum() == pytest.approx(alone.mean(), abs=0.02)
+    assert np.abs(chances - simulated).max() < 0.02, (chances, simulated)  # exact, less sampling noise
 
 
 def test_a_request_with_the_most_left_is_last():
-    """Nearly no stops (outputs run to their budget): the request with the most left is last."""
+    """Nearly no stops (outputs run to their budget): the request with the most left is last, and
+    requests on equal budgets tie: shared, each has its share; strict, none is last."""
     chances = last_chances(np.array([90.0, 60.0, 40.0]), 1e-6)
     assert chances[0] > 0.95 and chances[1] < 0.03 and chances[2] < 0.03
     assert last_chances(np.array([50.0] * 4), 0.02) == pytest.approx([0.25] * 4)
+    assert last_chances(np.array([50.0] * 4), 1e-6, 0.0) == pytest.approx([0.0] * 4, abs=1e-3)
+    blended = last_chances(np.array([50.0] * 4), 1e-6, 0.5)
+    assert blended == pytest.approx([0.125] * 4, abs=1e-3)
+
+
+def test_a_tie_is_shared_until_stops_are_seen():
+    assert tie_weight(0) == 1.0
+    weights = [tie_weight(stops) for stops in (0, 1, 2, 8, 100)]
+    assert weights == sorted(weights, reverse=True) and weights[-1] < 0.05
+    assert tie_weight(50, float("inf")) == 1.0
 
 
 def test_tail_worths_are_one_with_equal_chances_and_a_row_without_a_chance():
@@ -49,6 +71,9 @@ def test_tail_worths_are_one_with_equal_chances_and_a_row_without_a_chance():
     # nearly all of the step's fixed cost rides on the one with the most left
     assert skewed[0] == pytest.approx((per_row + fixed) * rows / step, rel=1e-3)
     assert skewed[1:] == pytest.approx([per_row * rows / step] * 3, rel=0.05)  # only the row it frees
+    # four requests that all run to one budget: with the tie nobody's, each draft frees only a row
+    tied = tail_worths(np.array([60.0] * rows), 1e-6, fixed, per_row, step, rows, shared_ties=0.0)
+    assert tied == pytest.approx([per_row * rows / step] * rows, rel=0.01)
 
 
 def exhaustive_plan(
