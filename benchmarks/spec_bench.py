@@ -53,6 +53,8 @@ MODES = {
 CANONICAL_SPLIT = {"ngram-canon"}  # modes whose forced drafts do not learn the target's split
 # auto as before the strict tail: a predicted tie for last always shared among its requests
 MODES["auto-shared-ties"] = MODES["auto"]
+# a second engine with speculation off: how far two identical engines differ on this host (the noise floor)
+MODES["off-twin"] = None
 SHARED_TIES = {"auto-shared-ties"}
 
 

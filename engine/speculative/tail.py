@@ -70,7 +70,8 @@ def last_chances(budgets: np.ndarray, hazard: float, shared_ties: float = 1.0) -
     alone = (1.0 - u) * u ** (at_level - 1 + higher)
     shared = u**higher * (1.0 - u**at_level) / at_level
     level = np.searchsorted(levels, ends)
-    return stops[level] + (shared_ties * shared + (1.0 - shared_ties) * alone)[level]
+    chances: np.ndarray = stops[level] + (shared_ties * shared + (1.0 - shared_ties) * alone)[level]
+    return chances
 
 
 def tail_worths(
