@@ -51,10 +51,8 @@ MODES = {
     },
 }
 CANONICAL_SPLIT = {"ngram-canon"}  # modes whose forced drafts do not learn the target's split
-# auto as before the strict tail: a predicted tie for last always shared among its requests
-MODES["auto-shared-ties"] = MODES["auto"]
-# a second engine with speculation off: how far two identical engines differ on this host (the noise floor)
-MODES["off-twin"] = None
+MODES["auto-shared-ties"] = MODES["auto"]  # patched below: a predicted tie for last always shared
+MODES["off-twin"] = None  # a second engine with speculation off: this host's noise floor between twins
 SHARED_TIES = {"auto-shared-ties"}
 
 

@@ -22,8 +22,6 @@ drafts granted, and cannot also decide them.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 REFRESH_STEPS = 4  # the chances move slowly: recomputed every few steps (and for a new request)
@@ -39,7 +37,7 @@ def tie_weight(stops_seen: int, prior_stops: float = TIE_PRIOR_STOPS) -> float:
     first batch of summaries, 8 requests: the strict chances summed to 0.007 after 10 steps, and
     ``auto`` priced every draft at a row). So the tie is shared while stops are few, and counted as
     nobody's as they accumulate."""
-    return 1.0 if math.isinf(prior_stops) else prior_stops / (prior_stops + max(stops_seen, 0))
+    return 1.0 / (1.0 + max(stops_seen, 0) / prior_stops)  # an infinite prior: always shared
 
 
 def last_chances(budgets: np.ndarray, hazard: float, shared_ties: float = 1.0) -> np.ndarray:
